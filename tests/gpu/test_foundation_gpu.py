@@ -1,0 +1,55 @@
+"""Prepare + reference at the video-DiT shape on the GPU: memory bound and time (printed)."""
+
+import time
+
+import pytest
+import torch
+
+from variants.prepare import quantize_inputs
+from variants.reference import reference_attention, validate
+
+pytestmark = pytest.mark.gpu
+
+# "Fits in a few GB": the reference works one head and a bounded query chunk at a time.
+REFERENCE_EXTRA_BYTES_MAX = 3 * 2**30
+
+
+def _timed(fn):
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    result = fn()
+    torch.cuda.synchronize()
+    return result, time.perf_counter() - t0
+
+
+def test_prepare_and_reference_at_video_dit_shape():
+    batch, seq, heads, dim = 1, 30272, 56, 128
+    q, k, v = (
+        torch.randn(batch, seq, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in "qkv"
+    )
+    prepared, _ = _timed(lambda: quantize_inputs(q, k, v, pad_to=128, permute_keys=True))
+    prepared, prepare_s = _timed(lambda: quantize_inputs(q, k, v, pad_to=128, permute_keys=True))
+    assert prepared.v.shape == (1, 56, 128, 30336) and prepared.v.is_cuda
+
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    (ref_out, ref_lse), reference_s = _timed(lambda: reference_attention(prepared))
+    extra = torch.cuda.max_memory_allocated() - base
+    print(
+        f"\nB=1 H=56 S=30272 D=128 on {torch.cuda.get_device_name()}: "
+        f"prepare {prepare_s * 1e3:.1f} ms,"
+        f" fp32 reference {reference_s:.2f} s, reference peak extra memory {extra / 2**30:.2f} GiB"
+    )
+    assert extra < REFERENCE_EXTRA_BYTES_MAX
+    assert torch.isfinite(ref_out).all() and torch.isfinite(ref_lse).all()
+    # Spot check two heads against SDPA in fp32 on the dequantized inputs.
+    qd, kd, vd = prepared.dequantized()
+    for h in (0, 55):
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            qd[:, :, h : h + 1].transpose(1, 2),
+            kd[:, :, h : h + 1].transpose(1, 2),
+            vd[:, :, h : h + 1].transpose(1, 2),
+        ).transpose(1, 2)
+        torch.testing.assert_close(ref_out[:, :, h : h + 1], expected, atol=1e-4, rtol=1e-3)
+    # The reference passes its own acceptance test (bf16 rounding of the output only).
+    assert validate(prepared, ref_out.bfloat16(), ref_lse).passed

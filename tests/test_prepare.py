@@ -1,0 +1,151 @@
+"""FP8 preparation: scales, round-trip error, layouts, padding, the register-P key order."""
+
+import pytest
+import torch
+
+from tuner.errors import TunerError
+from variants.prepare import (
+    E4M3_MAX,
+    check_qkv,
+    inverse_key_order,
+    quantize_inputs,
+    register_p_key_order,
+)
+
+
+def rand_qkv(batch=2, seq=77, heads=3, dim=128, dtype=torch.bfloat16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, seq, heads, dim, generator=g).to(dtype) for _ in range(3)]
+
+
+def quantization_error_bound(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
+    """|x - dequant(x)| allowed per element: half an ulp of e4m3. Normal codes (|code| >= 2^-6)
+    have 3 mantissa bits, relative error <= 2^-4; subnormal codes have absolute spacing 2^-9."""
+    descale = descale[:, None, :, None]
+    return torch.maximum(x.abs() * 2.0**-4, descale * 2.0**-10) * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_trip_error_is_within_half_an_e4m3_ulp_per_head(dtype):
+    q, k, v = rand_qkv(dtype=dtype)
+    prepared = quantize_inputs(q, k, v)
+    for x, x_deq, i in zip((q, k, v), prepared.dequantized(), range(3), strict=True):
+        err = (x.float() - x_deq).abs()
+        assert bool((err <= quantization_error_bound(x.float(), prepared.descale[..., i])).all())
+        # Per head, the typical error is far below the bound (3 mantissa bits: ~2^-4/sqrt(3)).
+        rel_rms = err.pow(2).mean(dim=(1, 3)).sqrt() / x.float().pow(2).mean(dim=(1, 3)).sqrt()
+        assert float(rel_rms.max()) < 0.045
+
+
+def test_scales_come_from_each_heads_amax():
+    q, k, v = rand_qkv()
+    prepared = quantize_inputs(q, k, v)
+    for i, x in enumerate((q, k, v)):
+        amax = x.float().abs().amax(dim=(1, 3))
+        torch.testing.assert_close(prepared.descale[..., i], amax / E4M3_MAX)
+    # The largest element of every head maps to the largest e4m3 code.
+    assert float(prepared.q.float().abs().amax(dim=(1, 3)).min()) == E4M3_MAX
+
+
+def test_outlier_head_does_not_crush_the_others():
+    q, k, v = rand_qkv(heads=4)
+    q[:, :, 0] *= 300.0
+    prepared = quantize_inputs(q, k, v)
+    dq = prepared.dequantized()[0]
+    assert prepared.descale[0, 0, 0] > 200 * prepared.descale[0, 1, 0]
+    for head in range(4):
+        x, y = q[:, :, head].float(), dq[:, :, head]
+        rel_rms = float((x - y).pow(2).mean().sqrt() / x.pow(2).mean().sqrt())
+        assert rel_rms < 0.045, f"head {head}: {rel_rms}"
+
+
+def test_all_zero_head_is_exact_and_finite():
+    q, k, v = rand_qkv()
+    v[:, :, 1] = 0
+    prepared = quantize_inputs(q, k, v)
+    assert torch.isfinite(prepared.descale).all()
+    assert float(prepared.dequantized()[2][:, :, 1].abs().max()) == 0.0
+
+
+def test_layouts_and_zero_padding():
+    q, k, v = rand_qkv(batch=2, seq=77, heads=3)
+    prepared = quantize_inputs(q, k, v, pad_to=64)
+    assert prepared.q.shape == prepared.k.shape == (2, 128, 3, 128)
+    assert prepared.v.shape == (2, 3, 128, 128)  # feature-major: (batch, heads, dim, keys)
+    assert prepared.v.is_contiguous() and prepared.q.dtype == torch.float8_e4m3fn
+    assert prepared.seq_len == 77 and prepared.padded_len == 128
+    for t in (prepared.q[:, 77:], prepared.k[:, 77:], prepared.v[..., 77:]):
+        assert float(t.float().abs().max()) == 0.0
+    # V[b, h, d, s] is v[b, s, h, d] quantized.
+    plain = quantize_inputs(q, k, v)
+    torch.testing.assert_close(plain.v.float(), plain.v.float().contiguous())
+    vq = (v.float() / plain.descale[..., 2][:, None, :, None]).clamp(-448, 448)
+    torch.testing.assert_close(
+        plain.v.float(), vq.to(torch.float8_e4m3fn).float().permute(0, 2, 3, 1)
+    )
+
+
+def test_key_order_matches_the_mma_fragments():
+    order = register_p_key_order(32)
+    assert sorted(order.tolist()) == list(range(32))
+    # Lane t of a quad holds keys 2t, 2t+1 of each 8-key tile; its A slots are 4t..4t+3.
+    assert order[0:4].tolist() == [0, 1, 8, 9]
+    assert order[4:8].tolist() == [2, 3, 10, 11]
+    assert order[16:20].tolist() == [16, 17, 24, 25]
+    inverse = inverse_key_order(32)
+    assert torch.equal(order[inverse], torch.arange(32))
+    assert torch.equal(inverse[order], torch.arange(32))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        register_p_key_order(40)
+
+
+def test_permuted_v_dequantizes_to_the_same_values():
+    q, k, v = rand_qkv(seq=50)
+    plain = quantize_inputs(q, k, v, pad_to=32)
+    permuted = quantize_inputs(q, k, v, pad_to=32, permute_keys=True)
+    assert not torch.equal(plain.v.float(), permuted.v.float())
+    torch.testing.assert_close(permuted.v.float()[..., inverse_key_order(64)], plain.v.float())
+    torch.testing.assert_close(permuted.dequantized()[2], plain.dequantized()[2])
+    with pytest.raises(ValueError, match="pad_to to be a multiple of 16"):
+        quantize_inputs(q, k, v, pad_to=8, permute_keys=True)
+
+
+def test_default_softmax_scale():
+    q, k, v = rand_qkv(dim=64)
+    assert quantize_inputs(q, k, v).softmax_scale == pytest.approx(64**-0.5)
+    assert quantize_inputs(q, k, v, softmax_scale=0.5).softmax_scale == 0.5
+
+
+# ---- bad input at the public boundary ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mutate, fragment",
+    [
+        (lambda q, k, v: (q.float(), k, v), "q has dtype torch.float32; pass bfloat16 or float16"),
+        (lambda q, k, v: (q[0], k, v), "q has rank 3"),
+        (lambda q, k, v: (q, k[:, :10], v), "q, k, v shapes differ"),
+        (lambda q, k, v: (q, k, v.half()), "dtypes differ"),
+        (lambda q, k, v: (q[..., :96], k[..., :96], v[..., :96]), "head_dim 96 is not supported"),
+        (lambda q, k, v: (q[:, :0], k[:, :0], v[:, :0]), "seq_len=0"),
+        (lambda q, k, v: (q.float().numpy(), k, v), "q must be a torch.Tensor"),
+    ],
+)
+def test_bad_input_is_named_with_its_fix(mutate, fragment):
+    q, k, v = mutate(*rand_qkv())
+    with pytest.raises(TunerError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
+        quantize_inputs(q, k, v)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_input_is_rejected(bad):
+    q, k, v = rand_qkv()
+    k[0, 5, 1, 7] = bad
+    with pytest.raises(TunerError, match="k contains 1 NaN/Inf values"):
+        quantize_inputs(q, k, v)
+
+
+def test_cpu_tensors_rejected_where_the_gpu_is_required():
+    q, k, v = rand_qkv()
+    with pytest.raises(TunerError, match=r"q is on cpu; .* move it with .cuda\(\)"):
+        check_qkv(q, k, v, require_cuda=True)

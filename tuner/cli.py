@@ -1,0 +1,57 @@
+"""`tuner` command line: one module per subcommand under tuner/commands/.
+
+Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
+Errors a user can fix (TunerError) print as one line and exit 2; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from tuner.errors import TunerError
+
+# Subcommands in the order `tuner --help` lists them.
+COMMAND_MODULES = ("search", "show", "export", "import_", "bench", "space", "gpus")
+
+
+def _available_commands():
+    for module_name in COMMAND_MODULES:
+        try:
+            yield importlib.import_module(f"tuner.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            # A subcommand whose module has not landed yet is simply not offered.
+            if exc.name != f"tuner.commands.{module_name}":
+                raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tuner", description="Autotune FP8 flash-attention CuTe-DSL kernels for this GPU."
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in _available_commands():
+        cmd = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        module.add_arguments(cmd)
+        cmd.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except TunerError as exc:
+        if args.debug:
+            raise
+        print(f"tuner {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"tuner {args.command}: interrupted", file=sys.stderr)
+        return 130

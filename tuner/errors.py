@@ -1,0 +1,8 @@
+"""The one exception type users see at the public boundary.
+
+Every message names the problem and what to do about it; the CLI prints it as one line.
+"""
+
+
+class TunerError(ValueError):
+    """Bad input or an unusable environment, with the fix in the message."""

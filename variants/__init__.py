@@ -1,0 +1,22 @@
+"""Kernel-variant families. Each family is a subpackage that implements the contract in base.py."""
+
+import importlib
+
+from variants.base import Family
+
+KNOWN_FAMILIES = ("mma_sync", "wgmma")
+
+
+def load_family(name: str) -> Family:
+    """Import a family module by name; the module itself satisfies the Family protocol.
+
+    A dotted module path (e.g. "tests.doubles.fake_family") loads a family from outside this
+    package: that is how tests plug a test double into the search.
+    """
+    if "." in name:
+        return importlib.import_module(name)
+    if name not in KNOWN_FAMILIES:
+        from tuner.errors import TunerError
+
+        raise TunerError(f"unknown family {name!r}; known families: {', '.join(KNOWN_FAMILIES)}")
+    return importlib.import_module(f"variants.{name}")

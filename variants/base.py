@@ -1,0 +1,101 @@
+"""The contract between the tuner and a kernel family (see shared DESIGN.md).
+
+A family module provides:
+  Config                                  frozen dataclass, fields == knobs == YAML names
+  space(arch) -> dict[str, list]          knob domains, from search_spaces/<family>.yaml
+  default(arch, problem) -> Config        heuristic default, its comment cites the measurement
+  can_implement(cfg, problem, gpu)        -> (ok, reason): THE single statement of the constraints
+  compile(cfg, problem, arch) -> Kernel   cached CuTe-DSL build; works with fake tensors on a CPU
+
+The tuner never looks inside a Kernel beyond `resources`, `prepare` and `run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import yaml
+
+SEARCH_SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
+
+
+@dataclass(frozen=True)
+class ResourceUsage:
+    """Registers per thread, spill bytes and shared memory per CTA, read from the cubin."""
+
+    registers: int
+    spill_bytes: int
+    smem_bytes: int
+
+
+@runtime_checkable
+class Kernel(Protocol):
+    config: Any
+    resources: ResourceUsage
+
+    def prepare(self, q, k, v, softmax_scale: float | None = None):
+        """bf16/fp16 (batch, seq_len, heads, head_dim) -> the FP8 inputs this config reads."""
+
+    def run(self, prepared, out=None, lse=None):
+        """Launch on prepared inputs, into out/lse when given. Returns (out_bf16, lse_fp32)."""
+
+
+class Family(Protocol):
+    Config: type
+
+    def space(self, arch: str) -> dict[str, list]: ...
+
+    def default(self, arch: str, problem) -> Any: ...
+
+    def can_implement(self, cfg, problem, gpu) -> tuple[bool, str | None]: ...
+
+    def compile(self, cfg, problem, arch: str) -> Kernel: ...
+
+
+class ConfigMixin:
+    """to_dict/from_dict and a short label for frozen config dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        missing = sorted(names - set(data))
+        if unknown or missing:
+            from tuner.errors import TunerError
+
+            raise TunerError(
+                f"{cls.__module__}.{cls.__name__}: unknown knobs {unknown}, "
+                f"missing knobs {missing}; "
+                f"expected exactly {sorted(names)}"
+            )
+        return cls(**data)
+
+    def short(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.to_dict().items())
+
+
+def load_space(family: str, arch: str) -> dict[str, list]:
+    """Knob domains from search_spaces/<family>.yaml: `common` overlaid by `arch.<arch>`."""
+    path = SEARCH_SPACES_DIR / f"{family}.yaml"
+    with path.open() as fh:
+        doc = yaml.safe_load(fh)
+    space = dict(doc["common"])
+    space.update((doc.get("arch") or {}).get(arch, {}) or {})
+    return space
+
+
+def enumerate_space(config_cls, space: dict[str, list]):
+    """Every config of the cartesian product of the domains (feasibility is not checked here)."""
+    names = [f.name for f in dataclasses.fields(config_cls)]
+    missing = [n for n in names if n not in space]
+    if missing:
+        raise KeyError(f"search space lacks knobs {missing} of {config_cls.__name__}")
+    for values in itertools.product(*(space[n] for n in names)):
+        yield config_cls(**dict(zip(names, values, strict=True)))

@@ -1,0 +1,209 @@
+"""FP8 input preparation shared by every family: quantize, lay out V, pad, permute keys.
+
+q, k, v arrive as bf16/fp16 (batch, seq_len, heads, head_dim). Each (batch, head) slice of each
+tensor gets its own scale from its amax, so one outlier head does not crush the resolution of the
+others: x_fp8 = round_e4m3(x * 448 / amax), descale = amax / 448. The kernels fold the descales
+into two scalars per head: qk_scale = dq * dk * softmax_scale before the softmax, and dv / 256
+(the 256 undoes the scaling of P before it is rounded to e4m3) in the epilogue.
+
+V is stored feature-major, (batch, heads, head_dim, padded_len), so the P @ V GEMM reads it with
+keys contiguous (K-major B operand) without a transpose in the kernel. For the register-P trick of
+the seed kernel, the key order inside every 16-key group is permuted once here, so that the
+accumulator fragment of S can be reused as the A fragment of P @ V without crossing lanes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tuner.errors import TunerError
+
+E4M3_MAX = 448.0
+# Rows of all-zero input get scale 1 instead of a division by zero.
+_TINY_AMAX = 1e-12
+
+
+@dataclass
+class Fp8Inputs:
+    """Quantized inputs in the layouts the kernels read."""
+
+    q: torch.Tensor  # (batch, padded_len, heads, head_dim) float8_e4m3fn
+    k: torch.Tensor  # (batch, padded_len, heads, head_dim) float8_e4m3fn
+    v: (
+        torch.Tensor
+    )  # (batch, heads, head_dim, padded_len) float8_e4m3fn, keys permuted if key_permuted
+    descale: torch.Tensor  # (batch, heads, 3) float32: q, k, v descales (amax / 448)
+    seq_len: int  # the real length; rows and keys at or past it are padding (zeros)
+    key_permuted: bool
+    softmax_scale: float
+
+    @property
+    def padded_len(self) -> int:
+        return self.q.shape[1]
+
+    def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """fp32 q, k, v (batch, seq_len, heads, head_dim) exactly as the kernel sees them."""
+        s = self.seq_len
+        dq, dk, dv = (self.descale[..., i] for i in range(3))  # (batch, heads)
+        q = self.q[:, :s].float() * dq[:, None, :, None]
+        k = self.k[:, :s].float() * dk[:, None, :, None]
+        v = self.v.float()
+        if self.key_permuted:
+            v = v[..., inverse_key_order(v.shape[-1]).to(v.device)]
+        v = v[..., :s].permute(0, 3, 1, 2) * dv[:, None, :, None]
+        return q, k, v
+
+
+def register_p_key_order(length: int) -> torch.Tensor:
+    """Stored position -> original key, for the register-P layout of mma.sync m16n8k32.
+
+    A thread of the S accumulator holds keys 2t, 2t+1 (lane t = lane % 4) of every 8-key n-tile;
+    the A fragment of m16n8k32 wants k-slots 4t..4t+3 of every 16 keys from that same thread. So
+    within each 16-key group, slot 4t + e holds key 8*(e // 2) + 2t + e % 2. `length` must be a
+    multiple of 16 (prepare pads first).
+    """
+    if length % 16:
+        raise ValueError(f"key-order permutation needs a multiple of 16 keys, got {length}")
+    pos = torch.arange(length)
+    group, quad, element = pos // 16 * 16, (pos % 16) // 4, pos % 4
+    return group + 8 * (element // 2) + 2 * quad + element % 2
+
+
+def inverse_key_order(length: int) -> torch.Tensor:
+    order = register_p_key_order(length)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(length)
+    return inverse
+
+
+def check_qkv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    require_cuda: bool = False,
+    check_finite: bool = True,
+) -> None:
+    """Public-boundary validation: every message names the problem and the fix."""
+    from tuner.problem import SUPPORTED_HEAD_DIMS
+
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TunerError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in (torch.bfloat16, torch.float16):
+            raise TunerError(
+                f"{name} has dtype {t.dtype}; pass bfloat16 or float16 "
+                f"(the kernels quantize to FP8 themselves), e.g. {name}.to(torch.bfloat16)"
+            )
+        if t.dim() != 4:
+            raise TunerError(
+                f"{name} has rank {t.dim()} (shape {tuple(t.shape)}); expected 4 dims "
+                "(batch, seq_len, heads, head_dim); add a batch dim with unsqueeze(0) or transpose "
+                "a (batch, heads, seq_len, head_dim) tensor with .transpose(1, 2)"
+            )
+        if require_cuda and not t.is_cuda:
+            raise TunerError(
+                f"{name} is on {t.device}; the kernels run on a CUDA GPU: move it with .cuda()"
+            )
+    if not (q.shape == k.shape == v.shape):
+        raise TunerError(
+            f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
+            "self-attention prefill needs equal (batch, seq_len, heads, head_dim) "
+            "(repeat k/v heads for GQA before the call)"
+        )
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TunerError(
+            f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}; cast them to one"
+        )
+    if not (q.device == k.device == v.device):
+        raise TunerError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    batch, seq_len, heads, head_dim = q.shape
+    if seq_len == 0 or batch == 0 or heads == 0:
+        raise TunerError(
+            f"empty input (batch={batch}, seq_len={seq_len}, heads={heads}); "
+            "attention over zero tokens has no output: skip the call"
+        )
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        raise TunerError(
+            f"head_dim {head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS} "
+            "(zero-pad the head dimension to the next supported size)"
+        )
+    if check_finite:
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not bool(torch.isfinite(t).all()):
+                bad = int((~torch.isfinite(t)).sum())
+                raise TunerError(
+                    f"{name} contains {bad} NaN/Inf values; FP8 scales from amax would be "
+                    "meaningless: fix the producer of the input (or nan_to_num it) first"
+                )
+
+
+def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (batch, seq, heads, dim) -> (scale broadcastable to x, descale (batch, heads))."""
+    amax = x.abs().amax(dim=(1, 3)).float().clamp_min(_TINY_AMAX)  # (batch, heads)
+    scale = E4M3_MAX / amax
+    return scale[:, None, :, None], amax / E4M3_MAX
+
+
+def _quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    # Scale in fp32 and clamp: rounding can land a hair above 448, and e4m3fn has no Inf.
+    return (x.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
+
+
+def quantize_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    pad_to: int = 1,
+    permute_keys: bool = False,
+    softmax_scale: float | None = None,
+    validate: bool = True,
+) -> Fp8Inputs:
+    """Quantize and lay out q, k, v for the FP8 kernels, on the device the inputs live on.
+
+    pad_to: zero-pad seq_len up to a multiple of this (the kernel's tile), so that every tile
+    load is in bounds; kernels still mask keys and skip stores past seq_len.
+    permute_keys: store V's keys in register_p_key_order (pad_to must then be a multiple of 16).
+    """
+    if validate:
+        check_qkv(q, k, v)
+    batch, seq_len, heads, head_dim = q.shape
+    if softmax_scale is None:
+        softmax_scale = head_dim**-0.5
+    if permute_keys and pad_to % 16:
+        raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
+    padded = round_up(seq_len, pad_to)
+
+    descales = []
+    out = []
+    for x in (q, k, v):
+        # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
+        scale, descale = _per_head_scale(x)
+        x8 = _quantize(x, scale)
+        if padded != seq_len:
+            x8 = torch.nn.functional.pad(x8.view(torch.uint8), (0, 0, 0, 0, 0, padded - seq_len))
+            x8 = x8.view(torch.float8_e4m3fn)
+        out.append(x8)
+        descales.append(descale)
+    q8, k8, v8 = out
+    # Feature-major V: (batch, heads, head_dim, padded), keys contiguous.
+    v8 = v8.view(torch.uint8).permute(0, 2, 3, 1)
+    if permute_keys:
+        v8 = v8[..., register_p_key_order(padded).to(v8.device)]
+    v8 = v8.contiguous().view(torch.float8_e4m3fn)
+    return Fp8Inputs(
+        q=q8.contiguous(),
+        k=k8.contiguous(),
+        v=v8,
+        descale=torch.stack(descales, dim=-1).contiguous(),
+        seq_len=seq_len,
+        key_permuted=permute_keys,
+        softmax_scale=float(softmax_scale),
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass
 from functools import cache
 
@@ -237,6 +238,17 @@ def resolve_gpu(name: str, *, require_local: bool = True) -> GpuProfile:
 
 
 def _driver_version() -> str | None:
+    """The kernel-module version nvidia-smi shows (e.g. 580.159.04), read without NVML."""
+    try:
+        with open("/proc/driver/nvidia/version") as fh:
+            match = re.search(r"Kernel Module\s+([0-9.]+)", fh.read())
+        return match.group(1) if match else None
+    except OSError:
+        return None
+
+
+def _driver_cuda_version() -> str | None:
+    """The CUDA version the driver supports (cuDriverGetVersion), e.g. 13.0."""
     try:
         from cuda.bindings import driver
 
@@ -276,6 +288,7 @@ def device_fingerprint(device: int = 0) -> dict:
         "sm_count": props.multi_processor_count,
         "total_memory_gb": round(props.total_memory / 2**30, 1),
         "driver": _driver_version(),
+        "driver_cuda": _driver_cuda_version(),
         **software_versions(),
     }
 

@@ -150,7 +150,8 @@ PROFILES: dict[str, GpuProfile] = {
         match_names=("H100",),
     ),
     # NVIDIA H200 datasheet (SXM): same GH100 compute as H100 SXM (1979 FP8 / 989 BF16 dense),
-    # 141 GB HBM3e at 4.8 TB/s; 132 SMs and 50 MB L2 as read by torch on the lent H200.
+    # 141 GB HBM3e at 4.8 TB/s; 132 SMs and a 60 MiB L2 as torch reads them on the lent H200
+    # (get_device_properties().L2_cache_size = 62914560, 2026-11-29).
     "h200": GpuProfile(
         "h200",
         "NVIDIA H200",
@@ -158,7 +159,7 @@ PROFILES: dict[str, GpuProfile] = {
         (9, 0),
         132,
         SMEM_227K,
-        50 * MIB,
+        60 * MIB,
         fp8_tflops=1979.0,
         fp8_full_tflops=1979.0,
         bf16_tflops=989.4,

@@ -1,7 +1,8 @@
 """`tuner` command line: one module per subcommand under tuner/commands/.
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
-Errors a user can fix (TunerError) print as one line and exit 2; `--debug` shows the traceback.
+Errors a user can fix (TunerError) print as one line and exit 2; anything else prints one line
+and exits 1; `--debug` shows the traceback.
 """
 
 from __future__ import annotations
@@ -55,3 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"tuner {args.command}: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI's last line of defence: one line, exit 1
+        if args.debug:
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        print(f"tuner {args.command}: internal error: {type(exc).__name__}: {first} "
+              "(re-run with --debug for the traceback)", file=sys.stderr)
+        return 1

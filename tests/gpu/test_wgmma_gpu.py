@@ -1,0 +1,48 @@
+"""wgmma kernels on the GPU against variants.reference.validate (fresh random inputs, outputs
+poisoned with NaN first by tuner.measure.validate_kernel).
+
+Every feasible config of the sm_90a space at S in {1, 77, 4096} (B=1, H=2): ragged tails, a
+single key, a tile-aligned length; then the three fastest configs measured on the H200
+(benchmarks/wgmma_h200.py) at the video-DiT shape S=30272, H=56. The space has ~290 feasible
+configs at ~2 s of compile each: the first group takes ~10-12 minutes on the device.
+"""
+
+import pytest
+import torch
+
+from tuner.gpus import PROFILES
+from tuner.measure import validate_kernel
+from tuner.problem import Problem
+from variants import wgmma
+from variants.base import enumerate_space
+
+pytestmark = pytest.mark.gpu
+
+H200 = PROFILES["h200"]
+_SPACE_PROBLEM = Problem(batch=1, heads=2, seq_len=4096)
+FEASIBLE = [c for c in enumerate_space(wgmma.Config, wgmma.space("sm_90a"))
+            if wgmma.can_implement(c, _SPACE_PROBLEM, H200)[0]]
+
+# The fastest three of benchmarks/wgmma_h200.py on the H200 (see the family default's comment).
+BEST = [
+    dict(consumer_wgs=2, block_n=128, kv_stages=stages, p_source="registers",
+         intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
+    for stages in (2, 3, 4)  # 986, 985, 985 TFLOP/s at S=8192
+]
+
+
+def _check(cfg, problem):
+    kernel = wgmma.compile(cfg, problem, "sm_90a")
+    metrics = validate_kernel(kernel, problem, torch.device("cuda"), seed=problem.seq_len)
+    assert metrics.passed, f"{cfg.short()} at {problem.key()}: {metrics.reason}"
+
+
+@pytest.mark.parametrize("cfg", FEASIBLE, ids=lambda c: c.short().replace(" ", ","))
+def test_feasible_space_small_shapes(cfg):
+    for seq_len in (1, 77, 4096):
+        _check(cfg, Problem(batch=1, heads=2, seq_len=seq_len))
+
+
+@pytest.mark.parametrize("overrides", BEST, ids=["best1", "best2", "best3"])
+def test_best_configs_at_video_dit_shape(overrides):
+    _check(wgmma.Config.from_dict(overrides), Problem(batch=1, heads=56, seq_len=30272))

@@ -1,0 +1,37 @@
+"""CLI plumbing: one-line errors, `tuner gpus`, `tuner space` without compiling."""
+
+import json
+import subprocess
+import sys
+
+from tuner.cli import main
+
+
+def test_gpus_json_lists_profiles_and_says_there_is_no_local_gpu(capsys):
+    assert main(["gpus", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["profiles"]) >= {"5080", "h200"}
+    assert "no CUDA GPU" in out["local"]["error"]
+
+
+def test_user_errors_are_one_line_with_exit_2(capsys):
+    assert main(["space", "--gpu", "a100"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "unknown GPU 'a100'" in err and "5080" in err
+
+
+def test_python_dash_m_tuner_is_the_same_program():
+    result = subprocess.run([sys.executable, "-m", "tuner", "--help"], capture_output=True,
+                            text=True, check=True)
+    assert "space" in result.stdout and "gpus" in result.stdout
+
+
+def test_space_enumerates_and_explains_rejections(capsys):
+    assert main(["space", "--gpu", "5080", "--family", "mma_sync", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    summary = report["summary"]
+    assert report["arch"] == "sm_120a"
+    assert 0 < summary["feasible"] < summary["total"]
+    rejected = [c for c in report["configs"] if c["status"] == "rejected"]
+    assert rejected and all(c["reason"] for c in rejected)
+    assert any("shared memory" in reason for reason in summary["rejected_by_reason"])

@@ -1,0 +1,56 @@
+"""wgmma kernels compile for sm_90a without a GPU (fake pointers), every knob value at least once.
+
+One compile takes ~2 s on a CI core, so the set is the default plus one change per knob value
+(and the extreme tiles), not the space.
+"""
+
+import dataclasses
+
+import pytest
+
+from tuner.gpus import PROFILES
+from tuner.problem import Problem
+from variants import wgmma
+
+pytestmark = pytest.mark.compile
+
+H200 = PROFILES["h200"]
+PROBLEM = Problem(batch=1, heads=2, seq_len=77)
+_DEFAULT = wgmma.default("sm_90a", PROBLEM)
+CASES = [
+    {},
+    {"p_source": "smem"},
+    {"intra_wg_overlap": False, "pingpong": False, "persistent": False},
+    {"consumer_wgs": 1, "pingpong": False, "block_n": 256, "kv_stages": 3},
+    {"consumer_wgs": 3, "block_n": 64, "kv_stages": 4},
+    {"block_n": 192, "p_source": "smem", "intra_wg_overlap": False},
+]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # --keep-cubin writes the cubin to the working directory
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in
+                                                                   o.items()) or "default")
+def test_compiles_without_spills(overrides):
+    cfg = dataclasses.replace(_DEFAULT, **overrides)
+    assert wgmma.can_implement(cfg, PROBLEM, H200) == (True, None)
+    kernel = wgmma.compile(cfg, PROBLEM, "sm_90a")
+    assert kernel.config == cfg
+    assert 0 < kernel.resources.registers <= 255
+    assert kernel.resources.spill_bytes == 0
+    assert kernel.resources.smem_bytes <= H200.smem_per_block
+    assert wgmma.compile(cfg, PROBLEM, "sm_90a") is kernel
+
+
+def test_cases_cover_every_knob_value():
+    space = wgmma.space("sm_90a")
+    seen = {name: set() for name in space}
+    for overrides in CASES:
+        for name, value in dataclasses.replace(_DEFAULT, **overrides).to_dict().items():
+            seen[name].add(value)
+    for name, values in space.items():
+        assert set(values) <= seen[name], name

@@ -1,0 +1,136 @@
+"""wgmma family: knobs, search space, constraint set and the register-P key order (CPU only)."""
+
+import dataclasses
+
+import pytest
+
+from tuner.gpus import PROFILES
+from tuner.problem import Problem
+from variants import wgmma
+from variants.base import enumerate_space, load_space
+from variants.prepare import register_p_key_order
+from variants.wgmma.config import REGISTER_SPLIT, register_estimate, smem_bytes
+
+H200 = PROFILES["h200"]
+PROBLEM = Problem(batch=1, heads=56, seq_len=30272)
+
+
+def _cfg(**overrides):
+    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM), **overrides)
+
+
+def test_space_fields_match_yaml_and_config():
+    space = wgmma.space("sm_90a")
+    assert set(space) == {f.name for f in dataclasses.fields(wgmma.Config)}
+    assert set(space) == set(load_space("wgmma", "sm_120a"))
+    assert space["consumer_wgs"] == [1, 2, 3]
+    assert set(space["p_source"]) == {"registers", "smem"}
+    for knob in ("intra_wg_overlap", "pingpong", "persistent"):
+        assert set(space[knob]) == {True, False}
+
+
+def test_default_is_feasible_and_in_space():
+    cfg = wgmma.default("sm_90a", PROBLEM)
+    assert wgmma.can_implement(cfg, PROBLEM, H200) == (True, None)
+    space = wgmma.space("sm_90a")
+    for name, value in cfg.to_dict().items():
+        assert value in space[name], name
+
+
+def test_config_round_trip_and_hash():
+    cfg = _cfg(block_n=192)
+    assert wgmma.Config.from_dict(cfg.to_dict()) == cfg
+    assert hash(cfg) == hash(wgmma.Config.from_dict(cfg.to_dict()))
+    assert cfg.block_m == 128 and cfg.threads == 384
+    assert cfg.pad_to() == 384
+
+
+def test_every_space_config_is_judged_with_a_reason():
+    ok = 0
+    for cfg in enumerate_space(wgmma.Config, wgmma.space("sm_90a")):
+        feasible, reason = wgmma.can_implement(cfg, PROBLEM, H200)
+        assert feasible == (reason is None)
+        if feasible:
+            ok += 1
+            assert smem_bytes(cfg, 128) <= H200.smem_per_block
+            assert register_estimate(cfg, 128) <= REGISTER_SPLIT[cfg.consumer_wgs][0]
+    assert ok > 0
+
+
+@pytest.mark.parametrize("gpu", ["5080", "4090"])
+def test_rejects_other_archs(gpu):
+    ok, reason = wgmma.can_implement(_cfg(), PROBLEM, PROFILES[gpu])
+    assert not ok and "sm_90a" in reason
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        ({"consumer_wgs": 1, "pingpong": True}, "pingpong"),
+        ({"consumer_wgs": 4}, "consumer_wgs"),
+        ({"block_n": 96 + 8}, "multiple of 32"),
+        ({"block_n": 288}, "block_n"),
+        ({"kv_stages": 5}, "kv_stages"),
+        ({"p_source": "tmem"}, "p_source"),
+        ({"v_layout": "kernel"}, "not implemented"),
+        ({"consumer_wgs": 3, "block_n": 256}, "register estimate"),
+        ({"block_n": 256, "kv_stages": 4}, "shared memory"),
+    ],
+)
+def test_rejections_name_the_constraint(overrides, words):
+    ok, reason = wgmma.can_implement(_cfg(**overrides), PROBLEM, H200)
+    assert not ok and words in reason
+
+
+def test_smem_counts_p_tile_only_for_smem_source():
+    reg = _cfg(p_source="registers")
+    smem = _cfg(p_source="smem")
+    assert smem_bytes(smem, 128) - smem_bytes(reg, 128) == smem.block_m * smem.block_n
+
+
+def _wgmma_c_coords(lane: int, block_n: int):
+    """f32 accumulator of m64nN wgmma: register -> (row in warp's 16, key), PTX ISA layout."""
+    t, g = lane % 4, lane // 4
+    coords = []
+    for j in range(block_n // 8):
+        for i in range(2):
+            for e in range(2):
+                coords.append((g + 8 * i, 8 * j + 2 * t + e))  # register 4j + 2i + e
+    return coords
+
+
+def _wgmma_a_e4m3_coords(lane: int, block_n: int):
+    """e4m3 A fragment of m64nNk32 wgmma: byte -> (row, k slot), per k32 block (4 registers)."""
+    t, g = lane % 4, lane // 4
+    coords = []
+    for kb in range(block_n // 32):
+        for h in range(2):
+            for i in range(2):
+                for b in range(4):
+                    coords.append((g + 8 * i, 32 * kb + 16 * h + 4 * t + b))  # 16kb+8h+4i+b
+    return coords
+
+
+@pytest.mark.parametrize("block_n", [64, 128, 192, 256])
+def test_register_p_views_feed_each_key_to_its_v_row(block_n):
+    """With V's keys in register_p_key_order, the fp8 A byte that _p_views fills from an
+    accumulator register holds the score of the key that V's k slot stores (no lane crossing)."""
+    order = register_p_key_order(block_n).tolist()  # stored slot -> original key
+    k_blocks = block_n // 32
+    # _p_views: both tensors seen as (b0, b1, row half, k half, k-block) with these strides.
+    c_stride, a_stride = (1, 4, 2, 8, 16), (1, 2, 4, 8, 16)
+    for lane in range(32):
+        c = _wgmma_c_coords(lane, block_n)
+        a = _wgmma_a_e4m3_coords(lane, block_n)
+        for kb in range(k_blocks):
+            for h in range(2):
+                for i in range(2):
+                    for b1 in range(2):
+                        for b0 in range(2):
+                            idx = (b0, b1, i, h, kb)
+                            c_reg = sum(x * s for x, s in zip(idx, c_stride, strict=True))
+                            a_reg = sum(x * s for x, s in zip(idx, a_stride, strict=True))
+                            row_c, key = c[c_reg]
+                            row_a, slot = a[a_reg]
+                            assert row_c == row_a
+                            assert order[slot] == key

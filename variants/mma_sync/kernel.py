@@ -1,0 +1,400 @@
+"""FP8 flash-attention forward on warp-level mma.sync (sm_89, sm_90, sm_120), in CuTe DSL.
+
+Algorithm (the seed kernel of shared/docs/seed-blog-fp8-flash-attention-cute-dsl.txt). One CTA
+owns `block_m` query rows of one (batch, head); its `warps` warps each own `rows_per_warp` rows
+(one or two m16 MMA tiles, the m-tiles of a warp sit `warps * 16` rows apart). Q is loaded once
+by cp.async; K and V are streamed in strips of `block_n` keys through a ring of `kv_stages`
+shared-memory stages. Per strip:
+  S = Q K^T     mma.sync m16n8k32 e4m3 -> f32, operands by ldmatrix from swizzled smem
+  online softmax in the log2 domain: m (row max, exact across the quad by two shuffles), l (row
+                sum, lane-local until the epilogue), O *= 2^(m_old - m_new)
+  P = 2^(s*qk_scale*log2e - m + 8), i.e. exp scaled by 256, rounded to e4m3 (P in [0, 256])
+  O += P V      P either through smem (C layout in, ldmatrix A layout out) or straight from the
+                S registers into the A fragment, V's keys being stored by prepare in the matching
+                order (register_p_key_order)
+Epilogue: O * dv / l (l carries the 256), LSE = ln 2 * (m - 8 + log2 l), rows >= seq_len skipped.
+
+Constraints (config.can_implement states them for the tuner): block_m = warps * rows_per_warp;
+block_n a multiple of 32 (the k of the P V MMA) up to 128; head_dim a multiple of 32; whole rows
+per cp.async pass; q, k (batch, padded, heads, head_dim) and v (batch, heads, head_dim, padded)
+fp8 e4m3 with padded a multiple of lcm(block_m, block_n) and zero padding; softmax_scale > 0 (the
+row max is taken before scaling). Batch, heads and sequence length are runtime values, so one
+compiled kernel serves every problem of a head_dim. Keys >= seq_len are masked to -inf in the
+last strip only.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync, warp
+
+from variants.mma_sync.config import Config
+
+LOG2_E = 1.4426950408889634
+LN_2 = 0.6931471805599453
+# P = exp(s - m) * 256 before rounding to e4m3: 2^8 folded into the exponent.
+P_SHIFT_LOG2 = 8.0
+
+
+def _register_p_slots(m_tiles: int, block_n: int) -> list[int]:
+    """A-fragment slot (in 16-bit pairs) of each C-order pair of P, for register P.
+
+    The C fragment holds, per m16 tile m and n8 tile nt, key pairs (2t, 2t+1) of rows g and g+8
+    (row half r); the A fragment of m16n8k32 wants, per k-block, bytes e + 4r + 8h of keys
+    4t + e + 16h. Putting the pair of n-tile nt at e = 2 * (nt % 2), h = (nt // 2) % 2 of
+    k-block nt // 4 makes slot 4t + e of each 16-key group hold key 8 * (e // 2) + 2t + e % 2:
+    prepare.register_p_key_order, the order V's keys are stored in.
+    """
+    slots = []
+    for nt in range(block_n // 8):
+        for m in range(m_tiles):
+            for r in range(2):
+                slots.append((nt % 2) + 2 * r + 4 * ((nt // 2) % 2) + 8 * m
+                             + 8 * m_tiles * (nt // 4))
+    return slots
+
+
+class MmaSyncAttention:
+    """One kernel class; every knob of `Config` is a compile-time constant of it."""
+
+    def __init__(self, cfg: Config, head_dim: int):
+        self.cfg = cfg
+        self.head_dim = head_dim
+        self.block_m = cfg.block_m
+        self.block_n = cfg.block_n
+        self.threads = cfg.warps * 32
+        self.m_tiles = cfg.rows_per_warp // 16
+        self.stages = cfg.kv_stages
+        self.register_p = cfg.p_staging == "registers"
+        self.q_in_registers = cfg.q_in_registers
+        self.bank_period = cfg.swizzle == "bank_period"
+        self.mxf8 = cfg.mma == "mxf8"
+
+    # ----------------------------------------------------------------------------------------
+    # host side
+    # ----------------------------------------------------------------------------------------
+    def _smem_layout(self, rows: int, row_elems: int, stages: int | None):
+        """K-major fp8 tile of `rows` x `row_elems`, swizzled per the `swizzle` knob."""
+        atom_cols = min(row_elems, 128)
+        chunk_bytes = 16
+        bits = min(int(math.log2(atom_cols // chunk_bytes)), 3)
+        # bank_period: XOR source at bit 7 (128 B); chunk_elems: log2(16 fp8 a chunk) = 4.
+        shift = int(math.log2(128 // chunk_bytes)) if self.bank_period else int(math.log2(16))
+        atom = cute.make_composed_layout(
+            cute.make_swizzle(bits, int(math.log2(chunk_bytes)), shift),
+            0,
+            cute.make_layout((8, atom_cols), stride=(atom_cols, 1)),
+        )
+        if stages is None:
+            return cute.tile_to_shape(atom, (rows, row_elems), (0, 1))
+        return cute.tile_to_shape(atom, (rows, row_elems, stages), (0, 1, 2))
+
+    def _g2s_copy(self, row_elems: int):
+        """cp.async, 16 bytes a thread, threads laid along whole rows."""
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+            cutlass.Float8E4M3FN,
+            num_bits_per_copy=128,
+        )
+        per_row = row_elems // 16
+        return cute.make_tiled_copy_tv(
+            atom,
+            cute.make_layout((self.threads // per_row, per_row), stride=(per_row, 1)),
+            cute.make_layout((1, 16)),
+        )
+
+    def _mma_op(self):
+        if cutlass.const_expr(self.mxf8):
+            return warp.MmaMXF8Op(cutlass.Float8E4M3FN, cutlass.Float32, cutlass.Float8E8M0FNU)
+        return warp.MmaFP8Op(cutlass.Float8E4M3FN, cutlass.Float32, (16, 8, 32))
+
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        descale_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        batch: cutlass.Int32,
+        heads: cutlass.Int32,
+        seq_len: cutlass.Int32,
+        padded_len: cutlass.Int32,
+        softmax_scale: cutlass.Float32,
+    ):
+        d = self.head_dim
+        padded = cute.assume(padded_len, divby=math.lcm(self.block_m, self.block_n))
+        # (batch, padded, heads, head_dim), row-major
+        qk_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
+        mQ = cute.make_tensor(q_ptr, qk_layout)
+        mK = cute.make_tensor(k_ptr, qk_layout)
+        # (batch, heads, head_dim, padded): keys contiguous
+        mV = cute.make_tensor(
+            v_ptr, cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0)))
+        mDescale = cute.make_tensor(
+            descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
+        mO = cute.make_tensor(
+            o_ptr, cute.make_ordered_layout((batch, seq_len, heads, d), order=(3, 2, 1, 0)))
+        mLSE = cute.make_tensor(
+            lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
+
+        sQ_layout = self._smem_layout(self.block_m, d, None)
+        sK_layout = self._smem_layout(self.block_n, d, self.stages)
+        sV_layout = self._smem_layout(d, self.block_n, self.stages)
+        sP_layout = self._smem_layout(self.block_m, self.block_n, None)
+        p_elems = cute.cosize(sP_layout) if cutlass.const_expr(not self.register_p) else 1
+
+        @cute.struct
+        class SharedStorage:
+            q: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sQ_layout)], 1024]
+            k: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sK_layout)], 1024]
+            v: cute.struct.Align[
+                cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sV_layout)], 1024]
+            p: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, p_elems], 1024]
+
+        tiled_mma = cute.make_tiled_mma(
+            self._mma_op(),
+            (self.cfg.warps, 1, 1),
+            permutation_mnk=(self.cfg.warps * 16, 16, 32),
+        )
+        grid = (cute.ceil_div(seq_len, self.block_m), heads, batch)
+        self.kernel(
+            mQ, mK, mV, mDescale, mO, mLSE, seq_len, softmax_scale * LOG2_E,
+            sQ_layout, sK_layout, sV_layout, sP_layout,
+            self._g2s_copy(d), self._g2s_copy(self.block_n), tiled_mma, SharedStorage,
+        ).launch(grid=grid, block=[self.threads, 1, 1],
+                 smem=SharedStorage.size_in_bytes())
+
+    # ----------------------------------------------------------------------------------------
+    # device side
+    # ----------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mDescale: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        seq_len: cutlass.Int32,
+        scale_log2: cutlass.Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        g2s_qk: cute.TiledCopy,
+        g2s_v: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        d = self.head_dim
+        bm, bn, stages = self.block_m, self.block_n, self.stages
+        fp8 = cutlass.Float8E4M3FN
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = cute.arch.block_idx()
+        lane = cute.arch.lane_idx()
+
+        # qk_scale = dq * dk * softmax_scale, in log2 units; dv goes to the epilogue.
+        qk_log2 = mDescale[batch, head, 0] * mDescale[batch, head, 1] * scale_log2
+        dv = mDescale[batch, head, 2]
+        n_strips = cute.ceil_div(seq_len, bn)
+
+        gQ = cute.local_tile(mQ[batch, None, head, None], (bm, d), (m_block, 0))
+        gK = cute.local_tile(mK[batch, None, head, None], (bn, d), (None, 0))
+        gV = cute.local_tile(mV[batch, head, None, None], (d, bn), (0, None))
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.q.get_tensor(sQ_layout)
+        sK = storage.k.get_tensor(sK_layout)
+        sV = storage.v.get_tensor(sV_layout)
+
+        thr_qk = g2s_qk.get_slice(tidx)
+        thr_v = g2s_v.get_slice(tidx)
+        tQgQ = thr_qk.partition_S(gQ)
+        tQsQ = thr_qk.partition_D(sQ)
+        tKgK = thr_qk.partition_S(gK)
+        tKsK = thr_qk.partition_D(sK)
+        tVgV = thr_v.partition_S(gV)
+        tVsV = thr_v.partition_D(sV)
+
+        # ---- MMA partitions and register fragments ------------------------------------------
+        thr_mma = tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))
+        tOrV = thr_mma.make_fragment_B(thr_mma.partition_B(sV[None, None, 0]))
+        acc_S = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, bn)), cutlass.Float32)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((bm, d)), cutlass.Float32)
+        acc_O.fill(0.0)
+        tOrP = cute.make_rmem_tensor(thr_mma.partition_shape_A((bm, bn)), fp8)
+
+        ldsm = cute.make_copy_atom(warp.LdMatrix8x16x8bOp(transpose=False, num_matrices=4), fp8)
+        s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
+        s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
+        s2r_V = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
+        tSsQ = s2r_Q.partition_S(sQ)
+        tSrQ_view = s2r_Q.retile(tSrQ)
+        tSsK = s2r_K.partition_S(sK)
+        tSrK_view = s2r_K.retile(tSrK)
+        tOsV = s2r_V.partition_S(sV)
+        tOrV_view = s2r_V.retile(tOrV)
+
+        # P rounded to fp8 in accumulator (C) order; through smem, or moved into the A fragment.
+        tPrP = cute.make_rmem_tensor_like(acc_S, fp8)
+        if cutlass.const_expr(not self.register_p):
+            sP = storage.p.get_tensor(sP_layout)
+            tPsP = thr_mma.partition_C(sP)
+            s2r_P = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
+            tOsP = s2r_P.partition_S(sP)
+            tOrP_view = s2r_P.retile(tOrP)
+        p_slots = _register_p_slots(self.m_tiles, bn)
+
+        # Coordinates of every S element inside the (bm, bn) strip, for the ragged-key mask.
+        tScS = thr_mma.partition_C(cute.make_identity_tensor((bm, bn)))
+
+        row_max = cute.make_rmem_tensor((2 * self.m_tiles,), cutlass.Float32)
+        row_sum = cute.make_rmem_tensor((2 * self.m_tiles,), cutlass.Float32)
+        row_max.fill(-cutlass.Float32.inf)
+        row_sum.fill(0.0)
+
+        # ---- prologue: Q in its own cp.async group, then stages-1 strips ahead --------------
+        cute.copy(g2s_qk, tQgQ, tQsQ)
+        cute.arch.cp_async_commit_group()
+        for s in cutlass.range_constexpr(stages - 1):
+            if s < n_strips:
+                cute.copy(g2s_qk, tKgK[None, None, None, s], tKsK[None, None, None, s])
+                cute.copy(g2s_v, tVgV[None, None, None, s], tVsV[None, None, None, s])
+            cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(self.q_in_registers):
+            cute.arch.cp_async_wait_group(stages - 1)
+            cute.arch.sync_threads()
+            cute.copy(s2r_Q, tSsQ, tSrQ_view)
+
+        ragged = seq_len % bn != 0
+        for strip in cutlass.range(n_strips, unroll=1):
+            if cutlass.const_expr(stages == 1):
+                cute.copy(g2s_qk, tKgK[None, None, None, strip], tKsK[None, None, None, 0])
+                cute.copy(g2s_v, tVgV[None, None, None, strip], tVsV[None, None, None, 0])
+                cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(0)
+                cute.arch.sync_threads()
+                stage = 0
+            else:
+                # Strip `strip` landed; the barrier also proves every warp left strip - 1, so
+                # its stage is free for strip + stages - 1.
+                cute.arch.cp_async_wait_group(stages - 2)
+                cute.arch.sync_threads()
+                ahead = strip + stages - 1
+                if ahead < n_strips:
+                    cute.copy(g2s_qk, tKgK[None, None, None, ahead],
+                              tKsK[None, None, None, ahead % stages])
+                    cute.copy(g2s_v, tVgV[None, None, None, ahead],
+                              tVsV[None, None, None, ahead % stages])
+                cute.arch.cp_async_commit_group()
+                stage = strip % stages
+
+            # ---- S = Q K^T ----------------------------------------------------------------
+            acc_S.fill(0.0)
+            for kb in cutlass.range_constexpr(d // 32):
+                if cutlass.const_expr(not self.q_in_registers):
+                    cute.copy(s2r_Q, tSsQ[None, None, kb], tSrQ_view[None, None, kb])
+                cute.copy(s2r_K, tSsK[None, None, kb, stage], tSrK_view[None, None, kb])
+                self._mma(tiled_mma, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb])
+
+            if ragged:
+                if strip == n_strips - 1:
+                    key_base = strip * bn
+                    for i in cutlass.range_constexpr(cute.size(acc_S)):
+                        if key_base + tScS[i][1] >= seq_len:
+                            acc_S[i] = -cutlass.Float32.inf
+
+            # ---- online softmax, log2 domain ------------------------------------------------
+            for mt_i in cutlass.range_constexpr(self.m_tiles):
+                for r in cutlass.range_constexpr(2):
+                    st = mt_i * 2 + r
+                    s_row = acc_S[(None, r), mt_i, None]
+                    raw = s_row.load()
+                    tile_max = raw.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
+                    tile_max = cute.arch.fmax(
+                        tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
+                    tile_max = cute.arch.fmax(
+                        tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+                    m_new = cute.arch.fmax(row_max[st], tile_max * qk_log2)
+                    alpha = cute.math.exp2(row_max[st] - m_new, fastmath=True)
+                    # 256 * 2^(s - m): P spans the e4m3 range [0, 256] instead of [0, 1].
+                    p = cute.math.exp2(raw * qk_log2 - (m_new - P_SHIFT_LOG2), fastmath=True)
+                    row_sum[st] = row_sum[st] * alpha + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
+                    row_max[st] = m_new
+                    s_row.store(p)
+                    o_row = acc_O[(None, r), mt_i, None]
+                    o_row.store(o_row.load() * alpha)
+
+            # ---- O += P V -------------------------------------------------------------------
+            if cutlass.const_expr(self.register_p):
+                tPrP.store(acc_S.load().to(fp8))
+                src16 = cute.recast_tensor(tPrP, cutlass.Int16)
+                dst16 = cute.recast_tensor(tOrP, cutlass.Int16)
+                for i in cutlass.range_constexpr(cute.size(src16)):
+                    dst16[p_slots[i]] = src16[i]
+            else:
+                tPrP.store(acc_S.load().to(fp8))
+                # Key pairs (2t, 2t+1) stay adjacent under every swizzle: one 16-bit store each.
+                for mt_i in cutlass.range_constexpr(self.m_tiles):
+                    for r in cutlass.range_constexpr(2):
+                        for n in cutlass.range_constexpr(bn // 8):
+                            cute.autovec_copy(tPrP[(None, r), mt_i, n], tPsP[(None, r), mt_i, n])
+                # A warp reads back only the P rows it wrote: a warp barrier is enough.
+                cute.arch.sync_warp()
+            for kb in cutlass.range_constexpr(bn // 32):
+                if cutlass.const_expr(not self.register_p):
+                    cute.copy(s2r_P, tOsP[None, None, kb], tOrP_view[None, None, kb])
+                cute.copy(s2r_V, tOsV[None, None, kb, stage], tOrV_view[None, None, kb])
+                self._mma(tiled_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb])
+
+            if cutlass.const_expr(stages == 1):
+                cute.arch.sync_threads()
+
+        # ---- epilogue -------------------------------------------------------------------------
+        gO = cute.local_tile(mO[batch, None, head, None], (bm, d), (m_block, 0))
+        tOgO = thr_mma.partition_C(gO)
+        tOcO = thr_mma.partition_C(cute.make_identity_tensor((bm, d)))
+        rO = cute.make_rmem_tensor_like(acc_O, cutlass.BFloat16)
+        row_base = m_block * bm
+        for mt_i in cutlass.range_constexpr(self.m_tiles):
+            for r in cutlass.range_constexpr(2):
+                st = mt_i * 2 + r
+                total = row_sum[st]
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+                o_row = acc_O[(None, r), mt_i, None]
+                o_row.store(o_row.load() * (dv / total))
+                r_row = rO[(None, r), mt_i, None]
+                r_row.store(o_row.load().to(cutlass.BFloat16))
+                row = row_base + tOcO[(0, r), mt_i, 0][0]
+                if row < seq_len:
+                    if lane % 4 == 0:
+                        lse = (row_max[st] - P_SHIFT_LOG2 + cute.math.log2(total, fastmath=True))
+                        mLSE[batch, head, row] = lse * LN_2
+                    for n in cutlass.range_constexpr(d // 8):
+                        cute.autovec_copy(rO[(None, r), mt_i, n], tOgO[(None, r), mt_i, n])
+
+    def _mma(self, tiled_mma, acc, a, b):
+        if cutlass.const_expr(self.mxf8):
+            # Unit UE8M0 scales (127 = 2^0): the block-scaled instruction computes plain A @ B.
+            cute.gemm(tiled_mma, acc, [a, _unit_scales(a)], [b, _unit_scales(b)], acc)
+        else:
+            cute.gemm(tiled_mma, acc, a, b, acc)
+
+
+def _unit_scales(operand):
+    """One UE8M0 scale of 1.0 per MMA of `operand` (scale_vec::1X: one per 32-wide k-block)."""
+    sf = cute.make_rmem_tensor(((1,),) + tuple(operand.shape[1:]), cutlass.Float8E8M0FNU)
+    cute.recast_tensor(sf, cutlass.Uint8).fill(127)
+    return sf

@@ -1,0 +1,134 @@
+"""Knobs, search space, default and the constraint set of the wgmma family (sm_90a)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from variants.base import ConfigMixin, load_space
+
+FAMILY = "wgmma"
+# wgmma with e4m3 operands and TMA exist on sm_90a only (the `a` suffix: arch-specific features).
+SUPPORTED_ARCHS = ("sm_90a",)
+P_SOURCES = ("registers", "smem")
+V_LAYOUTS = ("prepared", "kernel")
+# V transposed by the producer in shared memory from a (B, S, H, D) V is not implemented yet.
+V_LAYOUTS_IMPLEMENTED = ("prepared",)
+WG_THREADS = 128
+ROWS_PER_WG = 64  # wgmma M
+HEAD_DIMS = (64, 128)
+# setmaxnreg split (consumer, producer) per consumer-warpgroup count, as in FA3/FA4:
+# 128 * (producer + wgs * consumer) <= 65536 registers of the SM; multiples of 8.
+REGISTER_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+# mbarriers (Q, K and V full/empty) and the 1024-byte alignment of each swizzled buffer.
+SMEM_ALIGN = 1024
+SMEM_BARRIER_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class Config(ConfigMixin):
+    consumer_wgs: int
+    block_n: int
+    kv_stages: int
+    p_source: str
+    intra_wg_overlap: bool
+    pingpong: bool
+    persistent: bool
+    v_layout: str
+
+    @property
+    def block_m(self) -> int:
+        return ROWS_PER_WG * self.consumer_wgs
+
+    @property
+    def threads(self) -> int:
+        return WG_THREADS * (self.consumer_wgs + 1)
+
+    @property
+    def register_p(self) -> bool:
+        return self.p_source == "registers"
+
+    def pad_to(self) -> int:
+        """Sequence padding prepare applies so every Q tile and K/V strip load is in bounds."""
+        return math.lcm(self.block_m, self.block_n)
+
+
+def space(arch: str) -> dict[str, list]:
+    return load_space(FAMILY, arch)
+
+
+def default(arch: str, problem=None) -> Config:
+    # Fastest of 12 probed configs on the H200 (benchmarks/wgmma_h200.py, 2026-11-29, B=1 H=56
+    # D=128, median of 10): 1.951 ms = 986 TFLOP/s at S=8192, 28.01 ms = 938 at S=30272 (cuDNN
+    # FP8 on the same device: 972 / 818). Neighbours at S=8192: kv_stages 3/4 985/985,
+    # block_n 192 928, P through smem 920, no pingpong 917, not persistent 968, 3 consumer WGs
+    # x 64 keys 848, 1 consumer WG 698, block_n 64 729. FA3's FP8 recipe (2 consumer WGs, RS P,
+    # intra-WG overlap, pingpong) is the winner here too; 128 keys beat FA3's 224 (915).
+    return Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
+                  intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
+
+
+def smem_bytes(cfg: Config, head_dim: int) -> int:
+    """Shared memory per CTA from the buffers the kernel allocates (fp8: one byte an element)."""
+    fields = [cfg.block_m * head_dim,                       # Q tile
+              cfg.kv_stages * cfg.block_n * head_dim,       # K ring
+              cfg.kv_stages * head_dim * cfg.block_n]       # V ring (keys contiguous)
+    if not cfg.register_p:
+        fields.append(cfg.block_m * cfg.block_n)            # P tile
+    return SMEM_BARRIER_BYTES + sum(-(-f // SMEM_ALIGN) * SMEM_ALIGN for f in fields)
+
+
+def register_estimate(cfg: Config, head_dim: int) -> int:
+    """Live registers per consumer thread at the peak of the K/V loop.
+
+    A warpgroup's 64 x N fp32 accumulator is N/2 registers a thread: S is block_n/2, O is
+    head_dim/2. P as fp8 is block_n/8 when it feeds the PV wgmma from registers; with intra-WG
+    overlap it lives beside the next strip's S, without it only while S is converted. The rest
+    (row max/sum, descriptors, addressing, loop state) is a fixed overhead.
+    """
+    live = cfg.block_n // 2 + head_dim // 2
+    if cfg.register_p or cfg.intra_wg_overlap:
+        live += cfg.block_n // 8
+    return live + _REGISTER_OVERHEAD
+
+
+# Softmax state, wgmma descriptors, pipeline state and addressing (FA3 fits 128 x 224 FP8 tiles
+# in 240 registers with overlap and RS: 112 + 28 + 64 + 36).
+_REGISTER_OVERHEAD = 32
+
+
+def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
+    """THE statement of the constraints: the search and the runtime both call this."""
+    arch = gpu.arch
+    d = problem.head_dim
+    if arch not in SUPPORTED_ARCHS:
+        return False, f"arch {arch} unsupported: FP8 wgmma + TMA need {SUPPORTED_ARCHS}"
+    if d not in HEAD_DIMS:
+        return False, f"head_dim={d}: one of {HEAD_DIMS}"
+    if cfg.consumer_wgs not in REGISTER_SPLIT:
+        return False, f"consumer_wgs={cfg.consumer_wgs}: 1, 2 or 3 warpgroups of 64 rows"
+    if cfg.p_source not in P_SOURCES:
+        return False, f"p_source={cfg.p_source!r} unknown; one of {P_SOURCES}"
+    if cfg.v_layout not in V_LAYOUTS:
+        return False, f"v_layout={cfg.v_layout!r} unknown; one of {V_LAYOUTS}"
+    if cfg.v_layout not in V_LAYOUTS_IMPLEMENTED:
+        return False, ("v_layout=kernel (V transposed in shared memory by the producer) is not "
+                       "implemented; use v_layout=prepared")
+    if cfg.block_n % 32 or not 32 <= cfg.block_n <= 256:
+        return False, (f"block_n={cfg.block_n}: a multiple of 32 (the k of the FP8 PV wgmma) "
+                       "in 32..256 (the n of the QK wgmma)")
+    if cfg.kv_stages not in (2, 3, 4):
+        return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
+    if cfg.pingpong and cfg.consumer_wgs < 2:
+        return False, "pingpong alternates two or more consumer warpgroups: consumer_wgs >= 2"
+    smem = smem_bytes(cfg, d)
+    if smem > gpu.smem_per_block:
+        return False, (f"shared memory {smem} B per CTA > {gpu.smem_per_block} B per block on "
+                       f"{gpu.name}")
+    regs = register_estimate(cfg, d)
+    limit = REGISTER_SPLIT[cfg.consumer_wgs][0]
+    if regs > limit:
+        return False, (f"register estimate {regs} > {limit} per consumer thread (setmaxnreg "
+                       f"with {cfg.consumer_wgs} consumer warpgroups): block_n={cfg.block_n} "
+                       "would spill")
+    return True, None

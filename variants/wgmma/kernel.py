@@ -1,0 +1,562 @@
+"""FP8 flash-attention forward for Hopper (sm_90a): TMA + mbarrier pipeline + warpgroup MMA.
+
+Algorithm. A CTA owns `block_m = 64 * consumer_wgs` query rows of one (batch, head) tile (or,
+`persistent`, loops over tiles with a static stride of the grid). Warpgroup 0 is the producer:
+it gives registers back (setmaxnreg) and one of its warps issues TMA loads of Q once per tile
+and of K and V strips of `block_n` keys into two rings of `kv_stages` shared-memory stages,
+each stage guarded by a full/empty mbarrier pair. Every other warpgroup is a consumer that owns
+64 rows and, per strip:
+  S = Q K^T        SS wgmma m64 n`block_n` k32 e4m3 -> f32 (Q, K K-major in smem)
+  online softmax   log2 domain; row max/sum reduced over the 4 threads of a quad
+  P = 2^(s*qk_log2 - m + 8) rounded to e4m3 (exp scaled by 256 so P uses e4m3's range)
+  O += P V         V is K-major (keys contiguous, laid out so by prepare); P is the A operand
+                   either from registers (RS wgmma) or from shared memory (SS wgmma)
+Strips run from the last to the first, so the ragged strip (keys >= seq_len masked to -inf)
+is the first one and the only one that pays for the mask.
+
+P from registers. The f32 accumulator of a m64nN wgmma gives thread (warp w, lane l) rows
+16w + l/4 (+8) and keys 8j + 2(l%4) + {0,1}; the e4m3 A fragment of a k32 wgmma wants keys
+4(l%4) + {0..3} and 16 + 4(l%4) + {0..3} of the same rows from that thread. Both are 8 keys a
+row per 32, so no shuffle is needed if V's keys are stored in the order
+`prepare.register_p_key_order` (the one of mma.sync m16n8k32, whose A/C layouts are the same per
+warp): A slot 4t + e of each 16 keys holds key 8(e // 2) + 2t + e % 2. The fp8 registers are
+then the accumulator registers in another order (`_p_views`). With P in shared memory the
+layout is logical, so V keeps its natural order.
+
+intra_wg_overlap: the QK^T wgmma of strip j+1 is issued together with the PV wgmma of strip j,
+so the softmax of strip j+1 runs while the tensor cores are busy (FA3's intra-warpgroup
+pipelining). pingpong: consumer warpgroups take turns issuing their GEMMs through named
+barriers, so one warpgroup's softmax overlaps the other's GEMMs (FA3's inter-warpgroup
+pingpong).
+
+Epilogue: O * dv / l stored as bf16 straight from registers (rows >= seq_len skipped), and
+LSE = ln 2 * (m - 8 + log2 l).
+
+Constraints (config.can_implement states them for the tuner): sm_90a; head_dim 64 or 128;
+block_n a multiple of 32 up to 256; q, k (batch, padded, heads, head_dim), v (batch, heads,
+head_dim, padded) fp8 e4m3, padded a multiple of lcm(block_m, block_n), zero padding;
+softmax_scale > 0. Batch, heads and sequence length are runtime values.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.tensor_utils import LayoutEnum
+
+from variants.wgmma.config import REGISTER_SPLIT, ROWS_PER_WG, WG_THREADS, Config
+
+LOG2_E = 1.4426950408889634
+LN_2 = 0.6931471805599453
+# P = exp(s - m) * 256 before rounding to e4m3: 2^8 folded into the exponent.
+P_SHIFT_LOG2 = 8.0
+# Named barrier ids: 0 is __syncthreads; 1.. are the pingpong turn barriers, one per consumer.
+_SCHED_BARRIER_BASE = 1
+_DEBUG = False
+
+
+class WgmmaAttention:
+    """One kernel class; every knob of `Config` is a compile-time constant of it."""
+
+    def __init__(self, cfg: Config, head_dim: int):
+        self.cfg = cfg
+        self.head_dim = head_dim
+        self.wgs = cfg.consumer_wgs
+        self.block_m = cfg.block_m
+        self.block_n = cfg.block_n
+        self.stages = cfg.kv_stages
+        self.threads = cfg.threads
+        self.register_p = cfg.register_p
+        self.overlap = cfg.intra_wg_overlap
+        self.pingpong = cfg.pingpong and cfg.consumer_wgs >= 2
+        self.persistent = cfg.persistent
+        self.consumer_regs, self.producer_regs = REGISTER_SPLIT[cfg.consumer_wgs]
+
+    # ----------------------------------------------------------------------------------------
+    # host side
+    # ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _smem_layout(rows: int, cols: int, stages: int | None):
+        """K-major (cols contiguous) fp8 tile with the widest wgmma swizzle `cols` allows."""
+        fp8 = cutlass.Float8E4M3FN
+        atom = warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, fp8, cols), fp8)
+        if stages is None:
+            return cute.tile_to_shape(atom, (rows, cols), (0, 1))
+        return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
+
+    @cute.jit
+    def __call__(
+        self,
+        q_ptr: cute.Pointer,
+        k_ptr: cute.Pointer,
+        v_ptr: cute.Pointer,
+        descale_ptr: cute.Pointer,
+        o_ptr: cute.Pointer,
+        lse_ptr: cute.Pointer,
+        batch: cutlass.Int32,
+        heads: cutlass.Int32,
+        seq_len: cutlass.Int32,
+        padded_len: cutlass.Int32,
+        softmax_scale: cutlass.Float32,
+        max_ctas: cutlass.Int32,
+    ):
+        d = self.head_dim
+        bm, bn = self.block_m, self.block_n
+        fp8 = cutlass.Float8E4M3FN
+        padded = cute.assume(padded_len, divby=math.lcm(bm, bn))
+        # TMA views, (seq, head_dim, heads, batch) and V (head_dim, seq, heads, batch).
+        qk_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
+        qk_layout = cute.select(qk_layout, mode=[1, 3, 2, 0])
+        mQ = cute.make_tensor(q_ptr, qk_layout)
+        mK = cute.make_tensor(k_ptr, qk_layout)
+        v_layout = cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0))
+        mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
+        mDescale = cute.make_tensor(
+            descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
+        mO = cute.make_tensor(
+            o_ptr, cute.make_ordered_layout((batch, seq_len, heads, d), order=(3, 2, 1, 0)))
+        mLSE = cute.make_tensor(
+            lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
+
+        sQ_layout = self._smem_layout(bm, d, None)
+        sK_layout = self._smem_layout(bn, d, self.stages)
+        sV_layout = self._smem_layout(d, bn, self.stages)
+        sP_layout = self._smem_layout(bm, bn, None)
+
+        tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
+            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, bn))
+        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, d),
+            warpgroup.OperandSource.RMEM if self.register_p else warpgroup.OperandSource.SMEM)
+
+        g2s = cpasync.CopyBulkTensorTileG2SOp()
+        tma_q, tma_mQ = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (bm, d))
+        tma_k, tma_mK = cpasync.make_tiled_tma_atom(
+            g2s, mK, cute.select(sK_layout, mode=[0, 1]), (bn, d))
+        tma_v, tma_mV = cpasync.make_tiled_tma_atom(
+            g2s, mV, cute.select(sV_layout, mode=[0, 1]), (d, bn))
+
+        p_elems = 1 if cutlass.const_expr(self.register_p) else cute.cosize(sP_layout)
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+            q: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024]
+            k: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sK_layout)], 1024]
+            v: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sV_layout)], 1024]
+            p: cute.struct.Align[cute.struct.MemRange[fp8, p_elems], 1024]
+
+        m_blocks = cute.ceil_div(seq_len, bm)
+        total_tiles = m_blocks * heads * batch
+        grid_x = total_tiles
+        if cutlass.const_expr(self.persistent):
+            grid_x = cutlass.min(total_tiles, max_ctas)
+        self.kernel(
+            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mDescale, mO, mLSE,
+            seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E,
+            sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv,
+            SharedStorage,
+        ).launch(grid=(grid_x, 1, 1), block=[self.threads, 1, 1],
+                 smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1)
+
+    # ----------------------------------------------------------------------------------------
+    # device side
+    # ----------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        tma_q: cute.CopyAtom,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        mK: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        mV: cute.Tensor,
+        mDescale: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        seq_len: cutlass.Int32,
+        heads: cutlass.Int32,
+        m_blocks: cutlass.Int32,
+        total_tiles: cutlass.Int32,
+        scale_log2: cutlass.Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        tiled_mma_qk: cute.TiledMma,
+        tiled_mma_pv: cute.TiledMma,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        d, bm, bn = self.head_dim, self.block_m, self.block_n
+        tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        wg_idx = warp_idx // 4
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.q.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.k.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sV = storage.v.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
+
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+            cpasync.prefetch_descriptor(tma_v)
+
+        producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
+        # One arrive per consumer warp (lane 0 signals the empty barrier).
+        consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.wgs)
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
+            consumer_group=consumers, tx_count=bm * d, defer_sync=True)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages,
+            producer_group=producer, consumer_group=consumers, tx_count=bn * d,
+            defer_sync=True)
+        pipe_v = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
+            producer_group=producer, consumer_group=consumers, tx_count=bn * d,
+            defer_sync=True)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        bid, _, _ = cute.arch.block_idx()
+        grid, _, _ = cute.arch.grid_dim()
+        n_blocks = cute.ceil_div(seq_len, bn)
+
+        if wg_idx == 0:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp_idx == 0:
+                self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                          bid, grid, total_tiles, m_blocks, heads, n_blocks)
+        else:
+            cute.arch.setmaxregister_increase(self.consumer_regs)
+            sP = None
+            if cutlass.const_expr(not self.register_p):
+                sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+            self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
+                         mDescale, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
+                         bid, grid, total_tiles, m_blocks, heads, n_blocks)
+
+    @cute.jit
+    def _tile_coords(self, tile: cutlass.Int32, m_blocks: cutlass.Int32, heads: cutlass.Int32):
+        # m fastest: the CTAs in flight share the K/V of one or two heads in L2.
+        m_block = tile % m_blocks
+        rest = tile // m_blocks
+        return m_block, rest % heads, rest // heads
+
+    @cute.jit
+    def load(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+             bid, grid, total_tiles, m_blocks, heads, n_blocks):
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        one = cute.make_layout(1)
+        tile = bid
+        while tile < total_tiles:
+            m_block, head, batch = self._tile_coords(tile, m_blocks, heads)
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.block_m, self.head_dim),
+                                 (m_block, 0))
+            gK = cute.local_tile(mK[None, None, head, batch], (self.block_n, self.head_dim),
+                                 (None, 0))
+            gV = cute.local_tile(mV[None, None, head, batch], (self.head_dim, self.block_n),
+                                 (0, None))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            tKsK, tKgK = cpasync.tma_partition(
+                tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+            tVsV, tVgV = cpasync.tma_partition(
+                tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+
+            # Strips from the last (ragged) to the first; with intra-WG overlap K runs one strip
+            # ahead of V, in the order the consumers issue QK^T(j+1) beside PV(j).
+            last = n_blocks - 1
+            pipe_k.producer_acquire(kv_state)
+            cute.copy(tma_k, tKgK[None, last], tKsK[None, kv_state.index],
+                      tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+            pipe_q.producer_acquire(q_state)
+            cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            q_state.advance()
+            if cutlass.const_expr(not self.overlap):
+                pipe_v.producer_acquire(kv_state)
+                cute.copy(tma_v, tVgV[None, last], tVsV[None, kv_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                kv_state.advance()
+                for i in cutlass.range(n_blocks - 1, unroll=1):
+                    n = last - 1 - i
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK[None, n], tKsK[None, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(kv_state)
+                    cute.copy(tma_v, tVgV[None, n], tVsV[None, kv_state.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                    kv_state.advance()
+            else:
+                for i in cutlass.range(n_blocks - 1, unroll=1):
+                    n = last - 1 - i
+                    prev = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.producer_acquire(kv_state)
+                    cute.copy(tma_k, tKgK[None, n], tKsK[None, kv_state.index],
+                              tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    pipe_v.producer_acquire(prev)
+                    cute.copy(tma_v, tVgV[None, n + 1], tVsV[None, prev.index],
+                              tma_bar_ptr=pipe_v.producer_get_barrier(prev))
+                pipe_v.producer_acquire(kv_state)
+                cute.copy(tma_v, tVgV[None, 0], tVsV[None, kv_state.index],
+                          tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
+                kv_state.advance()
+            tile += grid
+
+    # ---- consumer ------------------------------------------------------------------------------
+    def _sched_sync(self, wg):
+        if cutlass.const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=_SCHED_BARRIER_BASE + wg,
+                              number_of_threads=2 * WG_THREADS)
+
+    def _sched_arrive(self, wg):
+        if cutlass.const_expr(self.pingpong):
+            nxt = (wg + 1) % self.wgs
+            cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER_BASE + nxt,
+                                     number_of_threads=2 * WG_THREADS)
+
+    def _p_views(self, acc_S, tOrP):
+        """acc_S (f32, C order) and tOrP (e4m3, A order) as (b0, b1, row half, k half, k-block).
+
+        C register 4j + 2i + e holds (row half i, key 8j + 2t + e); A register 4*(2h + i) + b
+        holds slot 16h + 4t + b, which in register_p_key_order is key 16h + 8(b//2) + 2t + b%2,
+        i.e. C value j = 2h + b//2 (+ 4 per k-block), e = b % 2: swap modes b1 and i.
+        """
+        k_blocks = self.block_n // 32
+        shape = (2, 2, 2, 2, k_blocks)
+        c_view = cute.make_tensor(
+            acc_S.iterator, cute.make_layout(shape, stride=(1, 4, 2, 8, 16)))
+        a_view = cute.make_tensor(
+            tOrP.iterator, cute.make_layout(shape, stride=(1, 2, 4, 8, 16)))
+        return c_view, a_view
+
+    @cute.jit
+    def _qk(self, tiled_mma, acc, tSrQ, tSrK, stage):
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, False)
+        for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
+            cute.gemm(atom, acc, tSrQ[None, None, k], tSrK[None, None, k, stage], acc)
+            atom.set(warpgroup.Field.ACCUMULATE, True)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _pv(self, tiled_mma, acc, tOrP, tOrV, stage):
+        warpgroup.fence()
+        atom = cute.make_mma_atom(tiled_mma.op)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+        for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
+            cute.gemm(atom, acc, tOrP[None, None, k], tOrV[None, None, k, stage], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def _softmax(self, acc_S, row_max, row_sum, qk_log2):
+        """Online softmax of one strip in place: S -> 256 * 2^(s*qk_log2 - m).
+
+        Returns alpha = 2^(m_old - m_new) per row; the caller rescales O with it (with intra-WG
+        overlap only after the in-flight PV wgmma that still accumulates into O has finished).
+        """
+        s_mn = cute.make_tensor(acc_S.iterator, _acc_mn_layout(acc_S.layout))
+        alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
+        for r in cutlass.range_constexpr(2):
+            raw = s_mn[r, None].load()
+            tile_max = raw.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
+            tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
+            tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+            m_new = cute.arch.fmax(row_max[r], tile_max * qk_log2)
+            alpha[r] = cute.math.exp2(row_max[r] - m_new, fastmath=True)
+            p = cute.math.exp2(raw * qk_log2 - (m_new - P_SHIFT_LOG2), fastmath=True)
+            row_sum[r] = row_sum[r] * alpha[r] + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
+            row_max[r] = m_new
+            s_mn[r, None].store(p)
+        return alpha
+
+    @cute.jit
+    def _rescale(self, acc_O, alpha):
+        o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))
+        for r in cutlass.range_constexpr(2):
+            o_mn[r, None].store(o_mn[r, None].load() * alpha[r])
+
+    @cute.jit
+    def _mask(self, acc_S, tScS, key_base, seq_len):
+        for i in cutlass.range_constexpr(cute.size(acc_S)):
+            if key_base + tScS[i][1] >= seq_len:
+                acc_S[i] = -cutlass.Float32.inf
+
+    @cute.jit
+    def _store_p(self, acc_S, tOrP, tPrP, tPsP, wg):
+        fp8 = cutlass.Float8E4M3FN
+        if cutlass.const_expr(self.register_p):
+            c_view, a_view = self._p_views(acc_S, tOrP)
+            a_view.store(c_view.load().to(fp8))
+        else:
+            tPrP.store(acc_S.load().to(fp8))
+            cute.autovec_copy(tPrP, tPsP)
+            # Generic-proxy smem writes must be visible to the async proxy (wgmma) reads.
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=_SCHED_BARRIER_BASE + self.wgs + wg,
+                              number_of_threads=WG_THREADS)
+
+    @cute.jit
+    def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
+                mDescale, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
+                m_blocks, heads, n_blocks):
+        d, bm, bn = self.head_dim, self.block_m, self.block_n
+        fp8 = cutlass.Float8E4M3FN
+        wg_slice = cute.make_layout(self.wgs, stride=WG_THREADS)
+        thr_qk = tiled_mma_qk.get_slice(ctid)
+        wg_qk = tiled_mma_qk.get_slice(wg_slice(wg))
+        wg_pv = tiled_mma_pv.get_slice(wg_slice(wg))
+        thr_pv = tiled_mma_pv.get_slice(ctid)
+        tSrQ = wg_qk.make_fragment_A(wg_qk.partition_A(sQ))
+        tSrK = wg_qk.make_fragment_B(wg_qk.partition_B(sK))
+        tOrV = wg_pv.make_fragment_B(wg_pv.partition_B(sV))
+        tPrP = None
+        tPsP = None
+        if cutlass.const_expr(self.register_p):
+            tOrP = wg_pv.make_fragment_A(wg_pv.partition_shape_A((bm, bn)))
+        else:
+            tOrP = wg_pv.make_fragment_A(wg_pv.partition_A(sP))
+            tPsP = thr_qk.partition_C(sP)
+        tScS = thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))
+        tOcO = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), cutlass.Float32)
+        if cutlass.const_expr(not self.register_p):
+            tPrP = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), fp8)
+        if cutlass.const_expr(_DEBUG):
+            print("tSrQ", tSrQ.layout, "tSrK", tSrK.layout, "tOrV", tOrV.layout)
+            print("tOrP", tOrP.layout, "acc_O", acc_O.layout, "tScS", tScS.layout)
+            print("tv_A pv", tiled_mma_pv.tv_layout_A, "tv_C qk", tiled_mma_qk.tv_layout_C)
+
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        if cutlass.const_expr(self.pingpong):
+            if wg == 0:
+                # The first consumer holds the first turn.
+                cute.arch.barrier_arrive(barrier_id=_SCHED_BARRIER_BASE,
+                                         number_of_threads=2 * WG_THREADS)
+        ragged = seq_len % bn != 0
+        lane = cute.arch.lane_idx()
+        tile = bid
+        while tile < total_tiles:
+            m_block, head, batch = self._tile_coords(tile, m_blocks, heads)
+            qk_log2 = mDescale[batch, head, 0] * mDescale[batch, head, 1] * scale_log2
+            dv = mDescale[batch, head, 2]
+            row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
+            row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
+            row_max.fill(-cutlass.Float32.inf)
+            row_sum.fill(0.0)
+            acc_O.fill(0.0)
+            acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), cutlass.Float32)
+            last = n_blocks - 1
+            pipe_q.consumer_wait(q_state)
+
+            if cutlass.const_expr(self.overlap):
+                # First strip alone: S, mask, softmax, P.
+                pipe_k.consumer_wait(kv_state)
+                self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(kv_state)
+                if ragged:
+                    self._mask(acc_S, tScS, last * bn, seq_len)
+                self._softmax(acc_S, row_max, row_sum, qk_log2)
+                self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
+                for _ in cutlass.range(n_blocks - 1, unroll=1):
+                    v_state = kv_state.clone()
+                    kv_state.advance()
+                    pipe_k.consumer_wait(kv_state)
+                    self._sched_sync(wg)
+                    self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
+                    pipe_v.consumer_wait(v_state)
+                    self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
+                    self._sched_arrive(wg)
+                    warpgroup.wait_group(1)
+                    pipe_k.consumer_release(kv_state)
+                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(v_state)
+                    self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
+                    self._rescale(acc_O, alpha)
+                pipe_q.consumer_release(q_state)
+                pipe_v.consumer_wait(kv_state)
+                self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, kv_state.index)
+                warpgroup.wait_group(0)
+                pipe_v.consumer_release(kv_state)
+                kv_state.advance()
+            else:
+                self._sched_sync(wg)
+                for i in cutlass.range(n_blocks, unroll=1):
+                    pipe_k.consumer_wait(kv_state)
+                    self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
+                    self._sched_arrive(wg)
+                    warpgroup.wait_group(0)
+                    pipe_k.consumer_release(kv_state)
+                    if i == 0:
+                        if ragged:
+                            self._mask(acc_S, tScS, last * bn, seq_len)
+                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    self._rescale(acc_O, alpha)
+                    self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
+                    pipe_v.consumer_wait(kv_state)
+                    self._sched_sync(wg)
+                    self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, kv_state.index)
+                    warpgroup.wait_group(0)
+                    pipe_v.consumer_release(kv_state)
+                    kv_state.advance()
+                pipe_q.consumer_release(q_state)
+                self._sched_arrive(wg)
+            q_state.advance()
+
+            # ---- epilogue: O * dv / l as bf16, LSE; rows >= seq_len are not stored ----------
+            o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))
+            totals = cute.make_rmem_tensor((2,), cutlass.Float32)
+            for r in cutlass.range_constexpr(2):
+                total = row_sum[r]
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
+                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+                totals[r] = total
+                o_mn[r, None].store(o_mn[r, None].load() * (dv / total))
+            rO = cute.make_rmem_tensor_like(acc_O, cutlass.BFloat16)
+            rO.store(acc_O.load().to(cutlass.BFloat16))
+            gO = cute.local_tile(mO[batch, None, head, None], (bm, d), (m_block, 0))
+            tOgO = thr_pv.partition_C(gO)
+            r_mn = cute.make_tensor(rO.iterator, _acc_mn_layout(rO.layout))
+            g_mn = cute.make_tensor(tOgO.iterator, _acc_mn_layout(tOgO.layout))
+            c_mn = cute.make_tensor(tOcO.iterator, _acc_mn_layout(tOcO.layout))
+            row_base = m_block * bm
+            for r in cutlass.range_constexpr(2):
+                row = row_base + c_mn[r, 0][0]
+                if row < seq_len:
+                    if lane % 4 == 0:
+                        lse = row_max[r] - P_SHIFT_LOG2 + cute.math.log2(totals[r], fastmath=True)
+                        mLSE[batch, head, row] = lse * LN_2
+                    for c in cutlass.range_constexpr(cute.size(r_mn, mode=[1]) // 2):
+                        cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])
+            tile += grid
+
+
+def _acc_mn_layout(acc_layout):
+    """wgmma C partition ((2, 2, N/8), MMA_M, MMA_N) -> rows (2, MMA_M) x cols (2, (N/8, MMA_N)).
+
+    The per-thread value mode is (column pair e, row half i, 8-column block j).
+    """
+    flat = cute.make_layout(acc_layout.shape)
+    shape = ((flat.shape[0][1], flat.shape[1]),
+             (flat.shape[0][0], (flat.shape[0][2], flat.shape[2])))
+    stride = ((flat.stride[0][1], flat.stride[1]),
+              (flat.stride[0][0], (flat.stride[0][2], flat.stride[2])))
+    return cute.composition(acc_layout, cute.make_layout(shape, stride=stride))

@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tuner.cli import main
 
 
@@ -35,3 +37,16 @@ def test_space_enumerates_and_explains_rejections(capsys):
     rejected = [c for c in report["configs"] if c["status"] == "rejected"]
     assert rejected and all(c["reason"] for c in rejected)
     assert any("shared memory" in reason for reason in summary["rejected_by_reason"])
+
+
+@pytest.mark.compile
+def test_space_compiles_a_subset_for_the_5080(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    args = ["space", "--gpu", "5080", "--family", "mma_sync", "--compile", "--limit", "2",
+            "--jobs", "2", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    compiled = [c for c in report["configs"] if c["status"] == "compiled"]
+    assert report["summary"]["compiled"] == 2 and len(compiled) == 2
+    for c in compiled:
+        assert 0 < c["registers"] <= 255 and c["smem_bytes"] > 0 and c["spill_bytes"] >= 0

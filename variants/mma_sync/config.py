@@ -41,6 +41,11 @@ class Config(ConfigMixin):
         """m16 MMA tiles per warp."""
         return self.rows_per_warp // 16
 
+    @property
+    def register_p(self) -> bool:
+        """P stays in registers, so prepare stores V in the register-P key order."""
+        return self.p_staging == "registers"
+
     def pad_to(self) -> int:
         """Sequence padding prepare must apply so every Q tile and K/V strip load is in bounds."""
         return math.lcm(self.block_m, self.block_n)
@@ -85,7 +90,7 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
 
 
 # Addressing, loop state and scheduling slack, fitted to ptxas 13 counts for sm_120a over the whole
-# space (scripts/compile_space.py): with 28, accepted configs top out at the seed default
+# space (`tuner space --gpu 5080 --compile`): with 28, accepted configs top out at the seed default
 # (estimate 252, ptxas 246-250 registers, no local memory) and 128-key strips with 16 rows/warp
 # (estimate 244, 250-255 registers, at most 24 B of local memory); everything rejected (resident Q
 # with 32 rows/warp or 128-key strips, 64-key strips with 32 rows/warp) spills 8 to 600 B.

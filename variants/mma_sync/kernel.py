@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
@@ -125,6 +126,7 @@ class MmaSyncAttention:
         seq_len: cutlass.Int32,
         padded_len: cutlass.Int32,
         softmax_scale: cutlass.Float32,
+        stream: cuda.CUstream,
     ):
         d = self.head_dim
         padded = cute.assume(padded_len, divby=math.lcm(self.block_m, self.block_n))
@@ -169,7 +171,7 @@ class MmaSyncAttention:
             sQ_layout, sK_layout, sV_layout, sP_layout,
             self._g2s_copy(d), self._g2s_copy(self.block_n), tiled_mma, SharedStorage,
         ).launch(grid=grid, block=[self.threads, 1, 1],
-                 smem=SharedStorage.size_in_bytes())
+                 smem=SharedStorage.size_in_bytes(), stream=stream)
 
     # ----------------------------------------------------------------------------------------
     # device side

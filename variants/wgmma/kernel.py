@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 
+import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
@@ -105,6 +106,7 @@ class WgmmaAttention:
         padded_len: cutlass.Int32,
         softmax_scale: cutlass.Float32,
         max_ctas: cutlass.Int32,
+        stream: cuda.CUstream,
     ):
         d = self.head_dim
         bm, bn = self.block_m, self.block_n
@@ -167,7 +169,7 @@ class WgmmaAttention:
             sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv,
             SharedStorage,
         ).launch(grid=(grid_x, 1, 1), block=[self.threads, 1, 1],
-                 smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1)
+                 smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1, stream=stream)
 
     # ----------------------------------------------------------------------------------------
     # device side

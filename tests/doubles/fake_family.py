@@ -1,0 +1,138 @@
+"""A fake kernel family for CPU tests of the search: same protocol as variants/<family>.
+
+The "kernel" computes the fp32 reference on the CPU and then sleeps for `cost_ms(cfg)`, a
+deterministic cost surface with its optimum away from the default, so the search has something to
+find. Planted configs exercise every outcome (see PLANTED). `DEVICE = "cpu"` tells the worker to
+time with perf_counter on the CPU.
+
+Set FAKE_FAMILY_COMPILE_LOG to a file path to get one JSON line per compile() call, in whatever
+process it happens: that is how tests prove infeasible configs never reach a compiler.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from variants.base import ConfigMixin
+
+DEVICE = "cpu"
+NAME = "tests.doubles.fake_family"
+
+
+@dataclass(frozen=True)
+class Config(ConfigMixin):
+    tile: int
+    stages: int
+
+
+SPACE = {"tile": [16, 32, 64, 128], "stages": [1, 2, 3, 4]}
+
+# (tile, stages) -> what goes wrong. Infeasible configs (tile * stages > 256) are not listed:
+# can_implement rejects them, and compile() raises if one ever gets there.
+PLANTED = {
+    (16, 1): "compile_error",
+    (16, 2): "compile_crash",  # the compiler process dies
+    (32, 1): "crash",  # the kernel "segfaults" (SIGSEGV to its own process)
+    (16, 4): "hang",
+    (32, 4): "launch_error",
+    (128, 1): "wrong_result",
+}
+
+
+def space(arch: str) -> dict[str, list]:
+    return {k: list(v) for k, v in SPACE.items()}
+
+
+def default(arch: str, problem) -> Config:
+    # Deliberately not the optimum (64, 3) of cost_ms: the search must beat it.
+    return Config(tile=64, stages=2)
+
+
+def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
+    smem = cfg.tile * cfg.stages
+    if smem > 256:
+        return False, f"shared memory: tile {cfg.tile} x stages {cfg.stages} = {smem} > 256"
+    return True, None
+
+
+def cost_ms(cfg) -> float:
+    if _planted(cfg) == "wrong_result":
+        return 1.0  # a kernel that skips work is fast: the search must still not pick it
+    return 2.0 + 0.6 * abs(math.log2(cfg.tile / 64)) + 0.4 * abs(cfg.stages - 3)
+
+
+def _planted(cfg) -> str | None:
+    return PLANTED.get((cfg.tile, cfg.stages))
+
+
+def _log_compile(cfg) -> None:
+    path = os.environ.get("FAKE_FAMILY_COMPILE_LOG")
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps({"module": __name__, "pid": os.getpid(), **cfg.to_dict()}) + "\n")
+
+
+@dataclass(frozen=True)
+class _Resources:
+    registers: int
+    spill_bytes: int
+    smem_bytes: int
+
+
+class FakeKernel:
+    def __init__(self, cfg, problem, cost):
+        self.config = cfg
+        self.problem = problem
+        self.cost = cost
+        self.resources = _Resources(registers=64 + cfg.stages * 16, spill_bytes=0,
+                                    smem_bytes=cfg.tile * cfg.stages * 64)
+
+    def prepare(self, q, k, v, softmax_scale=None):
+        from variants.prepare import quantize_inputs
+
+        return quantize_inputs(q, k, v, softmax_scale=softmax_scale)
+
+    def run(self, prepared, out=None, lse=None):
+        from variants.reference import reference_attention
+
+        t0 = time.perf_counter()
+        planted = _planted(self.config)
+        if planted == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        if planted == "hang":
+            time.sleep(3600)
+        if planted == "launch_error":
+            raise RuntimeError("CUDA error: too many resources requested for launch")
+        ref_out, ref_lse = reference_attention(prepared)
+        if planted == "wrong_result":
+            ref_out = ref_out * 1.5
+        if out is None:
+            out = ref_out.to(dtype=__import__("torch").bfloat16)
+        else:
+            out.copy_(ref_out)
+        if lse is None:
+            lse = ref_lse
+        else:
+            lse.copy_(ref_lse)
+        remaining = self.cost(self.config) / 1e3 - (time.perf_counter() - t0)
+        if remaining > 0:
+            time.sleep(remaining)
+        return out, lse
+
+
+def compile(cfg, problem, arch: str, *, _cost=cost_ms, _can_implement=can_implement):
+    _log_compile(cfg)
+    ok, reason = _can_implement(cfg, problem, None)
+    if not ok:
+        raise AssertionError(f"infeasible config reached compile(): {reason}")
+    planted = _planted(cfg)
+    if planted == "compile_error":
+        raise RuntimeError(f"fake DSL error: cannot partition tile {cfg.tile}")
+    if planted == "compile_crash":
+        os._exit(7)
+    return FakeKernel(cfg, problem, _cost)

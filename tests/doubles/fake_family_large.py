@@ -1,0 +1,52 @@
+"""The fake family with a space larger than any test's trial budget: the search must pick TPE.
+
+Same planted failures and feasibility rule as fake_family on (tile, stages); two more knobs widen
+the space to 384 points (about 230 feasible) and shift the cost a little.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tests.doubles import fake_family as _base
+from tests.doubles.fake_family import FakeKernel, _log_compile  # noqa: F401
+from variants.base import ConfigMixin
+
+DEVICE = "cpu"
+
+
+@dataclass(frozen=True)
+class Config(ConfigMixin):
+    tile: int
+    stages: int
+    warps: int
+    swizzle: bool
+
+
+SPACE = {"tile": [16, 32, 64, 128, 256, 512], "stages": [1, 2, 3, 4, 6, 8],
+         "warps": [1, 2, 4, 8], "swizzle": [False, True]}
+
+
+def space(arch: str) -> dict[str, list]:
+    return {k: list(v) for k, v in SPACE.items()}
+
+
+def default(arch: str, problem) -> Config:
+    return Config(tile=64, stages=2, warps=4, swizzle=False)
+
+
+def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
+    ok, reason = _base.can_implement(cfg, problem, gpu)
+    if ok and cfg.warps * 16 > cfg.tile * 4:
+        return False, f"warps: {cfg.warps} warps need tile >= {cfg.warps * 4}"
+    return ok, reason
+
+
+def cost_ms(cfg) -> float:
+    return (_base.cost_ms(cfg) + 0.2 * abs(math.log2(cfg.warps / 4))
+            + (0.0 if cfg.swizzle else 0.2))
+
+
+def compile(cfg, problem, arch: str):
+    return _base.compile(cfg, problem, arch, _cost=cost_ms, _can_implement=can_implement)

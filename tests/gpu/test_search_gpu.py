@@ -1,0 +1,62 @@
+"""`tuner search` on the real GPU with the mma_sync family (run on the device: pytest -m gpu).
+
+The planted crash uses TUNER_TEST_PLANT_CRASH=1: the search marks its first non-default
+candidate, and the GPU worker makes that candidate fault (the family's `plant_crash(kernel)`
+hook when it has one, else a kernel that stores to address 0 through the CUDA driver, else a
+SIGSEGV of the worker). Either way the outcome must be "crash" and the search must go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tuner.problem import Problem
+from tuner.store import Store
+
+pytestmark = pytest.mark.gpu
+REPO = Path(__file__).resolve().parents[2]
+PROBLEM = Problem(1, 56, 4096, 128)
+
+
+def search(db: Path, *extra: str, env: dict | None = None) -> dict:
+    args = [sys.executable, "-m", "tuner", "search", "--gpu", "h200", "--families", "mma_sync",
+            "--seq-lens", "4096", "--heads", "56", "--trials", "12", "--seed", "0", "--json",
+            "--db", f"sqlite:///{db}", *extra]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+def test_search_stores_a_validated_winner(tmp_path):
+    db = tmp_path / "db.sqlite"
+    out = search(db)
+    (result,) = out["results"]
+    assert result["winner"] is not None, result
+    assert result["outcomes"].get("ok", 0) >= 1
+    store = Store(f"sqlite:///{db}")
+    best = store.best_for(out["device"], PROBLEM)
+    assert best is not None and best.trial.outcome == "ok"
+    assert best.trial.rel_rms is not None and best.trial.median_ms > 0
+    assert best.trial.timing["clock"] == "cuda-events" and best.trial.timing["repeats"] >= 10
+    assert best.speedup_over_default is not None and best.speedup_over_default >= 1.0
+    trials = store.trials(PROBLEM, device_id=out["device"])
+    assert [t.role for t in trials if t.optuna_number == 0] == ["default"]
+
+
+def test_planted_crash_is_recorded_and_the_search_goes_on(tmp_path):
+    db = tmp_path / "db.sqlite"
+    out = search(db, "--trials", "6", env={"TUNER_TEST_PLANT_CRASH": "1"})
+    (result,) = out["results"]
+    assert result["outcomes"].get("crash", 0) == 1, result
+    crash = [t for t in Store(f"sqlite:///{db}").trials(PROBLEM) if t.outcome == "crash"]
+    assert len(crash) == 1 and crash[0].message
+    # Candidates after the crash were measured in a restarted worker, and a winner was chosen.
+    assert result["outcomes"].get("ok", 0) >= 2
+    assert result["winner"] is not None

@@ -1,0 +1,281 @@
+"""The search loop against the CPU test-double families (tests/doubles/): outcomes as data,
+feasibility before compile, the default first, mode choice, resume after a kill, concurrency."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.doubles import fake_family, fake_family_large
+from tuner.cli import main
+from tuner.problem import Problem
+from tuner.search import ProblemSearch, SearchSettings, make_target, parse_duration
+from tuner.store import Store, config_hash
+
+REPO = Path(__file__).resolve().parents[1]
+SMALL = "tests.doubles.fake_family"
+LARGE = "tests.doubles.fake_family_large"
+PROBLEM = Problem(1, 2, 64, 64)
+# Small enough that the reference and the fake kernels take microseconds; timeouts short enough
+# that the planted hang costs 2 s.
+BASE = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
+        "--repeats", "10", "--timeout", "2", "--compile-jobs", "1", "--json"]
+
+
+def rows(db: Path) -> list[sqlite3.Row]:
+    con = sqlite3.connect(db)
+    con.row_factory = sqlite3.Row
+    try:
+        return con.execute("SELECT * FROM tuner_trials ORDER BY id").fetchall()
+    except sqlite3.OperationalError:  # not created yet
+        return []
+    finally:
+        con.close()
+
+
+def measured(db: Path) -> list[sqlite3.Row]:
+    """Search/default rows that reached a compiler (not the final re-times, not infeasible)."""
+    return [r for r in rows(db) if r["role"] != "retime" and r["outcome"] != "infeasible"]
+
+
+def key(family_module, config: dict) -> tuple:
+    cfg = family_module.Config.from_dict(config)
+    return cfg.tile, cfg.stages
+
+
+def compiled_configs(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def run_cli(capsys, args: list[str]) -> dict:
+    assert main(args) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+# ---- pure parts --------------------------------------------------------------------------------
+
+def test_parse_duration():
+    assert parse_duration("90") == 90
+    assert parse_duration("90s") == 90
+    assert parse_duration("10m") == 600
+    assert parse_duration("1.5h") == 5400
+    with pytest.raises(ValueError, match="bad duration"):
+        parse_duration("ten minutes")
+
+
+@pytest.mark.parametrize("family,trials,mode", [
+    (SMALL, 20, "exhaustive"),  # 14 feasible <= 20 trials
+    (SMALL, 10, "tpe"),
+    (LARGE, 64, "tpe"),  # 140 feasible
+])
+def test_mode_follows_feasible_space_size(tmp_path, family, trials, mode):
+    modules = {family: __import__(family, fromlist=["_"])}
+    search = ProblemSearch(PROBLEM, [family], make_target("h200", modules),
+                           Store(f"sqlite:///{tmp_path / 'db.sqlite'}"),
+                           optuna.storages.InMemoryStorage(), SearchSettings(trials=trials))
+    assert search.mode == mode
+    assert len(search.feasible) == (14 if family == SMALL else 140)
+
+
+def test_cli_defaults_match_the_search_settings():
+    from tuner.commands import search as command
+
+    d = SearchSettings()
+    assert (command.DEFAULTS.trials, command.DEFAULTS.patience, command.DEFAULTS.timeout_s,
+            command.DEFAULTS.repeats) == (d.trials, d.patience, d.timeout_s, d.repeats)
+
+
+def test_cpu_double_needs_no_gpu_but_real_family_does():
+    from tuner.errors import TunerError
+
+    target = make_target("h200", {SMALL: fake_family})
+    assert target.device == "cpu" and target.gpu.arch == "sm_90a"
+    import torch
+
+    if not torch.cuda.is_available():
+        with pytest.raises(TunerError, match="no CUDA GPU"):
+            make_target("h200", {"real": object()})
+
+
+# ---- searches in this process ------------------------------------------------------------------
+
+def test_exhaustive_search_records_every_outcome_and_picks_a_valid_winner(tmp_path, capsys,
+                                                                          monkeypatch):
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv("FAKE_FAMILY_COMPILE_LOG", str(log))
+    db = tmp_path / "db.sqlite"
+    out = run_cli(capsys, [*BASE, "--families", SMALL, "--trials", "20", "--seed", "7",
+                           "--db", f"sqlite:///{db}"])
+    (result,) = out["results"]
+    assert result["mode"] == "exhaustive" and result["stopped"] == "space exhausted"
+    assert result["seed"] == 7
+
+    # Infeasible configs never reach a compiler, in any process.
+    compiled = compiled_configs(log)
+    assert compiled, "the compile log is empty: did the workers see the environment?"
+    problem = PROBLEM
+    assert all(fake_family.can_implement(fake_family.Config(c["tile"], c["stages"]), problem,
+                                         None)[0] for c in compiled)
+
+    # Every planted failure is a stored outcome with its message, and the search went on.
+    got = {key(fake_family, json.loads(r["config_json"])): r for r in measured(db)}
+    assert len(got) == 14
+    expected = {(16, 1): "compile_error", (16, 2): "compile_error", (32, 1): "crash",
+                (16, 4): "timeout", (32, 4): "launch_error", (128, 1): "wrong_result"}
+    for cfg, outcome in expected.items():
+        assert got[cfg]["outcome"] == outcome, cfg
+        assert got[cfg]["message"]
+    assert "SIGSEGV" in got[(32, 1)]["message"]
+    assert "exit code 7" in got[(16, 2)]["message"]
+    ok = [r for r in got.values() if r["outcome"] == "ok"]
+    assert len(ok) == 8 and all(r["median_ms"] > 0 and r["rel_rms"] is not None for r in ok)
+
+    # The default went in first; a wrong result (the fastest config) never wins.
+    default = [r for r in measured(db) if r["role"] == "default"]
+    assert [(key(fake_family, json.loads(r["config_json"])), r["optuna_number"])
+            for r in default] == [((64, 2), 0)]
+    winner = result["winner"]
+    assert (winner["config"]["tile"], winner["config"]["stages"]) == (64, 3)
+    assert result["speedup_over_default"] > 1.1
+
+    store = Store(f"sqlite:///{db}")
+    best = store.best_for(out["device"], PROBLEM)
+    assert best.trial.role == "retime" and best.config == {"tile": 64, "stages": 3}
+    assert best.default_trial.config == {"tile": 64, "stages": 2}
+
+
+def test_tpe_search_on_a_large_space_stays_feasible_and_within_budget(tmp_path, capsys,
+                                                                      monkeypatch):
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv("FAKE_FAMILY_COMPILE_LOG", str(log))
+    db = tmp_path / "db.sqlite"
+    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "10", "--seed", "3",
+                           "--timeout", "1", "--db", f"sqlite:///{db}"])
+    (result,) = out["results"]
+    assert result["mode"] == "tpe"
+    done = measured(db)
+    assert len(done) == 10
+    assert done[0]["role"] == "default" or any(
+        r["role"] == "default" and r["optuna_number"] == 0 for r in done)
+    for c in compiled_configs(log):
+        cfg = fake_family_large.Config(c["tile"], c["stages"], 4, False)
+        assert fake_family.can_implement(cfg, PROBLEM, None)[0]
+    assert result["winner"] is not None
+    assert fake_family.PLANTED.get((result["winner"]["config"]["tile"],
+                                    result["winner"]["config"]["stages"])) is None
+    # A re-run of the finished study measures nothing new: the budget is per study.
+    again = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "10", "--timeout", "1",
+                             "--db", f"sqlite:///{db}", "--resume"])
+    assert again["results"][0]["measured_here"] == 0
+    assert again["results"][0]["seed"] == 3  # the recorded seed
+    assert len(measured(db)) == 10
+
+
+def test_resume_requires_an_existing_study(tmp_path):
+    from tuner.errors import TunerError
+
+    with pytest.raises(TunerError, match="--resume: no stored study"):
+        main(["--debug", *BASE, "--families", SMALL, "--db",
+              f"sqlite:///{tmp_path / 'db.sqlite'}", "--resume"])
+
+
+# ---- separate processes ------------------------------------------------------------------------
+
+def _cli(db: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "tuner", *BASE, "--db", f"sqlite:///{db}", *extra]
+
+
+def _spawn(args: list[str]) -> subprocess.Popen:
+    # A session of its own, so the test can kill the search with all its workers at once.
+    return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def _wait_for(predicate, timeout_s: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for the search to progress"
+        time.sleep(0.1)
+
+
+def _finish(proc: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]:
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    return out, err
+
+
+def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path):
+    db = tmp_path / "db.sqlite"
+    args = _cli(db, "--families", SMALL, "--trials", "20", "--seed", "11")
+    first = _spawn(args)
+    _wait_for(lambda: len(measured(db)) >= 4 or first.poll() is not None)
+    assert first.poll() is None, f"the search ended before the kill: {first.communicate()[1]}"
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait()
+    before_rows = rows(db)
+    before = [tuple(r) for r in before_rows]
+    measured_before = len(measured(db))
+    assert 4 <= measured_before < 14
+
+    # Then Ctrl-C (SIGINT to the whole group, as a terminal sends it) during the resumed run.
+    second = _spawn(args + ["--resume"])
+    _wait_for(lambda: len(measured(db)) >= measured_before + 2 or second.poll() is not None)
+    os.killpg(second.pid, signal.SIGINT)
+    _, err = second.communicate(timeout=60)
+    assert second.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    middle = [tuple(r) for r in rows(db)]
+    assert middle[: len(before)] == before
+    measured_middle = len(measured(db))
+
+    third = _spawn(args + ["--resume"])
+    out, err = _finish(third)
+    after = [tuple(r) for r in rows(db)]
+    assert after[: len(middle)] == middle  # every finished trial is still there, unchanged
+    done = measured(db)
+    hashes = [r["config_hash"] for r in done]
+    study = optuna.load_study(study_name=json.loads(out)["results"][0]["study"],
+                              storage=f"sqlite:///{db}")
+    assert len(hashes) == len(set(hashes)) == 14, "\n".join(  # nothing twice, nothing missing
+        [str((t.number, t.state, t.params, t.user_attrs, t.system_attrs)) for t in study.trials]
+        + [out, err])
+    result = json.loads(out)["results"][0]
+    assert result["measured_here"] == 14 - measured_middle
+    assert result["winner"]["config"] == {"tile": 64, "stages": 3}, err[-2000:]
+
+
+def test_two_concurrent_searches_on_one_sqlite_file_lose_nothing(tmp_path):
+    db = tmp_path / "db.sqlite"
+    procs = [_spawn(_cli(db, "--families", LARGE, "--trials", "12", "--seed", str(seed),
+                         "--timeout", "1")) for seed in (1, 2)]
+    docs = [json.loads(_finish(p)[0]) for p in procs]
+    outs = [d["results"][0] for d in docs]
+    done = measured(db)
+    # Every candidate either process measured is stored, and the study agrees.
+    assert len(done) == sum(o["measured_here"] for o in outs)
+    assert 12 <= len(done) <= 14  # the shared budget, give or take the other's in-flight one
+    study = optuna.load_study(study_name=outs[0]["study"], storage=f"sqlite:///{db}")
+    trials = {t.number: t for t in study.get_trials()}
+    for r in done:
+        trial = trials[r["optuna_number"]]
+        assert trial.state == optuna.trial.TrialState.COMPLETE
+        config = json.loads(r["config_json"])
+        assert config_hash(trial.params["family"], {
+            k.split(".")[-1]: v for k, v in trial.params.items() if k != "family"}) \
+            == r["config_hash"] == config_hash(LARGE, config)
+    assert Store(f"sqlite:///{db}").best_for(docs[0]["device"], PROBLEM) is not None

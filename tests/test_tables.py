@@ -1,0 +1,151 @@
+"""YAML tuning tables: export -> import -> export round trip, and imports that change nothing."""
+
+import re
+
+import pytest
+
+from tuner.cli import main
+from tuner.problem import Problem
+from tuner.store import Store, TrialRecord
+from tuner.tables import TableError, build_table, dump_table, import_table
+from variants import mma_sync
+
+FINGERPRINT = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132,
+               "driver": "580.159.04", "torch": "2.11.0+cu130", "cutlass_dsl": "4.8.1"}
+OTHER_GPU = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sm_count": 132}
+SEED = mma_sync.default("sm_90a")
+SMALL = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
+                        p_staging="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+
+
+def populated_store(url) -> tuple[Store, str]:
+    from tuner.gpus import fingerprint_id
+
+    device = fingerprint_id(FINGERPRINT)
+    store = Store(url)
+    store.record_device(device, FINGERPRINT)
+    for seq, cfg, ms in ((4096, SMALL, 0.91234567), (30272, SEED, 48.5)):
+        problem = Problem(1, 56, seq)
+        ids = []
+        for role, c, t in (("search", cfg, ms), ("search", SEED, ms * 1.1), ("search", SEED, None)):
+            ids.append(store.record_trial(TrialRecord(
+                id=None, device_id=device, problem_key=problem.key(), family_set="mma_sync",
+                family="mma_sync", config=c.to_dict(), config_hash="h", role=role,
+                outcome="ok" if t else "wrong_result", median_ms=t, iqr_ms=t and t * 0.01,
+                tflops=t and problem.tflops(t), rel_rms=0.031)))
+        store.set_best(device, problem, "mma_sync", ids[0], ids[1], 1.1)
+    return store, device
+
+
+@pytest.fixture
+def exported(tmp_path):
+    store, device = populated_store(f"sqlite:///{tmp_path / 'a.sqlite'}")
+    text = dump_table(build_table(store, device, "h200"))
+    store.close()
+    path = tmp_path / "h200.yaml"
+    path.write_text(text)
+    return path, text
+
+
+def test_export_import_export_is_identical(exported, tmp_path):
+    path, text = exported
+    assert "family: mma_sync" in text and "trials: 3" in text and "gpu: h200" in text
+    fresh = Store(f"sqlite:///{tmp_path / 'b.sqlite'}")
+    assert import_table(fresh, path, local_fingerprint=FINGERPRINT) == 2
+    again = dump_table(build_table(fresh, next(iter(fresh.devices())), "h200"))
+    assert again == text
+
+
+def _snapshot(store):
+    return [(w.problem_key, w.config, w.trial.median_ms) for w in store.winners()], \
+        {d: fp for d, fp in store.devices().items()}
+
+
+def _corrupt(text, old, new):
+    assert old in text, old
+    return text.replace(old, new, 1)
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda t: _corrupt(t, "schema_version: 1", "schema_version: 7"),
+         r"line \d+: schema_version: schema version 7"),
+        (lambda t: _corrupt(t, "    warps: 4", "    warps: 4\n    wraps: 4"),
+         r"line \d+: entries\.\d+\.config: .*unknown knobs \['wraps'\]"),
+        (lambda t: _corrupt(t, "block_m: 64", "block_m: 96"),
+         r"line \d+: entries\.0\.config\.block_m: 96 is outside"),
+        (lambda t: _corrupt(t, "block_n: 64", "block_n: 32").replace("rows_per_warp: 16",
+                                                                     "rows_per_warp: 32", 1),
+         r"line \d+: entries\.0\.config: cannot run on h200"),
+        (lambda t: t[: len(t) // 2], r"line \d+"),
+        (lambda t: _corrupt(t, "median_ms: 0.9123", "median_ms: -1"),
+         r"line \d+: entries\.0\.median_ms: must be a positive"),
+        (lambda t: "", r"the file is empty"),
+    ],
+    ids=["schema", "unknown-knob", "out-of-domain", "infeasible", "truncated", "bad-time", "empty"],
+)
+def test_bad_tables_change_nothing_and_name_line_and_field(exported, tmp_path, mutate, expected):
+    path, text = exported
+    store, _ = populated_store(f"sqlite:///{tmp_path / 'c.sqlite'}")
+    before = _snapshot(store)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(mutate(text))
+    with pytest.raises(TableError, match=expected):
+        import_table(store, bad, local_fingerprint=FINGERPRINT)
+    assert _snapshot(store) == before
+
+
+def test_wrong_fingerprint_is_refused_unless_forced(exported, tmp_path):
+    path, _ = exported
+    store = Store(f"sqlite:///{tmp_path / 'd.sqlite'}")
+    with pytest.raises(TableError, match=r"line \d+: device: tuned on NVIDIA H200 .* --force"):
+        import_table(store, path, local_fingerprint=OTHER_GPU)
+    with pytest.raises(TableError, match="no local GPU. Re-run with --force"):
+        import_table(store, path, local_fingerprint=None)
+    assert store.winners() == []
+    assert import_table(store, path, force=True, local_fingerprint=None) == 2
+
+
+def test_cli_export_and_import(exported, tmp_path, capsys):
+    path, text = exported
+    url = f"sqlite:///{tmp_path / 'e.sqlite'}"
+    assert main(["import", str(path), "--db", url, "--force"]) == 0
+    assert "imported 2 tuned problems" in capsys.readouterr().out
+    out = tmp_path / "out.yaml"
+    assert main(["export", "--gpu", "h200", "--db", url, "--out", str(out)]) == 0
+    assert out.read_text() == text
+    capsys.readouterr()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("kind: fp8-attn-tuner/tuning-table", "kind: other"))
+    assert main(["import", str(bad), "--db", url, "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and re.search(r"line \d+: kind", err)
+
+
+def test_show_lists_winners_with_the_default_beside(exported, tmp_path, capsys):
+    path, _ = exported
+    url = f"sqlite:///{tmp_path / 'f.sqlite'}"
+    assert main(["import", str(path), "--db", url, "--force"]) == 0
+    capsys.readouterr()
+    assert main(["show", "--db", url, "--json"]) == 0
+    import json
+
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["seq_len"] for r in rows] == [4096, 30272]
+    assert rows[0]["default_ms"] == pytest.approx(0.91234567 * 1.1, rel=1e-3)
+    assert main(["show", "--db", url]) == 0
+    table = capsys.readouterr().out
+    assert "b1-h56-s30272-d128-full" in table and "mma_sync" in table
+    assert main(["show", "--db", url, "--trials", "4096"]) == 0
+    assert "imported" in capsys.readouterr().out
+
+
+def test_show_plot_writes_an_image(exported, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path, _ = exported
+    url = f"sqlite:///{tmp_path / 'g.sqlite'}"
+    assert main(["import", str(path), "--db", url, "--force"]) == 0
+    png = tmp_path / "winners.png"
+    assert main(["show", "--db", url, "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

@@ -1,0 +1,97 @@
+"""Worker isolation and the measuring helpers that need no GPU."""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import wait
+
+import pytest
+
+from tuner.measure import (
+    CandidateFailure,
+    classify_launch_error,
+    guarded,
+    rotation_sets,
+    summarize,
+)
+from tuner.worker import Task, Worker, WorkerBug
+
+PROBLEM = dict(batch=1, heads=2, seq_len=64, head_dim=64, causal=False)
+
+
+def task(kind: str, tile: int, stages: int, timeout_s: float = 30.0) -> Task:
+    return Task(kind=kind, family="tests.doubles.fake_family",
+                config={"tile": tile, "stages": stages}, problem=PROBLEM, arch="sm_90a",
+                device="cpu", timeout_s=timeout_s, repeats=10)
+
+
+def result_of(worker: Worker):
+    while True:
+        readable = wait([worker.connection], timeout=0.5)
+        got = worker.collect() if readable else worker.expire()
+        if got is not None:
+            return got[1]
+
+
+def test_compile_worker_survives_a_dying_compiler_and_restarts():
+    w = Worker("compile-test", preload=("variants",))
+    try:
+        w.submit(task("compile", 16, 2))  # the fake compiler calls os._exit(7)
+        dead = result_of(w)
+        assert dead.outcome == "crash" and "exit code 7" in dead.message
+        w.submit(task("compile", 64, 2))
+        ok = result_of(w)
+        assert ok.outcome == "ok" and ok.resources["smem_bytes"] == 64 * 2 * 64
+        assert w.restarts == 1
+        w.submit(task("compile", 16, 1))
+        err = result_of(w)
+        assert err.outcome == "compile_error" and "cannot partition" in err.message
+    finally:
+        w.close()
+
+
+def test_a_bug_in_the_tuner_is_raised_not_stored():
+    w = Worker("bug-test")
+    try:
+        w.submit(task("no-such-kind", 64, 2))
+        with pytest.raises(WorkerBug, match="unknown task kind"):
+            result_of(w)
+    finally:
+        w.close()
+
+
+def test_hung_kernel_is_killed_at_its_deadline_and_the_next_candidate_runs():
+    w = Worker("gpu-test", preload=("torch", "tuner.measure", "variants.reference"))
+    try:
+        # The deadline starts when the child is ready: torch's import is not the task's time.
+        w.submit(task("evaluate", 16, 4, timeout_s=1.0))  # the fake kernel sleeps for an hour
+        t0 = time.monotonic()
+        hung = result_of(w)
+        assert hung.outcome == "timeout" and "killed" in hung.message
+        assert time.monotonic() - t0 < 30
+        w.submit(task("evaluate", 64, 2))
+        ok = result_of(w)
+        assert ok.outcome == "ok" and ok.accuracy["passed"] and ok.timing["repeats"] >= 10
+        assert ok.timing["clock"] == "cpu-perf-counter"
+    finally:
+        w.close()
+
+
+def test_guarded_types_candidate_errors():
+    def boom():
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    with pytest.raises(CandidateFailure) as info:
+        guarded("run", boom)
+    assert info.value.outcome == "crash" and "illegal memory access" in info.value.message
+    with pytest.raises(CandidateFailure) as info:
+        guarded("compile", boom)
+    assert info.value.outcome == "compile_error"
+    assert classify_launch_error(RuntimeError("too many resources requested")) == "launch_error"
+
+
+def test_summary_statistics_and_rotation():
+    med, q1, q3, low = summarize([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert (med, q1, q3, low) == (3.0, 2.0, 4.0, 1.0)
+    assert rotation_sets(set_bytes=200, l2_bytes=1000) == 11  # 11 * 200 > 2 * 1000
+    assert rotation_sets(set_bytes=3000, l2_bytes=1000) == 1

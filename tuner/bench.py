@@ -1,0 +1,153 @@
+"""`tuner bench` logic: time the stored winner, the family default and peers side by side.
+
+Everything for one seq_len is timed in one process, one after another, with the search's timing
+protocol (tuner.measure.time_kernel), so the ratios are side-by-side measurements. Our kernels
+are validated against the fp32 reference before they are timed; a peer is timed as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tuner.problem import Problem
+
+
+@dataclass
+class BenchRow:
+    seq_len: int
+    system: str  # tuned, default, sdpa-cudnn, sdpa-flash, cudnn-fp8
+    detail: str  # config (short) or backend; where the tuned config came from
+    median_ms: float | None = None
+    iqr_ms: float | None = None
+    tflops: float | None = None
+    pct_of_fp8_peak: float | None = None
+    tuned_speedup: float | None = None  # this system's ms / tuned ms: > 1 means tuned is faster
+    rel_rms: float | None = None
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _time(kernel, problem, gpu, repeats: int, seed: int):
+    import torch
+
+    from tuner.measure import time_kernel
+
+    return time_kernel(kernel, problem, torch.device("cuda"), seed, gpu.l2_bytes, repeats=repeats)
+
+
+def bench_seq_len(
+    problem: Problem,
+    gpu,
+    against: list[str],
+    *,
+    repeats: int = 20,
+    seed: int = 0,
+    db: str | None = None,
+) -> list[BenchRow]:
+    import torch
+
+    from tuner import runtime
+    from tuner.measure import CandidateFailure, validate_kernel
+    from tuner.peers import PeerUnavailable, make_peer
+    from variants import load_family
+
+    rows: list[BenchRow] = []
+    best = runtime.load_best_config(
+        problem.seq_len,
+        heads=problem.heads,
+        head_dim=problem.head_dim,
+        gpu=gpu.name,
+        db=db,
+        with_source=True,
+    )
+    ours = [("tuned", best.family, best.config, f"{best.source}")]
+    if "default" in against:
+        family = load_family(best.family)
+        ours.append(("default", best.family, family.default(gpu.arch, problem), "family default"))
+    for system, family_name, cfg, source in ours:
+        row = BenchRow(problem.seq_len, system, f"{family_name}: {cfg.short()} [{source}]")
+        try:
+            kernel = load_family(family_name).compile(cfg, problem, gpu.arch)
+            metrics = validate_kernel(kernel, problem, torch.device("cuda"), seed)
+            row.rel_rms = metrics.rel_rms
+            if not metrics.passed:
+                row.note = f"WRONG RESULT: {metrics.reason}"
+            else:
+                timing = _time(kernel, problem, gpu, repeats, seed)
+                row.median_ms, row.iqr_ms = timing.median_ms, timing.iqr_ms
+        except CandidateFailure as exc:
+            row.note = f"{exc.outcome}: {exc.message[:120]}"
+        rows.append(row)
+    peers = []
+    if "sdpa" in against:
+        peers += ["sdpa-cudnn", "sdpa-flash"]
+    peers += [
+        p for p in against if p in ("sdpa-cudnn", "sdpa-flash", "cudnn-fp8") and p not in peers
+    ]
+    for name in peers:
+        row = BenchRow(problem.seq_len, name, "bf16" if name.startswith("sdpa") else "fp8 in/out")
+        try:
+            timing = _time(make_peer(name), problem, gpu, repeats, seed)
+            row.median_ms, row.iqr_ms = timing.median_ms, timing.iqr_ms
+        except (PeerUnavailable, ImportError) as exc:
+            row.note = f"skipped: {exc}"
+        except (CandidateFailure, RuntimeError) as exc:
+            row.note = f"failed: {str(exc).splitlines()[0][:120]}"
+        rows.append(row)
+    tuned_ms = rows[0].median_ms
+    for row in rows:
+        if row.median_ms:
+            row.tflops = problem.tflops(row.median_ms)
+            row.pct_of_fp8_peak = 100 * row.tflops / gpu.fp8_tflops
+            if tuned_ms:
+                row.tuned_speedup = row.median_ms / tuned_ms
+    return rows
+
+
+def store_peer_rows(store, device_id: str, problem: Problem, rows: list[BenchRow]) -> None:
+    """Peers' timings go into the trials table (role 'bench'), so `tuner show --plot` can draw
+    them beside the tuned line."""
+    from tuner.store import TrialRecord
+
+    for row in rows:
+        if row.system in ("tuned", "default") or row.median_ms is None:
+            continue
+        store.record_trial(
+            TrialRecord(
+                id=None,
+                device_id=device_id,
+                problem_key=problem.key(),
+                family_set="bench",
+                family=row.system,
+                config={"detail": row.detail},
+                config_hash=row.system,
+                outcome="ok",
+                role="bench",
+                median_ms=row.median_ms,
+                iqr_ms=row.iqr_ms,
+                tflops=row.tflops,
+            )
+        )
+
+
+def markdown_table(rows: list[BenchRow], gpu_label: str) -> str:
+    lines = [
+        f"Measured on {gpu_label}. Tuned speedup = system ms / tuned ms, one run, side by side.",
+        "",
+        "| S | system | config | ms | IQR ms | TFLOP/s | % FP8 peak | tuned speedup | rel RMS "
+        "| note |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def f(x, spec):
+        return "" if x is None else format(x, spec)
+
+    for r in rows:
+        lines.append(
+            f"| {r.seq_len} | {r.system} | {r.detail} | {f(r.median_ms, '.3f')} | "
+            f"{f(r.iqr_ms, '.3f')} | {f(r.tflops, '.0f')} | {f(r.pct_of_fp8_peak, '.1f')} | "
+            f"{f(r.tuned_speedup, '.2f')} | {f(r.rel_rms, '.4f')} | {r.note} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""`tuner bench`: the stored winner, the family default and peers, side by side on this GPU."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from tuner.commands._args import int_list
+
+NAME = "bench"
+HELP = "time the tuned config, the default and peers (SDPA, cuDNN FP8) side by side"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--gpu", default="auto", help="must be the local GPU (default: auto)")
+    parser.add_argument("--seq-lens", type=int_list, required=True, help="e.g. 4096,30272")
+    parser.add_argument("--heads", type=int, default=56)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument(
+        "--against",
+        default="default,sdpa",
+        help="comma-separated: default, sdpa (cuDNN + flash backends), "
+        "sdpa-cudnn, sdpa-flash, cudnn-fp8",
+    )
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--db", default=None, help="results database URL")
+    parser.add_argument("--plot", default=None, help="write TFLOP/s vs seq_len to this image")
+    parser.add_argument("--markdown", default=None, help="also write the table as markdown")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args) -> int:
+    from tuner.bench import bench_seq_len, markdown_table, store_peer_rows
+    from tuner.gpus import device_fingerprint, fingerprint_id, resolve_gpu
+    from tuner.problem import Problem
+    from tuner.store import Store
+
+    gpu = resolve_gpu(args.gpu)
+    against = [a.strip() for a in args.against.split(",") if a.strip()]
+    fp = device_fingerprint()
+    device_id = fingerprint_id(fp)
+    store = Store(args.db)
+    rows = []
+    try:
+        store.record_device(device_id, fp)
+        for seq_len in args.seq_lens:
+            problem = Problem(args.batch, args.heads, seq_len, args.head_dim)
+            found = bench_seq_len(problem, gpu, against, repeats=args.repeats, db=args.db)
+            store_peer_rows(store, device_id, problem, found)
+            rows += found
+    finally:
+        store.close()
+    label = (
+        f"{fp['name']} ({dt.date.today().isoformat()}), B={args.batch} H={args.heads} "
+        f"D={args.head_dim}"
+    )
+    table = markdown_table(rows, label)
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(table + "\n")
+    if args.plot:
+        from tuner.report import plot_bench
+
+        plot_bench(rows, args.plot, label)
+    if args.json:
+        print(json.dumps({"device": fp, "rows": [r.to_dict() for r in rows]}, indent=1))
+    else:
+        print(table)
+    return 0

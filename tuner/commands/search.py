@@ -1,0 +1,289 @@
+"""`tuner search`: find the fastest correct kernel config per sequence length on this GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from tuner.errors import TunerError
+
+NAME = "search"
+HELP = "tune kernel configs for this GPU and store the winner per sequence length"
+
+
+class DEFAULTS:
+    trials = 64
+    patience = 32
+    timeout_s = 600.0
+    repeats = 20
+
+
+def _default_compile_jobs() -> int:
+    # One core stays with the main process and the GPU worker; compiles are CPU-bound.
+    return max(1, min(8, (os.cpu_count() or 2) - 1))
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    # Defaults are spelled out here so that `tuner --help` and the other subcommands work where
+    # optuna (imported by tuner.search) is not installed; test_search checks they agree.
+    d = DEFAULTS
+    parser.add_argument(
+        "--gpu", default="auto", help="target profile; must be the local GPU (default: auto)"
+    )
+    parser.add_argument("--seq-lens", type=_int_list, required=True, help="e.g. 4096,8192,30272")
+    parser.add_argument("--heads", type=int, required=True)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument(
+        "--families",
+        default="mma_sync",
+        help="comma-separated families (a dotted module path loads a test double)",
+    )
+    parser.add_argument(
+        "--trials",
+        type=int,
+        default=d.trials,
+        help="candidates that reach a compiler per sequence length, over all runs "
+        f"of the study (default {d.trials})",
+    )
+    parser.add_argument(
+        "--time-budget",
+        default=None,
+        help="wall time per sequence length, e.g. 600, 10m, 1h (default: none)",
+    )
+    parser.add_argument(
+        "--patience",
+        type=int,
+        default=d.patience,
+        help="stop after this many measured candidates without improvement "
+        f"(0: never; default {d.patience})",
+    )
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="results database URL (default: $TUNER_DB_URL, else "
+        "$TUNER_HOME/tuner.sqlite, else "
+        "~/.local/share/fp8-attn-tuner/tuner.sqlite)",
+    )
+    parser.add_argument(
+        "--storage", default=None, help="Optuna storage URL (default: the results database)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampler seed (default: the study's recorded seed, else random)",
+    )
+    parser.add_argument(
+        "--compile-jobs",
+        type=int,
+        default=_default_compile_jobs(),
+        help="compile processes ahead of the GPU (default: CPU count - 1, max 8)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=d.timeout_s,
+        help=f"seconds per candidate and stage before it is killed (default {d.timeout_s:g})",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=d.repeats,
+        help=f"timed launches per candidate, at least 10 (default {d.repeats})",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue interrupted studies; error if one does not exist (a plain "
+        "re-run also continues a study with the same arguments)",
+    )
+    parser.add_argument("--json", action="store_true", help="print results as JSON on stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from tuner.search import (
+            ProblemSearch,
+            SearchSettings,
+            make_target,
+            open_storage,
+            parse_duration,
+            summary,
+        )
+    except ModuleNotFoundError as exc:
+        raise TunerError(
+            f"tuner search needs the Python package {exc.name!r}, which is not installed here; "
+            "install the project's dependencies (pip install -e .)"
+        ) from exc
+    from tuner.problem import Problem
+    from tuner.store import Store
+    from variants import load_family
+
+    families = [f.strip() for f in args.families.split(",") if f.strip()]
+    if not families:
+        raise TunerError("--families is empty; name at least one, e.g. --families mma_sync")
+    if args.trials < 1:
+        raise TunerError(f"--trials must be >= 1, got {args.trials}")
+    if args.compile_jobs < 1:
+        raise TunerError(f"--compile-jobs must be >= 1, got {args.compile_jobs}")
+    modules = {}
+    for name in families:
+        try:
+            modules[name] = load_family(name)
+        except ModuleNotFoundError as exc:
+            raise TunerError(
+                f"family {name!r} cannot be imported ({exc}); check --families") from exc
+
+    target = make_target(args.gpu, modules)
+    problems = [Problem(args.batch, args.heads, s, args.head_dim) for s in args.seq_lens]
+    settings = SearchSettings(
+        trials=args.trials,
+        time_budget_s=parse_duration(args.time_budget) if args.time_budget else None,
+        patience=args.patience or None,
+        seed=args.seed,
+        compile_jobs=args.compile_jobs,
+        timeout_s=args.timeout,
+        repeats=args.repeats,
+        resume=args.resume,
+    )
+    store = Store(args.db)
+    storage = open_storage(args.storage or store.url)
+    store.record_device(target.device_id, target.fingerprint)
+
+    view = SearchView(enabled=not args.json)
+    results = []
+    with view:
+        for problem in problems:
+            search = ProblemSearch(
+                problem, families, target, store, storage, settings, on_progress=view.update
+            )
+            view.start(search)
+            results.append(search.run())
+            view.done(search, results[-1])
+    if args.json:
+        json.dump(
+            {
+                "device": target.device_id,
+                "gpu": target.gpu.name,
+                "families": families,
+                "results": [summary(r) for r in results],
+            },
+            sys.stdout,
+            indent=2,
+            default=str,
+        )
+        print()
+    else:
+        view.table(results)
+    return 0
+
+
+class SearchView:
+    """Live progress (stderr) per sequence length, the final table (stdout); silent for --json."""
+
+    def __init__(self, enabled: bool) -> None:
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.enabled = enabled
+        self.console = Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]s={task.fields[seq_len]}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[best]}"),
+            TextColumn("[red]{task.fields[fails]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            disable=not enabled,
+        )
+        self.tasks: dict[str, int] = {}
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def start(self, search) -> None:
+        self.tasks[search.name] = self.progress.add_task(
+            "", total=search.settings.trials, seq_len=search.problem.seq_len, best="", fails=""
+        )
+        self.console.log(
+            f"s={search.problem.seq_len}: {search.mode} over {len(search.feasible)} "
+            f"feasible configs, seed {search.seed}, study {search.name}"
+        ) if self.enabled else None
+        self.update(search)
+
+    def update(self, search) -> None:
+        task = self.tasks.get(search.name)
+        if task is None:
+            return
+        best = ""
+        if search.best_ms is not None:
+            tflops = search.problem.tflops(search.best_ms)
+            best = f"best {search.best_ms:.3f} ms {tflops:.0f} TFLOP/s"
+        fails = " ".join(f"{k}:{n}" for k, n in sorted(search.outcomes.items()) if k != "ok")
+        self.progress.update(
+            task,
+            completed=min(search.measured_count(), search.settings.trials),
+            best=best,
+            fails=fails,
+        )
+
+    def done(self, search, result) -> None:
+        task = self.tasks.get(search.name)
+        if task is not None:
+            self.progress.update(task, description="done")
+        if self.enabled:
+            self.console.log(f"s={search.problem.seq_len}: stopped ({result.stopped})")
+
+    def table(self, results) -> None:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="tuner search")
+        for col in ("seq_len", "winner", "ms", "TFLOP/s", "vs default", "rel err"):
+            table.add_column(col, justify="left" if col == "winner" else "right")
+        for r in results:
+            w = r.winner
+            if w is None:
+                table.add_row(str(r.problem.seq_len), "[red]no valid candidate", "", "", "", "")
+                continue
+            label = f"{w.family.rsplit('.', 1)[-1]}: " + " ".join(
+                f"{k}={v}" for k, v in w.config.items()
+            )
+            if r.default_kept:
+                label += " (default kept)"
+            speedup = f"{r.speedup:.2f}x" if r.speedup else "-"
+            table.add_row(
+                str(r.problem.seq_len),
+                label,
+                f"{w.median_ms:.3f}",
+                f"{w.tflops:.1f}",
+                speedup,
+                f"{w.rel_rms:.2e}",
+            )
+        Console().print(table)

@@ -1,0 +1,214 @@
+"""`tuner show`: the stored winners with the default's time beside each, a problem's trial
+history, and a TFLOP/s-vs-seq_len plot."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from tuner.dburl import display_url
+from tuner.errors import TunerError
+from tuner.problem import Problem
+
+NAME = "show"
+HELP = "show stored winners (--trials SEQ_LEN for one problem's history, --plot FILE)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--db",
+        default=None,
+        help="results database URL (default: TUNER_DB_URL or the embedded SQLite file)",
+    )
+    parser.add_argument(
+        "--gpu", default=None, help="only devices whose name matches this profile (e.g. h200)"
+    )
+    parser.add_argument(
+        "--trials",
+        type=int,
+        metavar="SEQ_LEN",
+        default=None,
+        help="list the trials of one seq_len (outcomes by kind)",
+    )
+    parser.add_argument("--heads", type=int, default=None, help="with --trials: heads")
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        default=None,
+        help="write TFLOP/s against seq_len (tuned vs default) as an image",
+    )
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _devices(store, gpu_name: str | None) -> dict[str, dict]:
+    devices = store.devices()
+    if gpu_name is None:
+        return devices
+    from tuner.gpus import PROFILES, profile_for_device_name
+
+    if gpu_name not in PROFILES:
+        raise TunerError(f"unknown GPU {gpu_name!r}; known profiles: {', '.join(PROFILES)}")
+    return {
+        i: fp
+        for i, fp in devices.items()
+        if profile_for_device_name(fp.get("name", "")) is PROFILES[gpu_name]
+    }
+
+
+def winner_rows(store, devices: dict[str, dict]) -> list[dict]:
+    rows = []
+    for device_id, fp in devices.items():
+        for w in store.winners(device_id):
+            p = Problem.from_key(w.problem_key)
+            d = w.default_trial
+            rows.append(
+                {
+                    "device": fp.get("name"),
+                    "device_id": device_id,
+                    "problem": w.problem_key,
+                    "seq_len": p.seq_len,
+                    "heads": p.heads,
+                    "family_set": w.family_set,
+                    "family": w.family,
+                    "config": w.config,
+                    "median_ms": w.trial.median_ms,
+                    "iqr_ms": w.trial.iqr_ms,
+                    "tflops": w.trial.tflops,
+                    "default_ms": d.median_ms if d else None,
+                    "default_tflops": d.tflops if d else None,
+                    "speedup_over_default": w.speedup_over_default,
+                    "rel_rms": w.trial.rel_rms,
+                    "decided_at": w.decided_at.isoformat() if w.decided_at else None,
+                }
+            )
+    return sorted(rows, key=lambda r: (r["device"] or "", r["heads"], r["seq_len"]))
+
+
+def _fmt(x, spec=".3f") -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def _print_winners(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Stored winners (times hold on the device they were measured on)")
+    for col in (
+        "device",
+        "problem",
+        "family",
+        "config",
+        "ms",
+        "TFLOP/s",
+        "default ms",
+        "speedup",
+        "rel err",
+    ):
+        table.add_column(col)
+    for r in rows:
+        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
+        table.add_row(
+            r["device"],
+            r["problem"],
+            r["family"],
+            cfg,
+            _fmt(r["median_ms"]),
+            _fmt(r["tflops"], ".0f"),
+            _fmt(r["default_ms"]),
+            _fmt(r["speedup_over_default"], ".3f"),
+            _fmt(r["rel_rms"], ".4f"),
+        )
+    Console(width=None if Console().is_terminal else 220).print(table)
+
+
+def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool) -> int:
+    shown = []
+    for device_id, fp in devices.items():
+        for w in store.winners(device_id):
+            p = Problem.from_key(w.problem_key)
+            if p.seq_len == seq_len and (heads is None or p.heads == heads):
+                shown.append((fp, p))
+    problems = {p for _, p in shown}
+    if not problems:
+        # A problem searched but never decided still has trials: look it up by key directly.
+        raise TunerError(f"no stored winner for seq_len {seq_len}; `tuner show` lists them")
+    out = []
+    for p in sorted(problems, key=lambda p: p.key()):
+        trials = [t for d in devices for t in store.trials(p, device_id=d)]
+        out.append((p, trials))
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "problem": p.key(),
+                        "outcomes": Counter(t.outcome for t in ts),
+                        "trials": [
+                            {
+                                "id": t.id,
+                                "family": t.family,
+                                "config": t.config,
+                                "outcome": t.outcome,
+                                "median_ms": t.median_ms,
+                                "message": t.message,
+                            }
+                            for t in ts
+                        ],
+                    }
+                    for p, ts in out
+                ],
+                indent=1,
+                default=str,
+            )
+        )
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=None if Console().is_terminal else 220)
+    for p, ts in out:
+        counts = Counter(t.outcome for t in ts)
+        table = Table(
+            title=f"{p.key()}: {len(ts)} trials, "
+            + ", ".join(f"{k} {v}" for k, v in counts.most_common())
+        )
+        for col in ("#", "role", "family", "config", "outcome", "ms", "TFLOP/s", "message"):
+            table.add_column(col)
+        for t in ts:
+            cfg = " ".join(f"{k}={v}" for k, v in t.config.items())
+            table.add_row(
+                str(t.id),
+                t.role,
+                t.family,
+                cfg,
+                t.outcome,
+                _fmt(t.median_ms),
+                _fmt(t.tflops, ".0f"),
+                (t.message or "")[:80],
+            )
+        console.print(table)
+    return 0
+
+
+def run(args) -> int:
+    from tuner.store import Store
+
+    store = Store(args.db)
+    try:
+        devices = _devices(store, args.gpu)
+        if args.trials is not None:
+            return _trials(store, devices, args.trials, args.heads, args.json)
+        rows = winner_rows(store, devices)
+        if args.plot:
+            from tuner.report import plot_winners
+
+            print(f"wrote {plot_winners(rows, args.plot, store=store)}")
+        if args.json:
+            print(json.dumps(rows, indent=1, default=str))
+        elif not rows:
+            print(f"no stored winners in {display_url(store.url)}; run `tuner search` first")
+        else:
+            _print_winners(rows)
+    finally:
+        store.close()
+    return 0

@@ -1,0 +1,258 @@
+"""Validate, then time, one compiled kernel (runs inside the worker subprocess).
+
+Validation: fresh random inputs, outputs poisoned with NaN (an unwritten element cannot pass),
+compared with the fp32 reference of variants.reference on the dequantized inputs.
+
+Timing: CUDA events around the kernel launch alone; `prepare` (quantization) is timed apart,
+because the runtime may cache it. Warm-up first, then the median of >= 10 launches with its
+inter-quartile range. When one input set fits in L2, several sets are rotated so that their total
+exceeds 2x the profile's L2: otherwise every launch after the first reads a hot cache and a small
+problem looks faster than it ever runs in a model. The SM clock and temperature are read right
+after the timed launches (a throttled GPU explains a slow candidate).
+
+A family whose kernels run on the CPU (the test doubles declare `DEVICE = "cpu"`), or a machine
+without CUDA, is timed with perf_counter: the kernel call is synchronous there.
+
+Errors raised by the candidate's own code (compile, prepare, run) become `CandidateFailure` with a
+typed outcome; errors in this module propagate, since they are bugs of the tuner.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+# Substrings of CUDA errors after which the context is unusable ("sticky" errors): the worker must
+# be restarted, so they are crashes rather than launch errors.
+_STICKY_CUDA_ERRORS = (
+    "illegal memory access", "illegal address", "misaligned address", "illegal instruction",
+    "unspecified launch failure", "hardware stack error", "device-side assert",
+    "cuda_error_illegal", "cuda_error_launch_failed", "invalid program counter",
+)
+
+MIN_REPEATS = 10
+
+
+class CandidateFailure(Exception):
+    """A candidate failed in its own code; `outcome` is one of store.OUTCOMES."""
+
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+
+
+def classify_launch_error(exc: BaseException) -> str:
+    text = str(exc).lower()
+    return "crash" if any(marker in text for marker in _STICKY_CUDA_ERRORS) else "launch_error"
+
+
+def guarded(stage: str, fn: Callable[..., Any], *args, sync: Callable[[], None] | None = None,
+            **kwargs) -> Any:
+    """Call the candidate's code; any exception it raises is the candidate's failure.
+
+    `sync` (torch.cuda.synchronize) runs inside the guard, because a kernel fault surfaces at the
+    next synchronization, not at the launch.
+    """
+    try:
+        result = fn(*args, **kwargs)
+        if sync is not None:
+            sync()
+        return result
+    except Exception as exc:  # noqa: BLE001 - anything the candidate raises is data
+        outcome = "compile_error" if stage == "compile" else classify_launch_error(exc)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise CandidateFailure(outcome, f"{stage}: {type(exc).__name__}: {first}"[:2000]) from exc
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_ms: float
+    iqr_ms: float
+    q1_ms: float
+    q3_ms: float
+    min_ms: float
+    repeats: int
+    warmup: int
+    rotated_sets: int
+    prepare_ms: float
+    clock: str  # "cuda-events" or "cpu-perf-counter"
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(samples_ms: list[float]) -> tuple[float, float, float, float]:
+    """(median, q1, q3, min) of the samples."""
+    if len(samples_ms) == 1:
+        x = samples_ms[0]
+        return x, x, x, x
+    q1, med, q3 = statistics.quantiles(samples_ms, n=4, method="inclusive")
+    return med, q1, q3, min(samples_ms)
+
+
+def rotation_sets(set_bytes: int, l2_bytes: int) -> int:
+    """How many input sets to rotate so that their total exceeds 2x L2 (1 if one set is larger)."""
+    if set_bytes <= 0 or set_bytes > l2_bytes:
+        return 1
+    return math.floor(2 * l2_bytes / set_bytes) + 1
+
+
+def read_clocks(device) -> tuple[float | None, float | None]:
+    """(SM clock MHz, temperature C) from NVML; torch's wrappers if pynvml is absent; else None."""
+    if device.type != "cuda":
+        return None, None
+    index = device.index or 0
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+        temp = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+        return float(clock), float(temp)
+    except Exception:  # noqa: BLE001 - NVML is optional; the fields stay None without it
+        pass
+    import torch
+
+    clock = temp = None
+    try:
+        clock = float(torch.cuda.clock_rate(index))
+    except Exception:  # noqa: BLE001 - same: optional telemetry
+        pass
+    try:
+        temp = float(torch.cuda.temperature(index))
+    except Exception:  # noqa: BLE001
+        pass
+    return clock, temp
+
+
+def random_inputs(problem, device, seed: int, dtype=None):
+    """q, k, v (batch, seq_len, heads, head_dim), standard normal, from a seeded generator."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    shape = (problem.batch, problem.seq_len, problem.heads, problem.head_dim)
+    # Generated on the CPU so the same seed gives the same inputs on every machine.
+    return tuple(torch.randn(shape, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
+
+
+def _synchronizer(device) -> Callable[[], None] | None:
+    if device.type != "cuda":
+        return None
+    import torch
+
+    return lambda: torch.cuda.synchronize(device)
+
+
+def _poisoned_outputs(problem, device):
+    import torch
+
+    out = torch.full((problem.batch, problem.seq_len, problem.heads, problem.head_dim),
+                     float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((problem.batch, problem.heads, problem.seq_len), float("nan"),
+                     dtype=torch.float32, device=device)
+    return out, lse
+
+
+def validate_kernel(kernel, problem, device, seed: int):
+    """Run once on fresh inputs into NaN-poisoned outputs; return reference.AccuracyMetrics."""
+    from variants.reference import validate
+
+    sync = _synchronizer(device)
+    q, k, v = random_inputs(problem, device, seed)
+    prepared = guarded("prepare", kernel.prepare, q, k, v, sync=sync)
+    out, lse = _poisoned_outputs(problem, device)
+    out, lse = guarded("run", kernel.run, prepared, out=out, lse=lse, sync=sync)
+    return validate(prepared, out, lse)
+
+
+def _tensor_bytes(obj, _seen: set[int] | None = None) -> int:
+    """Bytes of the distinct tensors reachable from prepared inputs through dataclass fields,
+    dicts, lists and tuples (never arbitrary objects: a peer's inputs hold library handles whose
+    attributes can be cyclic)."""
+    import dataclasses
+
+    import torch
+
+    seen = set() if _seen is None else _seen
+    if isinstance(obj, torch.Tensor):
+        if obj.data_ptr() in seen:
+            return 0
+        seen.add(obj.data_ptr())
+        return obj.numel() * obj.element_size()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        values = [getattr(obj, f.name) for f in dataclasses.fields(obj)]
+    elif isinstance(obj, dict):
+        values = list(obj.values())
+    elif isinstance(obj, (list, tuple)):
+        values = list(obj)
+    else:
+        return 0
+    return sum(_tensor_bytes(v, seen) for v in values)
+
+
+def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: int = 20,
+                warmup: int = 3) -> Timing:
+    """Median/IQR of `repeats` launches of the kernel alone, L2-cold through input rotation."""
+    import torch
+
+    repeats = max(MIN_REPEATS, repeats)
+    sync = _synchronizer(device)
+    q, k, v = random_inputs(problem, device, seed)
+
+    prepare_ms = []
+    t0 = time.perf_counter()
+    first = guarded("prepare", kernel.prepare, q, k, v, sync=sync)
+    prepare_ms.append((time.perf_counter() - t0) * 1e3)
+    out, lse = _poisoned_outputs(problem, device)
+    set_bytes = _tensor_bytes(first) + _tensor_bytes(out) + _tensor_bytes(lse)
+    # The GPU profile's L2 means nothing to a CPU double: no rotation there.
+    n_sets = rotation_sets(set_bytes, l2_bytes) if device.type == "cuda" else 1
+    sets = [(first, out, lse)]
+    for i in range(1, n_sets):
+        # Other random inputs per set, so no set is a cached copy of another.
+        qi, ki, vi = random_inputs(problem, device, seed + i)
+        t0 = time.perf_counter()
+        prepared = guarded("prepare", kernel.prepare, qi, ki, vi, sync=sync)
+        prepare_ms.append((time.perf_counter() - t0) * 1e3)
+        sets.append((prepared, *_poisoned_outputs(problem, device)))
+
+    for i in range(max(warmup, n_sets)):
+        prepared, out, lse = sets[i % n_sets]
+        guarded("run", kernel.run, prepared, out=out, lse=lse)
+    if sync:
+        guarded("run", sync)
+
+    samples: list[float] = []
+    if device.type == "cuda":
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(repeats)]
+        for i, (start, end) in enumerate(events):
+            prepared, out, lse = sets[i % n_sets]
+            start.record()
+            guarded("run", kernel.run, prepared, out=out, lse=lse)
+            end.record()
+        guarded("run", sync)
+        samples = [start.elapsed_time(end) for start, end in events]
+    else:
+        for i in range(repeats):
+            prepared, out, lse = sets[i % n_sets]
+            t0 = time.perf_counter()
+            guarded("run", kernel.run, prepared, out=out, lse=lse)
+            samples.append((time.perf_counter() - t0) * 1e3)
+    clock, temp = read_clocks(device)
+    med, q1, q3, low = summarize(samples)
+    return Timing(
+        median_ms=med, iqr_ms=q3 - q1, q1_ms=q1, q3_ms=q3, min_ms=low, repeats=repeats,
+        warmup=warmup, rotated_sets=n_sets, prepare_ms=statistics.median(prepare_ms),
+        clock="cuda-events" if device.type == "cuda" else "cpu-perf-counter",
+        sm_clock_mhz=clock, temperature_c=temp,
+    )

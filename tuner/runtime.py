@@ -1,0 +1,309 @@
+"""What user code calls: `load_best_config(seq_len)` and `attention(q, k, v)`.
+
+Lookup order for a problem on the local GPU (DESIGN.md):
+  1. the results database: exact seq_len, else the nearest tuned seq_len on a log scale among
+     winners with the same head_dim (and heads / batch when given),
+  2. the shipped table db/tables/<gpu>.yaml, same matching,
+  3. the family default for the arch.
+Every candidate is re-checked with can_implement on the local GPU before it is returned; a
+fallback (anything but an exact database hit) is logged once per key, never silent.
+
+The lookup is memoized per key; a SQLite database is re-read only when its files change
+(one stat() per file), so a repeated call costs microseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+
+log = logging.getLogger("tuner.runtime")
+
+# Which family serves an arch when nothing is tuned: the first one that is installed.
+# On sm_90 the warpgroup family is the fast one; mma.sync FP8 is emulated there.
+DEFAULT_FAMILIES_BY_ARCH = {
+    "sm_90a": ("wgmma", "mma_sync"),
+    "sm_120a": ("mma_sync",),
+    "sm_89": ("mma_sync",),
+}
+TABLES_DIR = Path(__file__).resolve().parents[1] / "db" / "tables"
+
+
+@dataclass(frozen=True)
+class BestConfig:
+    """A config and its source: db-exact, db-nearest, table-exact, table-nearest or default."""
+
+    family: str
+    config: Any
+    source: str
+    tuned_seq_len: int | None = None
+    detail: str = ""
+
+
+def _log_distance(a: int, b: int) -> float:
+    return abs(math.log(a) - math.log(b))
+
+
+def _nearest(
+    candidates: list[tuple[Problem, str, dict]], want: Problem, heads: int | None, batch: int | None
+):
+    """Among (problem, family, config) entries with the same head_dim (and heads/batch if given),
+    the one whose seq_len is nearest on a log scale; ties go to the larger seq_len, whose tiles
+    are the more conservative choice for a long sequence."""
+    usable = [
+        c
+        for c in candidates
+        if c[0].head_dim == want.head_dim
+        and (heads is None or c[0].heads == heads)
+        and (batch is None or c[0].batch == batch)
+    ]
+    if not usable:
+        return None
+    return min(usable, key=lambda c: (_log_distance(c[0].seq_len, want.seq_len), -c[0].seq_len))
+
+
+class _Resolver:
+    """Memoized lookup; one per process (module-level `_RESOLVER`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._memo: dict[tuple, tuple[tuple, BestConfig]] = {}
+        self._warned: set[tuple] = set()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._memo.clear()
+            self._warned.clear()
+
+    @staticmethod
+    def _db_stamp(url: str) -> tuple:
+        """Changes whenever the database could have changed: SQLite file + WAL sizes and times.
+        For other backends nothing cheap exists: the memo holds until clear_cache()."""
+        from tuner.store import sqlite_path
+
+        path = sqlite_path(url)
+        if path is None:
+            return (url,)
+        stamp = [url]
+        for p in (path, Path(f"{path}-wal")):
+            try:
+                st = os.stat(p)
+                stamp += [st.st_mtime_ns, st.st_size]
+            except FileNotFoundError:
+                stamp += [None, None]
+        return tuple(stamp)
+
+    def resolve(
+        self,
+        problem: Problem,
+        heads: int | None,
+        batch: int | None,
+        gpu,
+        db: str | None,
+        device_id: str | None,
+    ) -> BestConfig:
+        from tuner.store import default_db_url
+
+        url = db or os.environ.get("TUNER_DB_URL") or default_db_url()
+        key = (problem, heads, batch, gpu.name, url, device_id)
+        stamp = self._db_stamp(url)
+        hit = self._memo.get(key)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        best = self._lookup(problem, heads, batch, gpu, url, device_id)
+        with self._lock:
+            self._memo[key] = (stamp, best)
+            if best.source != "db-exact" and key not in self._warned:
+                self._warned.add(key)
+                log.warning(
+                    "tuner: %s on %s: using %s config (%s)",
+                    problem.key(),
+                    gpu.name,
+                    best.source,
+                    best.detail,
+                )
+        return best
+
+    def _lookup(self, problem, heads, batch, gpu, url, device_id) -> BestConfig:
+        rejected = []
+        for source, entry in self._candidates(problem, heads, batch, gpu, url, device_id):
+            tuned_problem, family_name, config_dict = entry
+            from variants import load_family
+
+            family = load_family(family_name)
+            cfg = family.Config.from_dict(config_dict)
+            ok, reason = family.can_implement(cfg, problem, gpu)
+            exact = tuned_problem.seq_len == problem.seq_len
+            kind = f"{source}-{'exact' if exact else 'nearest'}"
+            if ok:
+                return BestConfig(
+                    family_name,
+                    cfg,
+                    kind,
+                    tuned_problem.seq_len,
+                    f"tuned for {tuned_problem.key()}"
+                    + ("; " + "; ".join(rejected) if rejected else ""),
+                )
+            rejected.append(f"{kind} {family_name} rejected: {reason}")
+        return self._default(problem, gpu, rejected)
+
+    def _candidates(self, problem, heads, batch, gpu, url, device_id):
+        """Yield (source, (problem, family, config)) in lookup order: db first, then table."""
+        if device_id is not None:
+            from tuner.store import Store, sqlite_path
+
+            path = sqlite_path(url)
+            if path is None or path.exists():  # never create an empty database on lookup
+                store = Store(url)
+                try:
+                    winners = [
+                        (Problem.from_key(w.problem_key), w.family, w.config)
+                        for w in store.winners(device_id)
+                    ]
+                finally:
+                    store.close()
+                found = _nearest(winners, problem, heads, batch)
+                if found:
+                    yield "db", found
+        from tuner.tables import load_table_entries
+
+        table = TABLES_DIR / f"{gpu.name}.yaml"
+        if table.exists():
+            found = _nearest(load_table_entries(table), problem, heads, batch)
+            if found:
+                yield "table", found
+
+    @staticmethod
+    def _default(problem, gpu, rejected) -> BestConfig:
+        from variants import load_family
+
+        for name in DEFAULT_FAMILIES_BY_ARCH.get(gpu.arch, ()):
+            try:
+                family = load_family(name)
+            except ModuleNotFoundError:
+                continue
+            cfg = family.default(gpu.arch, problem)
+            ok, reason = family.can_implement(cfg, problem, gpu)
+            if ok:
+                why = "nothing tuned for this GPU and head_dim"
+                return BestConfig(
+                    name, cfg, "default", None, "; ".join([why, *rejected]) if rejected else why
+                )
+            rejected.append(f"default {name} rejected: {reason}")
+        raise TunerError(
+            f"no kernel can run {problem.key()} on {gpu.name} ({gpu.arch}): "
+            + "; ".join(rejected or ["no family targets this arch"])
+        )
+
+
+_RESOLVER = _Resolver()
+
+
+def clear_cache() -> None:
+    """Forget memoized lookups and fallback warnings (e.g. after writing a non-SQLite database)."""
+    _RESOLVER.clear()
+
+
+def _local_gpu_and_device(gpu: str):
+    from tuner.gpus import device_fingerprint, fingerprint_id, resolve_gpu
+
+    profile = resolve_gpu(gpu)
+    return profile, fingerprint_id(device_fingerprint())
+
+
+def load_best_config(
+    seq_len: int,
+    *,
+    heads: int | None = None,
+    head_dim: int = 128,
+    batch: int | None = None,
+    gpu: str = "auto",
+    db: str | None = None,
+    with_source: bool = False,
+):
+    """The config to run attention over `seq_len` tokens with on this GPU.
+
+    Returns the family's Config; with `with_source=True`, a BestConfig that also says which
+    family, where the config came from and which tuned seq_len it was taken from.
+    """
+    problem = Problem(batch or 1, heads or 1, seq_len, head_dim)
+    profile, device_id = _local_gpu_and_device(gpu)
+    best = _RESOLVER.resolve(problem, heads, batch, profile, db, device_id)
+    return best if with_source else best.config
+
+
+def family_of(config) -> str:
+    """The family a Config belongs to (its package name under variants/)."""
+    module = type(config).__module__
+    parts = module.split(".")
+    if parts[0] != "variants" or len(parts) < 2:
+        raise TunerError(f"{type(config).__name__} from {module} is not a kernel family's Config")
+    return parts[1]
+
+
+def attention(
+    q,
+    k,
+    v,
+    *,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    config=None,
+    gpu: str = "auto",
+    db: str | None = None,
+):
+    """FP8 attention forward with the tuned kernel: q, k, v (batch, seq_len, heads, head_dim)
+    bf16/fp16 on CUDA -> bf16 output (and fp32 LSE (batch, heads, seq_len) with return_lse).
+
+    The first call for a (config, problem) compiles (or loads the disk cache); later calls only
+    quantize and launch, which also makes them capturable in a CUDA graph.
+    """
+    import torch
+
+    from variants.prepare import check_qkv
+
+    capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    # The NaN/Inf scan syncs the device, which a graph capture forbids: it runs on eager calls.
+    check_qkv(q, k, v, require_cuda=True, check_finite=not capturing)
+    batch, seq_len, heads, head_dim = q.shape
+    problem = Problem(batch, heads, seq_len, head_dim)
+    if config is None:
+        best = load_best_config(
+            seq_len, heads=heads, head_dim=head_dim, batch=None, gpu=gpu, db=db, with_source=True
+        )
+        family_name, config = best.family, best.config
+    else:
+        family_name = family_of(config)
+    kernel = _kernel_for(family_name, config, problem, gpu)
+    prepared = kernel.prepare(q, k, v, softmax_scale)
+    out, lse = kernel.run(prepared)
+    return (out, lse) if return_lse else out
+
+
+_KERNELS: dict[tuple, Any] = {}
+
+
+def _kernel_for(family_name: str, config, problem: Problem, gpu: str):
+    key = (family_name, config, problem)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        from tuner.gpus import resolve_gpu
+        from variants import load_family
+
+        family = load_family(family_name)
+        profile = resolve_gpu(gpu)
+        ok, reason = family.can_implement(config, problem, profile)
+        if not ok:
+            raise TunerError(
+                f"config {config} cannot run {problem.key()} on {profile.name}: {reason}"
+            )
+        kernel = _KERNELS[key] = family.compile(config, problem, profile.arch)
+    return kernel

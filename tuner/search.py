@@ -1,0 +1,671 @@
+"""The search for one problem: an Optuna study that proposes feasible configs, a compile pool that
+builds them ahead of the GPU, one GPU worker that validates and times them, and a final re-time
+that decides the winner against the family default.
+
+Optuna owns proposal and bookkeeping of the study (RDB storage, so a re-run with the same
+arguments resumes it); our Store owns the measurements. The two are written in that order for
+each candidate, so a kill between them loses nothing measured: on resume a config already in the
+Store is not measured again, its stored value is told to the study instead.
+
+Parameters are named "<family>.<knob>" after a categorical "family", so that several families
+share one study with knobs conditional on the family (multivariate TPE with group=True).
+
+Modes: "exhaustive" when the feasible space is no larger than the trial budget: the next feasible
+config that nobody has measured or claimed is enqueued before each ask (default first), so no
+infeasible point is ever asked; "tpe" otherwise: multivariate TPE where each trial sets a
+constraint, so configs that are infeasible or fail teach the sampler where not to go. Either way
+only configs that pass can_implement reach a compiler.
+
+Several processes may search one study at once (one per GPU, DESIGN.md): Optuna hands out the
+trials; each trial records its owner (host:pid), so a re-run on the same host fails the RUNNING
+trials of a dead owner at once and proposes their configs again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import hashlib
+import os
+import random
+import signal
+import socket
+import threading
+import time
+import warnings
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.problem import Problem
+from tuner.store import Store, TrialRecord, config_hash
+from tuner.worker import CandidateResult, Task, Worker
+from variants import load_family
+from variants.base import enumerate_space
+
+# Told to Optuna for candidates that did not produce a valid time; the constraint value, not this
+# number, is what keeps TPE away from them (infeasible trials rank behind every feasible one).
+FAILED_VALUE_MS = 1e9
+# Outcomes that say nothing about speed but about the config: all violate the constraint.
+ROLE_DEFAULT, ROLE_SEARCH, ROLE_RETIME = "default", "search", "retime"
+# Consecutive proposals that reach no compiler (infeasible or already measured) before the
+# sampler is deemed to have nothing new to offer.
+MAX_BARREN_ASKS = 200
+TOP_K_RETIME = 3
+# A RUNNING trial that still has no owner this long after its ask was killed in between.
+ORPHAN_AFTER_S = 120.0
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    trials: int = 64  # candidates that reach a compiler, over all runs of the study
+    time_budget_s: float | None = None  # wall time of this run
+    patience: int | None = 32  # stop after this many measured candidates without improvement
+    seed: int | None = None  # None: the study's recorded seed, else a fresh random one
+    compile_jobs: int = 2
+    timeout_s: float = 600.0  # per candidate and stage (compile, evaluate)
+    repeats: int = 20
+    warmup: int = 3
+    exhaustive_threshold: int | None = None  # None: the trial budget
+    resume: bool = False  # require an existing study
+
+
+@dataclass
+class Target:
+    """Where candidates run: the GPU profile, the device fingerprint, the torch device."""
+
+    gpu: object  # gpus.GpuProfile
+    device_id: str
+    fingerprint: dict
+    device: str  # "cuda" or "cpu"
+
+
+@dataclass
+class _Candidate:
+    trial: optuna.Trial
+    family: str
+    config: dict
+    hash: str
+    role: str
+    started_at: dt.datetime
+    compile_result: CandidateResult | None = None
+
+
+@dataclass
+class ProblemResult:
+    problem: Problem
+    study_name: str
+    seed: int
+    mode: str
+    feasible: int
+    stopped: str
+    outcomes: Counter = field(default_factory=Counter)  # measured in this run, by outcome
+    measured_here: int = 0
+    winner: TrialRecord | None = None
+    default: TrialRecord | None = None
+    speedup: float | None = None
+    default_kept: bool = False
+
+
+# ---- space -------------------------------------------------------------------------------------
+
+def family_set_name(families: list[str]) -> str:
+    return "+".join(families)
+
+
+def study_name(device_id: str, families: list[str], problem: Problem) -> str:
+    return f"{device_id}:{family_set_name(families)}:{problem.key()}"
+
+
+def code_version(family_module) -> str:
+    """Hash of the family's source files and the tuner's search/measure code."""
+    path = Path(family_module.__file__)
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+    here = Path(__file__).parent
+    files += [here / "measure.py", here / "worker.py"]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def suggest(trial: optuna.Trial, families: list[str], spaces: dict[str, dict]) -> tuple[str, dict]:
+    """Define-by-run: the family first, then that family's knobs."""
+    family = trial.suggest_categorical("family", families)
+    config = {knob: trial.suggest_categorical(f"{family}.{knob}", values)
+              for knob, values in spaces[family].items()}
+    return family, config
+
+
+def params_of(family: str, config: dict) -> dict:
+    return {"family": family, **{f"{family}.{k}": v for k, v in config.items()}}
+
+
+def feasible_configs(modules: dict, problem: Problem, gpu) -> list[tuple[str, dict]]:
+    """Every (family, config) that can_implement accepts, in enumeration order."""
+    found = []
+    for name, module in modules.items():
+        for cfg in enumerate_space(module.Config, module.space(gpu.arch)):
+            if module.can_implement(cfg, problem, gpu)[0]:
+                found.append((name, cfg.to_dict()))
+    return found
+
+
+def make_sampler(seed: int, trials: int) -> optuna.samplers.BaseSampler:
+    """Multivariate TPE, for both modes; the constraint each trial sets (Trial.set_constraint,
+    > 0 for anything but a valid time) ranks failed configs behind every valid one. In
+    exhaustive mode enqueued configs come first and the sampler is never reached.
+    BruteForceSampler is not used: it would walk the infeasible product too, and it calls
+    study.stop() when done, which is only legal inside study.optimize; the search uses ask/tell
+    so that compiles run ahead of the GPU."""
+    with warnings.catch_warnings():
+        # group=True is "experimental" in Optuna 5 but is what conditional knobs need.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, constant_liar=True,
+            n_startup_trials=max(4, min(10, trials // 4)),
+        )
+
+
+def parse_duration(text: str) -> float:
+    """"90", "90s", "10m", "1.5h" -> seconds."""
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
+    text = text.strip().lower()
+    scale = units.get(text[-1:], None)
+    number = text[:-1] if scale else text
+    scale = scale or 1.0
+    try:
+        value = float(number) * scale
+    except ValueError:
+        from tuner.errors import TunerError
+
+        raise TunerError(f"bad duration {text!r}; use e.g. 600, 90s, 10m or 1.5h") from None
+    return value
+
+
+# ---- pipeline ----------------------------------------------------------------------------------
+
+class _Pipeline:
+    """Compile workers ahead of one GPU worker. The GPU times one candidate at a time."""
+
+    def __init__(self, compile_jobs: int) -> None:
+        self.compilers = [Worker(f"compile-{i}", preload=("variants",))
+                          for i in range(max(1, compile_jobs))]
+        self.gpu = Worker("gpu", preload=("torch", "tuner.measure", "variants.reference"))
+        self.ready: deque[tuple[_Candidate, Task]] = deque()  # compiled, waiting for the GPU
+
+    def in_flight(self) -> list[_Candidate]:
+        busy = [w.payload[0] for w in (*self.compilers, self.gpu) if w.busy and w.payload]
+        return busy + [c for c, _ in self.ready]
+
+    def has_room(self) -> bool:
+        idle = any(not w.busy for w in self.compilers)
+        return idle and len(self.ready) < len(self.compilers)
+
+    def compile(self, cand: _Candidate, task: Task) -> None:
+        worker = next(w for w in self.compilers if not w.busy)
+        worker.submit(Task(**{**task.__dict__, "kind": "compile"}), (cand, task))
+
+    def step(self, poll_s: float = 1.0) -> list[tuple[_Candidate, CandidateResult]]:
+        """Move candidates along; returns those that finished (failed compile or evaluated)."""
+        finished = []
+        self._feed_gpu()
+        busy = [w for w in (*self.compilers, self.gpu) if w.busy]
+        if not busy:
+            return finished
+        now = time.monotonic()
+        timeout = max(0.0, min(poll_s, min(w.deadline for w in busy) - now))
+        readable = wait([w.connection for w in busy], timeout=timeout)
+        for worker in busy:
+            got = worker.collect() if worker.connection in readable else worker.expire()
+            if got is None:
+                continue
+            (cand, task), result = got
+            if worker is self.gpu:
+                result.compile_s = cand.compile_result.compile_s
+                finished.append((cand, result))
+            elif result.outcome == "ok":
+                cand.compile_result = result
+                self.ready.append((cand, task))
+            else:
+                # Anything that goes wrong in the compiler (a crash or hang included) is the
+                # candidate's compile failure.
+                if result.outcome in ("crash", "timeout"):
+                    result.message = f"compiler {result.outcome}: {result.message}"
+                    result.outcome = "compile_error" if result.outcome == "crash" else "timeout"
+                finished.append((cand, result))
+        self._feed_gpu()
+        return finished
+
+    def _feed_gpu(self) -> None:
+        if not self.gpu.busy and self.ready:
+            cand, task = self.ready.popleft()
+            self.gpu.submit(Task(**{**task.__dict__, "kind": "evaluate"}), (cand, task))
+
+    def evaluate_now(self, task: Task) -> CandidateResult:
+        """Blocking evaluation on the GPU worker (the final re-time), with its deadline."""
+        self.gpu.submit(task, None)
+        while True:
+            readable = wait([self.gpu.connection], timeout=1.0)
+            got = self.gpu.collect() if readable else self.gpu.expire()
+            if got is not None:
+                return got[1]
+
+    def close(self) -> None:
+        for w in (*self.compilers, self.gpu):
+            w.close()
+
+
+# ---- the search --------------------------------------------------------------------------------
+
+class ProblemSearch:
+    """One study: ask -> feasibility -> compile pool -> GPU worker -> Store -> tell; then decide."""
+
+    def __init__(self, problem: Problem, families: list[str], target: Target, store: Store,
+                 storage: optuna.storages.BaseStorage, settings: SearchSettings,
+                 on_progress: Callable[[ProblemSearch], None] | None = None) -> None:
+        self.problem = problem
+        self.families = families
+        self.modules = {name: load_family(name) for name in families}
+        self.spaces = {name: m.space(target.gpu.arch) for name, m in self.modules.items()}
+        self.target = target
+        self.store = store
+        self.settings = settings
+        self.on_progress = on_progress or (lambda _s: None)
+        self.family_set = family_set_name(families)
+        self.name = study_name(target.device_id, families, problem)
+        self.versions = {name: code_version(m) for name, m in self.modules.items()}
+        self.feasible = feasible_configs(self.modules, problem, target.gpu)
+        self.feasible_hashes = {config_hash(f, c) for f, c in self.feasible}
+        primary = self.modules[families[0]]
+        self.default = (families[0], primary.default(target.gpu.arch, problem).to_dict())
+        self.default_hash = config_hash(*self.default)
+        threshold = settings.exhaustive_threshold or settings.trials
+        self.mode = "exhaustive" if len(self.feasible) <= threshold else "tpe"
+        self.study, self.seed = self._open_study(storage)
+        self.outcomes: Counter = Counter()
+        self.measured_here = 0
+        self.best_ms: float | None = None
+        self._since_improvement = 0
+        self._plant_crash_pending = os.environ.get("TUNER_TEST_PLANT_CRASH") == "1"
+
+    # -- study --
+
+    def _open_study(self, storage) -> tuple[optuna.Study, int]:
+        from tuner.errors import TunerError
+
+        exists = self.name in {s.study_name for s in optuna.get_all_study_summaries(storage)}
+        if self.settings.resume and not exists:
+            raise TunerError(
+                f"--resume: no stored study {self.name!r}; check that --gpu, --families, --heads, "
+                "--batch, --head-dim, --seq-lens and --storage match the interrupted search"
+            )
+        seed = self.settings.seed
+        if seed is None:
+            seed = random.SystemRandom().randrange(2**31)
+        # Optuna's create_study(load_if_exists) is the race-free way for two processes to open one
+        # study; the sampler's seed is the recorded one when resuming without --seed.
+        probe = optuna.create_study(storage=storage, study_name=self.name, direction="minimize",
+                                    load_if_exists=True)
+        recorded = probe.user_attrs.get("seed")
+        if recorded is None:
+            probe.set_user_attr("seed", seed)
+            probe.set_user_attr("problem", self.problem.key())
+            probe.set_user_attr("families", self.families)
+            probe.set_user_attr("mode", self.mode)
+        elif self.settings.seed is None:
+            seed = recorded
+        study = optuna.load_study(study_name=self.name, storage=storage,
+                                  sampler=make_sampler(seed, self.settings.trials))
+        self._fail_dead_owners(study)
+        return study, seed
+
+    def _fail_dead_owners(self, study: optuna.Study) -> None:
+        """RUNNING trials of a process on this host that no longer exists (killed mid-search)
+        will never be told: fail them, so their configs can be proposed again. A trial without
+        an owner long after its start was killed between ask and set_user_attr."""
+        host = socket.gethostname()
+        now = dt.datetime.now()
+        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner_host, _, pid = str(trial.user_attrs.get("owner", "")).rpartition(":")
+            dead = owner_host == host and pid.isdigit() and not _pid_alive(int(pid))
+            orphan = not pid and trial.datetime_start is not None and \
+                (now - trial.datetime_start).total_seconds() > ORPHAN_AFTER_S
+            if dead or orphan:
+                study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+
+    def _claimed(self, states=(TrialState.RUNNING, TrialState.WAITING)) -> set[str]:
+        """Config hashes of trials that some process holds (RUNNING) or will (WAITING)."""
+        claimed = set()
+        for trial in self.study.get_trials(deepcopy=False, states=states):
+            if trial.state == TrialState.RUNNING and "owner" not in trial.user_attrs:
+                continue  # its asker died before naming itself (or is a split second from it)
+            params = trial.system_attrs.get("fixed_params", trial.params)
+            family = params.get("family")
+            if family in self.modules:
+                prefix = f"{family}."
+                config = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+                claimed.add(config_hash(family, config))
+        return claimed
+
+    def _enqueue_next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> None:
+        """Put the next config nobody has measured or claimed in the study's queue: the
+        default first (so the tuned result is never worse than it), then, in exhaustive mode,
+        every feasible config in turn. Two processes may race and measure one config twice;
+        both results are kept."""
+        taken = set(stored) | in_flight | self._claimed()
+        order = [self.default] + (self.feasible if self.mode == "exhaustive" else [])
+        for family, config in order:
+            digest = config_hash(family, config)
+            if digest not in taken:
+                role = ROLE_DEFAULT if digest == self.default_hash else ROLE_SEARCH
+                # The owner goes in with the params: a kill right after the ask pops this trial
+                # must still leave it attributable to a (dead) process.
+                self.study.enqueue_trial(params_of(family, config),
+                                         user_attrs={"role": role, "owner": _owner()})
+                return
+
+    # -- bookkeeping --
+
+    def _stored(self) -> dict[str, TrialRecord]:
+        """config hash -> the first stored search/default trial of this study."""
+        found: dict[str, TrialRecord] = {}
+        for rec in self.store.trials(self.problem, self.target.device_id, self.family_set,
+                                     study_name=self.name):
+            if rec.role != ROLE_RETIME:
+                found.setdefault(rec.config_hash, rec)
+        return found
+
+    def measured_count(self) -> int:
+        return sum(1 for r in self._stored().values() if r.outcome != "infeasible")
+
+    def _tell(self, trial: optuna.Trial, outcome: str, median_ms: float | None) -> None:
+        ok = outcome == "ok" and median_ms is not None
+        trial.set_user_attr("outcome", outcome)
+        trial.set_constraint("valid", 0.0 if ok else 1.0)
+        self.study.tell(trial, median_ms if ok else FAILED_VALUE_MS)
+
+    def _record(self, cand: _Candidate, result: CandidateResult,
+                role: str | None = None) -> TrialRecord:
+        timing, acc, res = result.timing or {}, result.accuracy or {}, result.resources or {}
+        median = timing.get("median_ms")
+        rec = TrialRecord(
+            id=None, device_id=self.target.device_id, problem_key=self.problem.key(),
+            family_set=self.family_set, family=cand.family, config=cand.config,
+            config_hash=cand.hash, outcome=result.outcome, message=result.message,
+            role=role or cand.role, study_name=self.name,
+            optuna_number=cand.trial.number if cand.trial is not None else None,
+            median_ms=median, iqr_ms=timing.get("iqr_ms"),
+            tflops=self.problem.tflops(median) if median else None,
+            prepare_ms=timing.get("prepare_ms"), rel_rms=acc.get("rel_rms"),
+            max_abs=acc.get("max_abs"), lse_max_err=acc.get("lse_max_err"),
+            nonfinite=acc.get("nonfinite"), compile_s=result.compile_s,
+            registers=res.get("registers"), spill_bytes=res.get("spill_bytes"),
+            smem_bytes=res.get("smem_bytes"), sm_clock_mhz=timing.get("sm_clock_mhz"),
+            temperature_c=timing.get("temperature_c"), timing=timing or None, seed=self.seed,
+            code_version=self.versions[cand.family], started_at=cand.started_at,
+        )
+        rec_id = self.store.record_trial(rec)
+        return TrialRecord(**{**rec.__dict__, "id": rec_id})
+
+    def _finish(self, cand: _Candidate, result: CandidateResult) -> None:
+        self._record(cand, result)  # the Store first: a kill after this loses nothing measured
+        median = (result.timing or {}).get("median_ms")
+        self._tell(cand.trial, result.outcome, median)
+        self.outcomes[result.outcome] += 1
+        self.measured_here += 1
+        if result.outcome == "ok" and (self.best_ms is None or median < self.best_ms):
+            self.best_ms = median
+            self._since_improvement = 0
+        else:
+            self._since_improvement += 1
+        self.on_progress(self)
+
+    def _task(self, cand: _Candidate) -> Task:
+        plant = False
+        if self._plant_crash_pending and cand.role == ROLE_SEARCH:
+            plant, self._plant_crash_pending = True, False
+        return Task(
+            kind="compile", family=cand.family, config=cand.config, problem=self.problem.to_dict(),
+            arch=self.target.gpu.arch, l2_bytes=self.target.gpu.l2_bytes,
+            seed=self.seed + (cand.trial.number if cand.trial is not None else 0) * 16,
+            device=self.target.device, repeats=self.settings.repeats, warmup=self.settings.warmup,
+            timeout_s=self.settings.timeout_s, plant_crash=plant,
+        )
+
+    # -- proposal --
+
+    def _ask(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> _Candidate | None:
+        """The next candidate for the compiler, or None if the sampler has nothing new. Proposals
+        that are infeasible or already measured are settled here without a compiler."""
+        for _ in range(MAX_BARREN_ASKS):
+            with self._atomic():  # a trial must never exist without its owner
+                self._enqueue_next(stored, in_flight)
+                trial = self.study.ask()
+                trial.set_user_attr("owner", _owner())
+                family, config = suggest(trial, self.families, self.spaces)
+            digest = config_hash(family, config)
+            role = trial.user_attrs.get("role", ROLE_SEARCH)
+            if digest == self.default_hash:
+                role = ROLE_DEFAULT
+            cand = _Candidate(trial, family, config, digest, role, _utcnow())
+            module = self.modules[family]
+            ok, reason = module.can_implement(module.Config.from_dict(config), self.problem,
+                                              self.target.gpu)
+            if not ok:
+                if digest not in stored:
+                    stored[digest] = self._record(cand, CandidateResult("infeasible", reason))
+                self._tell(trial, "infeasible", None)
+                continue
+            if digest in stored:
+                # Measured before (an earlier run, or the other process): tell the stored value.
+                self._tell(trial, stored[digest].outcome, stored[digest].median_ms)
+                continue
+            if digest in in_flight:
+                self.study.tell(trial, state=TrialState.FAIL)
+                continue
+            return cand
+        return None
+
+    def _all_done(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> bool:
+        # A WAITING trial is not done: the next ask pops it.
+        running = (TrialState.RUNNING,)
+        if not self.feasible_hashes <= set(stored) | in_flight | self._claimed(running):
+            return False
+        # Held by a process that died after this search began? Free those and look again.
+        self._fail_dead_owners(self.study)
+        return self.feasible_hashes <= set(stored) | in_flight | self._claimed(running)
+
+    # -- main loop --
+
+    def run(self) -> ProblemResult:
+        settings = self.settings
+        start = time.monotonic()
+        pipeline = _Pipeline(settings.compile_jobs)
+        stopped = ""
+        asking = True
+        try:
+            stored = self._stored()
+            self.best_ms = min((r.median_ms for r in stored.values() if r.outcome == "ok"),
+                               default=None)
+            self.on_progress(self)
+            while True:
+                in_flight = pipeline.in_flight()
+                flight_hashes = {c.hash for c in in_flight}
+                measured = sum(1 for r in stored.values() if r.outcome != "infeasible")
+                if asking:
+                    stopped = self._stop_reason(measured, start, stored, flight_hashes)
+                    asking = not stopped
+                # The budget is the study's: trials of every process that searches it count,
+                # measured or in flight (RUNNING), ours included.
+                running = len(self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)))
+                room = settings.trials - measured - max(running, len(in_flight))
+                while asking and pipeline.has_room() and room > 0:
+                    cand = self._ask(stored, flight_hashes)
+                    if cand is None:
+                        stopped, asking = "the sampler proposes nothing new", False
+                        break
+                    pipeline.compile(cand, self._task(cand))
+                    flight_hashes.add(cand.hash)
+                    room -= 1
+                if not pipeline.in_flight():
+                    break
+                if settings.time_budget_s and time.monotonic() - start > settings.time_budget_s:
+                    stopped = "time budget"
+                    break  # in-flight candidates are abandoned (told FAIL below)
+                for cand, result in pipeline.step():
+                    with self._atomic():  # stored and told, or neither
+                        self._finish(cand, result)
+                    stored = self._stored()
+            # Ctrl-C or a budget: whatever is still in flight is not measured; FAIL frees the
+            # trial in the study (a re-run proposes it again), and the Store never saw it.
+            self._abandon(pipeline)
+            return self._decide(pipeline, stopped or "trial budget")
+        finally:
+            self._abandon(pipeline)
+            pipeline.close()
+
+    @contextlib.contextmanager
+    def _atomic(self):
+        """Hold Ctrl-C back while the Store and the study are being written together; it is
+        raised as KeyboardInterrupt right after, so both stay consistent and resumable."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        pending = []
+        previous = signal.signal(signal.SIGINT, lambda *_: pending.append(True))
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if pending:
+            raise KeyboardInterrupt
+
+    def _abandon(self, pipeline: _Pipeline) -> None:
+        with self._atomic():
+            for cand in pipeline.in_flight():
+                self.study.tell(cand.trial, state=TrialState.FAIL)
+        for worker in (*pipeline.compilers, pipeline.gpu):
+            if worker.busy:
+                worker.kill()
+                worker.task = worker.payload = None
+        pipeline.ready.clear()
+
+    def _stop_reason(self, measured: int, start: float, stored, in_flight) -> str:
+        s = self.settings
+        if measured >= s.trials:
+            return "trial budget"
+        if s.time_budget_s and time.monotonic() - start > s.time_budget_s:
+            return "time budget"
+        if s.patience and self._since_improvement >= s.patience:
+            return f"no improvement in {s.patience} trials"
+        if self._all_done(stored, in_flight):
+            return "space exhausted"
+        return ""
+
+    # -- decision --
+
+    def _decide(self, pipeline: _Pipeline, stopped: str) -> ProblemResult:
+        """Re-time the top 3 and the default side by side on the GPU worker; the default stays
+        unless the fastest beats it by more than the measured spread (IQR)."""
+        result = ProblemResult(self.problem, self.name, self.seed, self.mode, len(self.feasible),
+                               stopped, self.outcomes, self.measured_here)
+        stored = self._stored()
+        ok = sorted((r for r in stored.values() if r.outcome == "ok"), key=lambda r: r.median_ms)
+        picks = [(r.family, r.config, r.config_hash) for r in ok[:TOP_K_RETIME]]
+        if self.default_hash not in {p[2] for p in picks}:
+            picks.append((*self.default, self.default_hash))
+        if not ok:
+            return result  # nothing valid to choose from; no winner is stored
+        retimed: dict[str, TrialRecord] = {}
+        for family, config, digest in picks:
+            cand = _Candidate(None, family, config, digest, ROLE_RETIME, _utcnow())
+            task = Task(**{**self._task(cand).__dict__, "kind": "evaluate"})
+            retimed[digest] = self._record(cand, pipeline.evaluate_now(task))
+        valid = sorted((r for r in retimed.values() if r.outcome == "ok"),
+                       key=lambda r: r.median_ms)
+        if not valid:
+            return result
+        default = retimed.get(self.default_hash)
+        default = default if default is not None and default.outcome == "ok" else None
+        winner = valid[0]
+        if default is not None and winner is not default:
+            spread = max(winner.iqr_ms or 0.0, default.iqr_ms or 0.0)
+            if default.median_ms - winner.median_ms <= spread:
+                winner, result.default_kept = default, True
+        speedup = default.median_ms / winner.median_ms if default is not None else None
+        self.store.set_best(self.target.device_id, self.problem, self.family_set, winner.id,
+                            default.id if default else None, speedup)
+        result.winner, result.default, result.speedup = winner, default, speedup
+        return result
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's RDB storage; on SQLite with the same busy timeout as the Store, and created under
+    the same file lock, so that two searches starting together do not race on CREATE TABLE."""
+    from tuner.store import creation_lock, sqlite_engine_kwargs, sqlite_path
+
+    kwargs = sqlite_engine_kwargs() if url.startswith("sqlite") else None
+    with creation_lock(url):
+        if sqlite_path(url) is not None:
+            sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
+        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+
+
+def make_target(gpu_name: str, modules: dict) -> Target:
+    """--gpu NAME -> where candidates run. Families that run on the CPU (test doubles declare
+    DEVICE = "cpu") take the profile by name without a local GPU, under a CPU fingerprint."""
+    from tuner import gpus
+
+    if all(getattr(m, "DEVICE", "cuda") == "cpu" for m in modules.values()):
+        profile = gpus.resolve_gpu("h200" if gpu_name == "auto" else gpu_name, require_local=False)
+        fingerprint = {"name": f"cpu-double-{profile.name}", "compute_capability": "cpu",
+                       "sm_count": os.cpu_count() or 1}
+        return Target(profile, gpus.fingerprint_id(fingerprint), fingerprint, "cpu")
+    profile = gpus.resolve_gpu(gpu_name)
+    fingerprint = gpus.device_fingerprint()
+    return Target(profile, gpus.fingerprint_id(fingerprint), fingerprint, "cuda")
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+def summary(result: ProblemResult) -> dict:
+    """JSON-ready view of a ProblemResult (the --json output, one per problem)."""
+    def trial(rec: TrialRecord | None) -> dict | None:
+        if rec is None:
+            return None
+        return {"family": rec.family, "config": rec.config, "median_ms": rec.median_ms,
+                "iqr_ms": rec.iqr_ms, "tflops": rec.tflops, "rel_rms": rec.rel_rms,
+                "trial_id": rec.id}
+
+    return {
+        "problem": result.problem.key(), "seq_len": result.problem.seq_len,
+        "study": result.study_name, "seed": result.seed, "mode": result.mode,
+        "feasible": result.feasible, "stopped": result.stopped,
+        "measured_here": result.measured_here, "outcomes": dict(result.outcomes),
+        "winner": trial(result.winner), "default": trial(result.default),
+        "speedup_over_default": result.speedup, "default_kept": result.default_kept,
+    }

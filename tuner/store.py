@@ -1,0 +1,496 @@
+"""The results database: every trial with its typed outcome, and the winner per (device, problem).
+
+One class, `Store`, over SQLAlchemy 2.x ORM, with one session context manager (commit on success,
+rollback on any error). The default is a SQLite file in WAL mode (readers never block the writer,
+so a `tuner show` during a search works) at `default_db_url()`; any SQLAlchemy URL works, e.g.
+PostgreSQL for several hosts sharing one database. The Optuna study of a search lives in the same
+file by default; our tables are prefixed `tuner_` because Optuna already owns `trials`.
+
+Contract for the runtime (issue 5) and the other commands:
+  Store(url)                                  open (create on first use), check the schema version
+  best_for(device_id, problem, family_set)    the stored winner, or None
+  winners(device_id=None)                     every stored winner
+  trials(problem, device_id=None, ...)        the trials of a problem, oldest first
+  record_device / record_trial / set_best     what the search writes
+Records come back as frozen dataclasses, never ORM objects, so they outlive the session.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    inspect,
+    select,
+)
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+
+# Bump on any change to the tables below; an older or newer file is refused with a clear error
+# instead of being half-read.
+SCHEMA_VERSION = 1
+
+OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "crash", "timeout", "wrong_result")
+
+
+def default_db_path() -> Path:
+    """$TUNER_HOME/tuner.sqlite, else <$XDG_DATA_HOME or ~/.local/share>/fp8-attn-tuner/..."""
+    home = os.environ.get("TUNER_HOME")
+    if home:
+        return Path(home).expanduser() / "tuner.sqlite"
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data).expanduser() / "fp8-attn-tuner" / "tuner.sqlite"
+
+
+def default_db_url() -> str:
+    """--db, else $TUNER_DB_URL, else the SQLite file at default_db_path()."""
+    return os.environ.get("TUNER_DB_URL") or f"sqlite:///{default_db_path()}"
+
+
+def config_hash(family: str, config: dict) -> str:
+    """Stable id of a candidate: family plus knobs, key order irrelevant."""
+    text = json.dumps({"family": family, "config": config}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class _SchemaVersion(_Base):
+    __tablename__ = "tuner_schema_version"
+    version: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class _Device(_Base):
+    __tablename__ = "tuner_devices"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # gpus.fingerprint_id
+    name: Mapped[str] = mapped_column(String(128))
+    fingerprint_json: Mapped[str] = mapped_column(Text)  # the latest full fingerprint seen
+    first_seen: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+class _Problem(_Base):
+    __tablename__ = "tuner_problems"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    batch: Mapped[int] = mapped_column(Integer)
+    heads: Mapped[int] = mapped_column(Integer)
+    seq_len: Mapped[int] = mapped_column(Integer)
+    head_dim: Mapped[int] = mapped_column(Integer)
+    causal: Mapped[bool] = mapped_column(Boolean)
+
+
+class _Trial(_Base):
+    __tablename__ = "tuner_trials"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("tuner_devices.id"), index=True)
+    problem_id: Mapped[int] = mapped_column(ForeignKey("tuner_problems.id"), index=True)
+    family_set: Mapped[str] = mapped_column(String(128))
+    study_name: Mapped[str | None] = mapped_column(String(256), index=True)
+    optuna_number: Mapped[int | None] = mapped_column(Integer)
+    role: Mapped[str] = mapped_column(String(16))  # default | search | retime
+    family: Mapped[str] = mapped_column(String(128))
+    config_json: Mapped[str] = mapped_column(Text)
+    config_hash: Mapped[str] = mapped_column(String(32), index=True)
+    outcome: Mapped[str] = mapped_column(String(16))
+    message: Mapped[str | None] = mapped_column(Text)
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    iqr_ms: Mapped[float | None] = mapped_column(Float)
+    tflops: Mapped[float | None] = mapped_column(Float)
+    prepare_ms: Mapped[float | None] = mapped_column(Float)
+    rel_rms: Mapped[float | None] = mapped_column(Float)
+    max_abs: Mapped[float | None] = mapped_column(Float)
+    lse_max_err: Mapped[float | None] = mapped_column(Float)
+    nonfinite: Mapped[int | None] = mapped_column(Integer)
+    compile_s: Mapped[float | None] = mapped_column(Float)
+    registers: Mapped[int | None] = mapped_column(Integer)
+    spill_bytes: Mapped[int | None] = mapped_column(Integer)
+    smem_bytes: Mapped[int | None] = mapped_column(Integer)
+    sm_clock_mhz: Mapped[float | None] = mapped_column(Float)
+    temperature_c: Mapped[float | None] = mapped_column(Float)
+    timing_json: Mapped[str | None] = mapped_column(Text)  # repeats, rotated sets, quartiles
+    seed: Mapped[int | None] = mapped_column(Integer)
+    code_version: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[dt.datetime | None] = mapped_column(DateTime)
+    finished_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+
+
+class _Best(_Base):
+    __tablename__ = "tuner_best"
+    __table_args__ = (UniqueConstraint("device_id", "problem_id", "family_set"),)
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    device_id: Mapped[str] = mapped_column(ForeignKey("tuner_devices.id"))
+    problem_id: Mapped[int] = mapped_column(ForeignKey("tuner_problems.id"))
+    family_set: Mapped[str] = mapped_column(String(128))
+    trial_id: Mapped[int] = mapped_column(ForeignKey("tuner_trials.id"))
+    default_trial_id: Mapped[int | None] = mapped_column(ForeignKey("tuner_trials.id"))
+    speedup_over_default: Mapped[float | None] = mapped_column(Float)
+    decided_at: Mapped[dt.datetime] = mapped_column(DateTime, default=_now)
+    # For a winner imported from a YAML table: how many trials the search behind it ran there.
+    imported_trials: Mapped[int | None] = mapped_column(Integer)
+
+
+@dataclass(frozen=True)
+class TrialRecord:
+    """One measured (or rejected) candidate, as stored."""
+
+    id: int | None
+    device_id: str
+    problem_key: str
+    family_set: str
+    family: str
+    config: dict
+    config_hash: str
+    outcome: str
+    message: str | None = None
+    role: str = "search"
+    study_name: str | None = None
+    optuna_number: int | None = None
+    median_ms: float | None = None
+    iqr_ms: float | None = None
+    tflops: float | None = None
+    prepare_ms: float | None = None
+    rel_rms: float | None = None
+    max_abs: float | None = None
+    lse_max_err: float | None = None
+    nonfinite: int | None = None
+    compile_s: float | None = None
+    registers: int | None = None
+    spill_bytes: int | None = None
+    smem_bytes: int | None = None
+    sm_clock_mhz: float | None = None
+    temperature_c: float | None = None
+    timing: dict | None = None
+    seed: int | None = None
+    code_version: str | None = None
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class Winner:
+    """The stored best trial of (device, problem, family set) and how it compares to the default."""
+
+    device_id: str
+    problem_key: str
+    family_set: str
+    trial: TrialRecord
+    default_trial: TrialRecord | None
+    speedup_over_default: float | None
+    decided_at: dt.datetime
+    imported_trials: int | None = None  # set for winners imported from a table
+
+    @property
+    def family(self) -> str:
+        return self.trial.family
+
+    @property
+    def config(self) -> dict:
+        return self.trial.config
+
+
+# Columns copied 1:1 between TrialRecord and _Trial (the rest are keys or JSON).
+_PLAIN = [f.name for f in fields(TrialRecord)
+          if f.name not in ("id", "device_id", "problem_key", "config", "timing")]
+
+
+def _is_sqlite(url: str) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind a SQLite URL, None for other backends and in-memory databases."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database).expanduser()
+
+
+@contextmanager
+def creation_lock(url: str) -> Iterator[None]:
+    """Serialize schema creation on one SQLite file across processes: two searches started at once
+    would otherwise both see an empty file and race on CREATE TABLE. Other backends create
+    tables transactionally and need no lock."""
+    path = sqlite_path(url)
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def sqlite_engine_kwargs() -> dict[str, Any]:
+    # Wait for a concurrent writer instead of failing at once ("database is locked").
+    return {"connect_args": {"timeout": 60}}
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        # Let SQLAlchemy, not the driver, open transactions, so BEGIN IMMEDIATE below takes
+        # effect (the sqlite3 driver otherwise defers BEGIN to the first write).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=60000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        # Take the write lock up front: a deferred transaction that reads and then writes can fail
+        # with SQLITE_BUSY at the upgrade no matter the busy timeout, when another process commits
+        # between the read and the write (two concurrent searches do exactly that).
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+class Store:
+    """Results database behind a handful of methods; see the module docstring for the contract."""
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url or default_db_url()
+        kwargs: dict[str, Any] = {}
+        if _is_sqlite(self.url):
+            kwargs = sqlite_engine_kwargs()
+        self.engine = create_engine(self.url, **kwargs)
+        if _is_sqlite(self.url):
+            _configure_sqlite(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        with creation_lock(self.url):
+            self._open_schema()
+
+    def _open_schema(self) -> None:
+        names = set(inspect(self.engine).get_table_names())
+        ours = {t.name for t in _Base.metadata.sorted_tables}
+        if not names & ours:
+            _Base.metadata.create_all(self.engine)
+            with self.session() as s:
+                s.add(_SchemaVersion(version=SCHEMA_VERSION))
+            return
+        version = None
+        if _SchemaVersion.__tablename__ in names:
+            with self.session() as s:
+                version = s.scalar(select(_SchemaVersion.version))
+        if version != SCHEMA_VERSION:
+            raise TunerError(
+                f"results database {self.url} has schema version {version}, this tuner expects "
+                f"{SCHEMA_VERSION}; export its winners with the tuner version that wrote it "
+                "(`tuner export`), then point --db (or TUNER_DB_URL) at a new file"
+            )
+        _Base.metadata.create_all(self.engine)  # a table added without a version bump: no-op
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """The one unit of work: commit on success, roll back on any exception, always close."""
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # ---- writes ----------------------------------------------------------------------------------
+
+    def record_device(self, device_id: str, fingerprint: dict) -> None:
+        with self.session() as s:
+            row = s.get(_Device, device_id)
+            if row is None:
+                s.add(_Device(id=device_id, name=str(fingerprint.get("name", "?")),
+                              fingerprint_json=json.dumps(fingerprint, sort_keys=True)))
+            else:
+                row.fingerprint_json = json.dumps(fingerprint, sort_keys=True)
+
+    def _problem_id(self, s: Session, problem: Problem) -> int:
+        row = s.scalar(select(_Problem).where(_Problem.key == problem.key()))
+        if row is None:
+            row = _Problem(key=problem.key(), **problem.to_dict())
+            s.add(row)
+            s.flush()
+        return row.id
+
+    def record_trial(self, rec: TrialRecord) -> int:
+        """Store one finished candidate; returns its id. The device must be recorded first."""
+        if rec.outcome not in OUTCOMES:
+            raise ValueError(f"unknown outcome {rec.outcome!r}; expected one of {OUTCOMES}")
+        with self.session() as s:
+            row = _Trial(
+                device_id=rec.device_id,
+                problem_id=self._problem_id(s, Problem.from_key(rec.problem_key)),
+                config_json=json.dumps(rec.config, sort_keys=True),
+                timing_json=json.dumps(rec.timing) if rec.timing is not None else None,
+                **{name: getattr(rec, name) for name in _PLAIN if name != "finished_at"},
+                finished_at=rec.finished_at or _now(),
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def set_best(self, device_id: str, problem: Problem, family_set: str, trial_id: int,
+                 default_trial_id: int | None, speedup_over_default: float | None) -> None:
+        """Make `trial_id` the winner of (device, problem, family set), replacing an earlier one."""
+        with self.session() as s:
+            problem_id = self._problem_id(s, problem)
+            row = s.scalar(select(_Best).where(
+                _Best.device_id == device_id, _Best.problem_id == problem_id,
+                _Best.family_set == family_set))
+            if row is None:
+                row = _Best(device_id=device_id, problem_id=problem_id, family_set=family_set,
+                            trial_id=trial_id)
+                s.add(row)
+            row.trial_id = trial_id
+            row.default_trial_id = default_trial_id
+            row.speedup_over_default = speedup_over_default
+            row.decided_at = _now()
+
+    def import_winners(self, device_id: str, fingerprint: dict, entries) -> None:
+        """Store the winners of a validated tuning table (tables.TableEntry) in ONE transaction:
+        all or nothing. Each becomes a trial of role "imported" (and one for the default's time
+        when the table has it) and the best of its (device, problem, family set)."""
+        with self.session() as s:
+            device = s.get(_Device, device_id)
+            if device is None:
+                s.add(_Device(id=device_id, name=str(fingerprint.get("name", "?")),
+                              fingerprint_json=json.dumps(fingerprint, sort_keys=True)))
+            for e in entries:
+                f = e.fields
+                config = e.config.to_dict() if hasattr(e.config, "to_dict") else dict(e.config)
+                decided = f.get("decided_at")
+                if isinstance(decided, str):
+                    decided = dt.datetime.fromisoformat(decided)
+                problem_id = self._problem_id(s, e.problem)
+                common = dict(device_id=device_id, problem_id=problem_id, family_set=e.family_set,
+                              family=e.family, role="imported", outcome="ok",
+                              finished_at=decided or _now())
+                win = _Trial(config_json=json.dumps(config, sort_keys=True),
+                             config_hash=config_hash(e.family, config),
+                             message="imported from a tuning table", median_ms=f.get("median_ms"),
+                             iqr_ms=f.get("iqr_ms"), tflops=f.get("tflops"),
+                             rel_rms=f.get("rel_rms"), **common)
+                s.add(win)
+                default = None
+                if f.get("default_median_ms") is not None:
+                    ms = f["default_median_ms"]
+                    default = _Trial(config_json="{}", config_hash="default",
+                                     message="imported: the family default's time, config not "
+                                             "in the table",
+                                     median_ms=ms, tflops=e.problem.tflops(ms), **common)
+                    s.add(default)
+                s.flush()
+                best = s.scalar(select(_Best).where(
+                    _Best.device_id == device_id, _Best.problem_id == problem_id,
+                    _Best.family_set == e.family_set))
+                if best is None:
+                    best = _Best(device_id=device_id, problem_id=problem_id,
+                                 family_set=e.family_set, trial_id=win.id)
+                    s.add(best)
+                best.trial_id = win.id
+                best.default_trial_id = default.id if default is not None else None
+                best.speedup_over_default = f.get("speedup_over_default")
+                best.decided_at = decided or _now()
+                best.imported_trials = f.get("trials")
+
+    # ---- reads -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _record(row: _Trial, problem_key: str) -> TrialRecord:
+        return TrialRecord(
+            id=row.id, device_id=row.device_id, problem_key=problem_key,
+            config=json.loads(row.config_json),
+            timing=json.loads(row.timing_json) if row.timing_json else None,
+            **{name: getattr(row, name) for name in _PLAIN},
+        )
+
+    def trials(self, problem: Problem, device_id: str | None = None,
+               family_set: str | None = None, study_name: str | None = None,
+               outcome: str | None = None) -> list[TrialRecord]:
+        """Trials of a problem, oldest first, optionally narrowed to a device/family set/study."""
+        query = select(_Trial).join(_Problem).where(_Problem.key == problem.key())
+        if device_id is not None:
+            query = query.where(_Trial.device_id == device_id)
+        if family_set is not None:
+            query = query.where(_Trial.family_set == family_set)
+        if study_name is not None:
+            query = query.where(_Trial.study_name == study_name)
+        if outcome is not None:
+            query = query.where(_Trial.outcome == outcome)
+        with self.session() as s:
+            rows = s.scalars(query.order_by(_Trial.id))
+            return [self._record(row, problem.key()) for row in rows]
+
+    def _winners(self, s: Session, query) -> list[Winner]:
+        result = []
+        for best, key in s.execute(query.join(_Problem).add_columns(_Problem.key)):
+            trial = s.get(_Trial, best.trial_id)
+            default = s.get(_Trial, best.default_trial_id) if best.default_trial_id else None
+            result.append(Winner(
+                device_id=best.device_id, problem_key=key, family_set=best.family_set,
+                trial=self._record(trial, key),
+                default_trial=self._record(default, key) if default else None,
+                speedup_over_default=best.speedup_over_default, decided_at=best.decided_at,
+                imported_trials=best.imported_trials,
+            ))
+        return result
+
+    def best_for(self, device_id: str, problem: Problem,
+                 family_set: str | None = None) -> Winner | None:
+        """The winner for an exact problem on a device. Without `family_set`, the fastest winner
+        over every family set searched for it (each was re-timed against its own default)."""
+        query = select(_Best).where(_Best.device_id == device_id, _Problem.key == problem.key())
+        if family_set is not None:
+            query = query.where(_Best.family_set == family_set)
+        with self.session() as s:
+            found = self._winners(s, query)
+        found.sort(key=lambda w: (w.trial.median_ms is None, w.trial.median_ms))
+        return found[0] if found else None
+
+    def winners(self, device_id: str | None = None) -> list[Winner]:
+        """Every stored winner (optionally of one device), by problem key then family set."""
+        query = select(_Best)
+        if device_id is not None:
+            query = query.where(_Best.device_id == device_id)
+        with self.session() as s:
+            found = self._winners(s, query)
+        return sorted(found, key=lambda w: (w.device_id, w.problem_key, w.family_set))
+
+    def devices(self) -> dict[str, dict]:
+        """device id -> the latest full fingerprint recorded for it."""
+        with self.session() as s:
+            return {d.id: json.loads(d.fingerprint_json) for d in s.scalars(select(_Device))}

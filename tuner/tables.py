@@ -1,0 +1,315 @@
+"""YAML tuning tables: export the stored winners of a device, import them on another machine.
+
+A table is the unit a team commits and ships (db/tables/<gpu>.yaml). Import is all or nothing:
+the whole file is parsed and validated (schema version, known families and knobs, can_implement
+on the named GPU, device fingerprint) before a single row is written, in one transaction; every
+error names the line and the field. Export is deterministic (sorted, dates from the data, not
+from the clock), so export -> import -> export gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tuner.dburl import display_url
+from tuner.errors import TunerError
+from tuner.problem import Problem
+
+SCHEMA_VERSION = 1
+KIND = "fp8-attn-tuner/tuning-table"
+ENTRY_FIELDS = {
+    "problem",
+    "family_set",
+    "family",
+    "config",
+    "median_ms",
+    "iqr_ms",
+    "tflops",
+    "speedup_over_default",
+    "default_median_ms",
+    "rel_rms",
+    "trials",
+    "decided_at",
+}
+REQUIRED_ENTRY_FIELDS = {"problem", "family", "config", "median_ms"}
+
+
+class TableError(TunerError):
+    """A tuning table that cannot be imported; the message names the line and the field."""
+
+
+# ---- reading with line numbers -----------------------------------------------------------------
+
+
+def _construct(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Any:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        out = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise TableError(f"line {key_node.start_mark.line + 1}: mapping keys must be text")
+            key = key_node.value
+            out[key] = _construct(value_node, (*path, key), lines)
+        return out
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(item, (*path, i), lines) for i, item in enumerate(node.value)]
+    # Scalars: let the safe loader's resolver type them (int, float, bool, null, str).
+    return yaml.safe_load(yaml.serialize(node))
+
+
+def parse_table(text: str, source: str = "<table>") -> tuple[dict, dict[tuple, int]]:
+    """Safe-parse YAML into plain data plus the line of every path (for error messages)."""
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "somewhere"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise TableError(f"{source}: {where}: not valid YAML ({problem})") from None
+    if node is None:
+        raise TableError(f"{source}: the file is empty")
+    lines: dict[tuple, int] = {}
+    data = _construct(node, (), lines)
+    if not isinstance(data, dict):
+        raise TableError(f"{source}: line 1: a tuning table is a mapping with 'entries'")
+    return data, lines
+
+
+@dataclass(frozen=True)
+class TableEntry:
+    problem: Problem
+    family_set: str
+    family: str
+    config: Any  # the family's Config
+    fields: dict  # everything else, as written
+
+
+def _where(source: str, lines: dict[tuple, int], path: tuple) -> str:
+    # The deepest known ancestor's line: a missing field is reported at its parent.
+    while path and path not in lines:
+        path = path[:-1]
+    field = ".".join(str(p) for p in path) or "(top)"
+    return f"{source}: line {lines.get(path, 1)}: {field}"
+
+
+def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -> list[TableEntry]:
+    """Check everything that can be checked without a database; raise TableError on the first
+    problem. With `gpu`, every config must pass can_implement on it."""
+    from variants import load_family
+
+    def fail(path: tuple, message: str):
+        raise TableError(f"{_where(source, lines, path)}: {message}")
+
+    if data.get("kind") != KIND:
+        fail(("kind",), f"expected kind {KIND!r}, got {data.get('kind')!r}")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        fail(
+            ("schema_version",),
+            f"schema version {data.get('schema_version')!r} is not "
+            f"{SCHEMA_VERSION}; re-export the table with a matching tuner version",
+        )
+    for field in ("gpu", "device"):
+        if field not in data:
+            fail((field,), "missing")
+    if not isinstance(data.get("device"), dict) or "name" not in data["device"]:
+        fail(("device",), "must be the device fingerprint mapping (name, compute_capability, ...)")
+    entries = data.get("entries")
+    if not isinstance(entries, list):
+        fail(("entries",), "must be a list of tuned problems")
+    result = []
+    for i, entry in enumerate(entries):
+        at = ("entries", i)
+        if not isinstance(entry, dict):
+            fail(at, "each entry must be a mapping")
+        for field in sorted(REQUIRED_ENTRY_FIELDS - set(entry)):
+            fail(at, f"missing field {field!r}")
+        for field in sorted(set(entry) - ENTRY_FIELDS):
+            fail((*at, field), f"unknown field; known: {', '.join(sorted(ENTRY_FIELDS))}")
+        if not isinstance(entry["problem"], dict):
+            fail((*at, "problem"), "must be a mapping (batch, heads, seq_len, head_dim, causal)")
+        try:
+            problem = Problem(**entry["problem"])
+        except (TypeError, TunerError) as exc:
+            fail((*at, "problem"), str(exc))
+        try:
+            family = load_family(str(entry["family"]))
+        except (TunerError, ModuleNotFoundError) as exc:
+            fail((*at, "family"), str(exc))
+        config_dict = entry["config"]
+        if not isinstance(config_dict, dict):
+            fail((*at, "config"), "must be a mapping of knob: value")
+        try:
+            config = family.Config.from_dict(config_dict)
+        except (TunerError, TypeError) as exc:
+            fail((*at, "config"), str(exc))
+        domains = family.space(gpu.arch) if gpu is not None else None
+        for knob, value in config_dict.items():
+            if domains is not None and value not in domains.get(knob, [value]):
+                fail(
+                    (*at, "config", knob),
+                    f"{value!r} is outside the {gpu.arch} domain {domains[knob]}",
+                )
+        if gpu is not None:
+            ok, reason = family.can_implement(config, problem, gpu)
+            if not ok:
+                fail((*at, "config"), f"cannot run on {gpu.name}: {reason}")
+        median = entry["median_ms"]
+        if not isinstance(median, (int, float)) or isinstance(median, bool) or median <= 0:
+            fail((*at, "median_ms"), f"must be a positive number of milliseconds, got {median!r}")
+        fields = {k: v for k, v in entry.items() if k not in ("problem", "family", "config")}
+        result.append(
+            TableEntry(
+                problem,
+                str(entry.get("family_set", entry["family"])),
+                str(entry["family"]),
+                config,
+                fields,
+            )
+        )
+    keys = [(e.problem, e.family_set) for e in result]
+    for i, key in enumerate(keys):
+        if key in keys[:i]:
+            fail(("entries", i, "problem"), f"duplicate entry for {key[0].key()} ({key[1]})")
+    return result
+
+
+def read_table(path: Path, gpu=None) -> tuple[dict, list[TableEntry]]:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise TableError(f"cannot read {path}: {exc.strerror}") from None
+    data, lines = parse_table(text, str(path))
+    return data, validate_table(data, lines, str(path), gpu)
+
+
+def load_table_entries(path: Path) -> list[tuple[Problem, str, dict]]:
+    """(problem, family, config dict) of a shipped table, for the runtime lookup."""
+    _, entries = read_table(path)
+    return [(e.problem, e.family, e.config.to_dict()) for e in entries]
+
+
+# ---- export ------------------------------------------------------------------------------------
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    if value is None:
+        return None
+    return value.replace(microsecond=0).isoformat()
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None else float(f"{x:.{digits}g}")
+
+
+def build_table(store, device_id: str, gpu_name: str) -> dict:
+    """The YAML document for every winner of `device_id` in `store`."""
+    from tuner import __version__
+
+    fingerprint = store.devices().get(device_id)
+    if fingerprint is None:
+        raise TunerError(
+            f"no device {device_id} in {display_url(store.url)}; `tuner show` lists what is stored"
+        )
+    entries = []
+    for w in store.winners(device_id):
+        problem = Problem.from_key(w.problem_key)
+        t = w.trial
+        # An imported winner carries the trial count of the search that found it elsewhere.
+        trials = w.imported_trials
+        if trials is None:
+            trials = len(store.trials(problem, device_id=device_id, family_set=w.family_set))
+        entries.append(
+            {
+                "problem": problem.to_dict(),
+                "family_set": w.family_set,
+                "family": w.family,
+                "config": dict(w.config),
+                "median_ms": _round(t.median_ms),
+                "iqr_ms": _round(t.iqr_ms),
+                "tflops": _round(t.tflops),
+                "speedup_over_default": _round(w.speedup_over_default),
+                "default_median_ms": _round(w.default_trial.median_ms) if w.default_trial else None,
+                "rel_rms": _round(t.rel_rms),
+                "trials": trials,
+                "decided_at": _iso(w.decided_at),
+            }
+        )
+    entries.sort(
+        key=lambda e: (
+            e["problem"]["head_dim"],
+            e["problem"]["heads"],
+            e["problem"]["batch"],
+            e["problem"]["seq_len"],
+            e["family_set"],
+        )
+    )
+    dates = [e["decided_at"] for e in entries if e["decided_at"]]
+    return {
+        "kind": KIND,
+        "schema_version": SCHEMA_VERSION,
+        "gpu": gpu_name,
+        "device": fingerprint,
+        "device_id": device_id,
+        "tool_version": __version__,
+        "dsl_version": fingerprint.get("cutlass_dsl"),
+        "date": max(dates) if dates else None,
+        "entries": entries,
+    }
+
+
+def dump_table(doc: dict) -> str:
+    header = (
+        "# FP8 attention tuning table (fp8-attn-tuner). Measured on the device below; the\n"
+        "# numbers hold on that GPU only. Import with `tuner import FILE`.\n"
+    )
+    return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100)
+
+
+# ---- import ------------------------------------------------------------------------------------
+
+
+def import_table(
+    store, path: Path, *, force: bool = False, local_fingerprint: dict | None = None
+) -> int:
+    """Validate `path` completely, then write its winners in one transaction. Returns the count.
+
+    The table's device must be the local one (same fingerprint id) unless `force`: a table tuned
+    on another GPU model would route this GPU to configs nobody measured on it.
+    """
+    from tuner.gpus import PROFILES, fingerprint_id
+
+    data, lines = parse_table(Path(path).read_text() if Path(path).exists() else "", str(path))
+    gpu_name = data.get("gpu")
+    if gpu_name not in PROFILES:
+        raise TableError(
+            f"{_where(str(path), lines, ('gpu',))}: unknown GPU {gpu_name!r}; "
+            f"known: {', '.join(PROFILES)}"
+        )
+    entries = validate_table(data, lines, str(path), PROFILES[gpu_name])
+    table_device = data["device"]
+    try:
+        table_id = fingerprint_id(table_device)
+    except KeyError as exc:
+        raise TableError(
+            f"{_where(str(path), lines, ('device',))}: fingerprint lacks {exc}"
+        ) from None
+    if not force:
+        if local_fingerprint is None:
+            raise TableError(
+                f"{path}: cannot check the table's device ({table_device.get('name')}) against "
+                "this machine: no local GPU. Re-run with --force to import it anyway"
+            )
+        if fingerprint_id(local_fingerprint) != table_id:
+            raise TableError(
+                f"{_where(str(path), lines, ('device',))}: tuned on {table_device.get('name')} "
+                f"({table_id}), this machine has {local_fingerprint.get('name')} "
+                f"({fingerprint_id(local_fingerprint)}); use --force to import it anyway"
+            )
+    store.import_winners(table_id, table_device, entries)
+    return len(entries)

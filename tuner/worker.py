@@ -1,0 +1,320 @@
+"""Isolated evaluation of candidates: one subprocess per role, reused, restarted after a crash.
+
+A candidate's kernel can fault (illegal address poisons the CUDA context for good), hang, or take
+the whole process down; none of that may reach the search. So each candidate is compiled,
+validated and timed in a `Worker`: a multiprocessing *spawn* child (fork after CUDA init would
+copy a context the child cannot use) that serves tasks over a pipe, one at a time. The parent
+enforces a deadline per task and kills the child on timeout; a child that dies is seen as EOF
+and reported as a crash; either way the next task starts a fresh child.
+
+Why not concurrent.futures.ProcessPoolExecutor for the compile pool: it cannot kill one hung task,
+and one dead child breaks the whole pool. A list of Workers is the pool (see search.py).
+
+Outcomes come back as `CandidateResult` values; an exception in the tuner's own code inside the
+child comes back as a traceback and is raised in the parent as `WorkerBug`, never stored as the
+candidate's fault.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing as mp
+import os
+import signal
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tuner.measure import CandidateFailure, guarded
+
+# A child that is not ready after this long (imports hang, a broken environment) is killed.
+STARTUP_TIMEOUT_S = 300.0
+
+
+class WorkerBug(RuntimeError):
+    """The tuner's own code failed inside a worker (not the candidate's fault)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str  # "compile": family.compile only (warms the disk cache) | "evaluate": validate + time
+    family: str  # module name for variants.load_family (a dotted path for test doubles)
+    config: dict
+    problem: dict
+    arch: str
+    l2_bytes: int = 0
+    seed: int = 0
+    device: str = "cuda"  # "cpu" for families that run on the CPU
+    repeats: int = 20
+    warmup: int = 3
+    timeout_s: float = 600.0
+    plant_crash: bool = False  # test hook: crash this candidate on purpose (TUNER_TEST_PLANT_CRASH)
+
+
+@dataclass
+class CandidateResult:
+    outcome: str
+    message: str | None = None
+    compile_s: float | None = None
+    resources: dict | None = None  # registers, spill_bytes, smem_bytes
+    timing: dict | None = None  # measure.Timing.to_dict()
+    accuracy: dict | None = None  # reference.AccuracyMetrics.to_dict()
+    wall_s: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+# ---- child side ----------------------------------------------------------------------------------
+
+def _compile(task: Task):
+    from tuner.problem import Problem
+    from variants import load_family
+
+    family = load_family(task.family)
+    cfg = family.Config.from_dict(task.config)
+    problem = Problem(**task.problem)
+    t0 = time.perf_counter()
+    kernel = guarded("compile", family.compile, cfg, problem, task.arch)
+    return family, kernel, time.perf_counter() - t0
+
+
+def _resources(kernel) -> dict | None:
+    res = getattr(kernel, "resources", None)
+    return asdict(res) if res is not None else None
+
+
+# A kernel that stores to address 0: a genuine illegal-address fault for the planted-crash test.
+_CRASH_PTX = b"""
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry tuner_planted_crash()
+{
+    .reg .b64 %rd<2>;
+    .reg .b32 %r<2>;
+    mov.u64 %rd1, 0;
+    mov.u32 %r1, 1;
+    st.global.u32 [%rd1], %r1;
+    ret;
+}
+\0"""
+
+
+class _FaultingKernel:
+    """Wraps a real kernel: runs it, then launches the out-of-bounds store on the same context,
+    so the fault surfaces at the next synchronization as a sticky CUDA error."""
+
+    def __init__(self, kernel) -> None:
+        self._kernel = kernel
+        self.config = kernel.config
+        self.resources = kernel.resources
+
+    def prepare(self, *args, **kwargs):
+        return self._kernel.prepare(*args, **kwargs)
+
+    def run(self, prepared, out=None, lse=None):
+        from cuda.bindings import driver
+
+        result = self._kernel.run(prepared, out=out, lse=lse)
+        _, module = driver.cuModuleLoadData(_CRASH_PTX)
+        _, fn = driver.cuModuleGetFunction(module, b"tuner_planted_crash")
+        driver.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)
+        return result
+
+
+def _planted_crash(family, kernel, device: str):
+    """Test hook (TUNER_TEST_PLANT_CRASH): make this candidate fault. A family's own
+    `plant_crash(kernel) -> kernel` wins (an out-of-bounds config of its own); else an
+    out-of-bounds store through the CUDA driver; without CUDA the child dies of SIGSEGV."""
+    hook = getattr(family, "plant_crash", None)
+    if hook is not None:
+        return hook(kernel)
+    if device == "cuda":
+        try:
+            import cuda.bindings.driver  # noqa: F401 - shipped with nvidia-cutlass-dsl
+        except ImportError:
+            pass
+        else:
+            return _FaultingKernel(kernel)
+    os.kill(os.getpid(), signal.SIGSEGV)
+    raise AssertionError("unreachable")
+
+
+def _evaluate(task: Task) -> CandidateResult:
+    import torch
+
+    from tuner.measure import time_kernel, validate_kernel
+    from tuner.problem import Problem
+
+    device = torch.device(task.device)
+    if device.type == "cpu":
+        # A CPU double shares the cores with the compile pool and the search; torch's spinning
+        # intra-op threads then stretch a 2 ms call to ~100 ms on a 2-core machine.
+        torch.set_num_threads(1)
+    family, kernel, compile_s = _compile(task)
+    if task.plant_crash:
+        kernel = _planted_crash(family, kernel, device.type)
+    problem = Problem(**task.problem)
+    # Validation inputs differ from the timing inputs (seed + 1): fresh data for each.
+    metrics = validate_kernel(kernel, problem, device, task.seed + 1)
+    if not metrics.passed:
+        return CandidateResult("wrong_result", metrics.reason, compile_s, _resources(kernel),
+                               accuracy=metrics.to_dict())
+    timing = time_kernel(kernel, problem, device, task.seed + 2, task.l2_bytes,
+                         repeats=task.repeats, warmup=task.warmup)
+    return CandidateResult("ok", None, compile_s, _resources(kernel), timing.to_dict(),
+                           metrics.to_dict())
+
+
+def _run_task(task: Task) -> CandidateResult:
+    if task.kind == "compile":
+        _, kernel, compile_s = _compile(task)
+        return CandidateResult("ok", None, compile_s, _resources(kernel))
+    if task.kind == "evaluate":
+        return _evaluate(task)
+    raise ValueError(f"unknown task kind {task.kind!r}")
+
+
+def _serve(conn, preload: tuple[str, ...]) -> None:
+    # Ctrl-C reaches the whole process group; only the parent decides when children stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Import the heavy modules (torch: seconds) before saying ready, so that a task's deadline
+    # measures the task, not the start-up of a fresh child.
+    for module in preload:
+        importlib.import_module(module)
+    conn.send(("ready", os.getpid()))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):  # the parent is gone
+            return
+        if task is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            result = _run_task(task)
+        except CandidateFailure as failure:
+            result = CandidateResult(failure.outcome, failure.message)
+        except Exception:  # noqa: BLE001 - a tuner bug: report it whole, the parent raises it
+            conn.send(("bug", traceback.format_exc()))
+            continue
+        result.wall_s = time.perf_counter() - t0
+        conn.send(("result", result))
+        if result.outcome == "crash":
+            return  # the CUDA context is poisoned: exit, the parent restarts this worker
+
+
+# ---- parent side ---------------------------------------------------------------------------------
+
+class Worker:
+    """A spawn-context child serving Tasks one at a time, with a deadline per task."""
+
+    def __init__(self, name: str, preload: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.preload = preload
+        self.ready = False
+        self._ctx = mp.get_context("spawn")
+        self._proc = None
+        self._conn = None
+        self.task: Task | None = None
+        self.payload: Any = None  # the caller's handle for the task in flight
+        self.deadline = 0.0
+        self.starts = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.task is not None
+
+    @property
+    def connection(self):
+        return self._conn
+
+    @property
+    def restarts(self) -> int:
+        return max(0, self.starts - 1)
+
+    def _start(self) -> None:
+        self._reap()
+        self.starts += 1
+        parent, child = self._ctx.Pipe()
+        self._proc = self._ctx.Process(target=_serve, args=(child, self.preload),
+                                       name=f"tuner-{self.name}", daemon=True)
+        self.ready = False
+        self._proc.start()
+        child.close()
+        self._conn = parent
+
+    def submit(self, task: Task, payload: Any = None) -> None:
+        if self.busy:
+            raise RuntimeError(f"worker {self.name} is busy")
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        self.task, self.payload = task, payload
+        # A fresh child gets its start-up on top; the clock restarts when it says ready.
+        startup = 0.0 if self.ready else STARTUP_TIMEOUT_S
+        self.deadline = time.monotonic() + startup + task.timeout_s
+        self._conn.send(task)
+
+    def _finish(self, result: CandidateResult) -> tuple[Any, CandidateResult]:
+        payload = self.payload
+        self.task = self.payload = None
+        return payload, result
+
+    def collect(self) -> tuple[Any, CandidateResult] | None:
+        """Read what the child sent (call when the connection is readable): the finished task's
+        (payload, result), or None for the start-up handshake."""
+        try:
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(timeout=5)
+            code = self._proc.exitcode
+            if code is not None and code < 0:
+                how = f"signal {signal.Signals(-code).name}"
+            else:
+                how = f"exit code {code}"
+            self._reap()
+            return self._finish(CandidateResult("crash", f"worker died ({how})"))
+        if kind == "ready":
+            self.ready = True
+            if self.busy:
+                self.deadline = time.monotonic() + self.task.timeout_s
+            return None
+        if kind == "bug":
+            self._finish(CandidateResult("crash"))
+            raise WorkerBug(f"tuner bug inside worker {self.name}:\n{value}")
+        return self._finish(value)
+
+    def expire(self, now: float | None = None) -> tuple[Any, CandidateResult] | None:
+        """Kill the child if its task is past the deadline; returns the timeout result."""
+        if not self.busy or (now or time.monotonic()) < self.deadline:
+            return None
+        timeout = self.task.timeout_s
+        self.kill()
+        return self._finish(CandidateResult("timeout", f"no result after {timeout:g} s; killed"))
+
+    def _reap(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._proc is not None:
+            self._proc.join(timeout=5)
+        self._proc = self._conn = None
+
+    def kill(self) -> None:
+        if self._proc is not None and self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=5)
+        if self._proc is not None:
+            self._reap()
+
+    def close(self) -> None:
+        """Ask an idle child to exit; kill a busy one (its task is abandoned)."""
+        if self._proc is None:
+            return
+        if not self.busy and self._proc.is_alive():
+            try:
+                self._conn.send(None)
+                self._proc.join(timeout=5)
+            except (OSError, BrokenPipeError):
+                pass
+        self.kill()
+        self.task = self.payload = None

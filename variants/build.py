@@ -138,6 +138,9 @@ class CompiledKernel:
     _fn: Any = field(repr=False, default=None)
     # Launch arguments after the scalars, computed per device (e.g. the SM count of a grid).
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
+    # Test hook only (tuner's TUNER_TEST_PLANT_CRASH): store O this many bytes past its buffer,
+    # a genuine out-of-bounds write by this very kernel.
+    _out_offset_bytes: int = field(repr=False, default=0)
 
     def prepare(self, q, k, v, softmax_scale: float | None = None):
         from variants.prepare import quantize_inputs
@@ -181,7 +184,8 @@ class CompiledKernel:
             make_ptr(f8, prepared.k.data_ptr(), gmem, assumed_align=16),
             make_ptr(f8, prepared.v.data_ptr(), gmem, assumed_align=16),
             make_ptr(cutlass.Float32, prepared.descale.data_ptr(), gmem, assumed_align=4),
-            make_ptr(cutlass.BFloat16, out.data_ptr(), gmem, assumed_align=16),
+            make_ptr(cutlass.BFloat16, out.data_ptr() + self._out_offset_bytes, gmem,
+                     assumed_align=16),
             make_ptr(cutlass.Float32, lse.data_ptr(), gmem, assumed_align=4),
             cutlass.Int32(batch), cutlass.Int32(heads), cutlass.Int32(s),
             cutlass.Int32(prepared.padded_len), cutlass.Float32(prepared.softmax_scale),
@@ -227,3 +231,16 @@ def cached_resources(family: str, src_dir: Path, cfg, head_dim: int,
     if not meta.exists():
         return None
     return ResourceUsage(**json.loads(meta.read_text())["resources"])
+
+
+# 1 TiB past the output buffer: no allocation of this process reaches that far, so every store
+# of the epilogue faults (illegal address) instead of silently corrupting a neighbour.
+_WILD_OFFSET_BYTES = 1 << 40
+
+
+def plant_crash(kernel: CompiledKernel) -> CompiledKernel:
+    """The same compiled kernel, launched with its output pointer out of bounds (the tuner's
+    planted-crash test: a candidate that crashes the GPU context must not stop a search)."""
+    import dataclasses
+
+    return dataclasses.replace(kernel, _out_offset_bytes=_WILD_OFFSET_BYTES)

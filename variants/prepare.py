@@ -14,6 +14,7 @@ accumulator fragment of S can be reused as the A fragment of P @ V without cross
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -130,7 +131,9 @@ def check_qkv(
             f"head_dim {head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS} "
             "(zero-pad the head dimension to the next supported size)"
         )
-    if check_finite:
+    # The scan syncs the device, which a CUDA-graph capture forbids: captured calls skip it
+    # (the eager call that precedes every capture has run it).
+    if check_finite and not _capturing():
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not bool(torch.isfinite(t).all()):
                 bad = int((~torch.isfinite(t)).sum())
@@ -138,6 +141,17 @@ def check_qkv(
                     f"{name} contains {bad} NaN/Inf values; FP8 scales from amax would be "
                     "meaningless: fix the producer of the input (or nan_to_num it) first"
                 )
+
+
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+@functools.lru_cache(maxsize=64)
+def _key_order_on(length: int, device: torch.device) -> torch.Tensor:
+    """The permutation index, built once per (length, device): a host-to-device copy inside a
+    CUDA-graph capture would be illegal, so captured calls must find it cached."""
+    return register_p_key_order(length).to(device)
 
 
 def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,7 +210,7 @@ def quantize_inputs(
     # Feature-major V: (batch, heads, head_dim, padded), keys contiguous.
     v8 = v8.view(torch.uint8).permute(0, 2, 3, 1)
     if permute_keys:
-        v8 = v8[..., register_p_key_order(padded).to(v8.device)]
+        v8 = v8[..., _key_order_on(padded, v8.device)]
     v8 = v8.contiguous().view(torch.float8_e4m3fn)
     return Fp8Inputs(
         q=q8.contiguous(),

@@ -282,6 +282,11 @@ class Worker:
         if kind == "bug":
             self._finish(CandidateResult("crash"))
             raise WorkerBug(f"tuner bug inside worker {self.name}:\n{value}")
+        if value.outcome == "crash":
+            # The child exits after a crash (its CUDA context is poisoned). Wait for it here:
+            # a submit() racing its exit would hand the next candidate to a dying process and
+            # record a second, false crash.
+            self._reap()
         return self._finish(value)
 
     def expire(self, now: float | None = None) -> tuple[Any, CandidateResult] | None:

@@ -54,8 +54,8 @@ def test_planted_crash_is_recorded_and_the_search_goes_on(tmp_path):
     db = tmp_path / "db.sqlite"
     out = search(db, "--trials", "6", env={"TUNER_TEST_PLANT_CRASH": "1"})
     (result,) = out["results"]
-    assert result["outcomes"].get("crash", 0) == 1, result
     crash = [t for t in Store(f"sqlite:///{db}").trials(PROBLEM) if t.outcome == "crash"]
+    assert result["outcomes"].get("crash", 0) == 1, [(t.config, t.message) for t in crash]
     assert len(crash) == 1 and crash[0].message
     # Candidates after the crash were measured in a restarted worker, and a winner was chosen.
     assert result["outcomes"].get("ok", 0) >= 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import subprocess
 from dataclasses import asdict, dataclass
 from functools import cache
 
@@ -239,12 +240,20 @@ def resolve_gpu(name: str, *, require_local: bool = True) -> GpuProfile:
 
 
 def _driver_version() -> str | None:
-    """The kernel-module version nvidia-smi shows (e.g. 580.159.04), read without NVML."""
+    """The driver version nvidia-smi shows (e.g. 580.159.04): from the kernel module's proc file,
+    else (containers often lack it) from nvidia-smi itself."""
     try:
         with open("/proc/driver/nvidia/version") as fh:
             match = re.search(r"Kernel Module\s+([0-9.]+)", fh.read())
-        return match.group(1) if match else None
+        if match:
+            return match.group(1)
     except OSError:
+        pass
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10, check=True)
+        return done.stdout.strip().splitlines()[0] or None
+    except (OSError, subprocess.SubprocessError, IndexError):
         return None
 
 

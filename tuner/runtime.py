@@ -14,6 +14,7 @@ The lookup is memoized per key; a SQLite database is re-read only when its files
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -212,7 +213,10 @@ def clear_cache() -> None:
     _RESOLVER.clear()
 
 
+@functools.cache
 def _local_gpu_and_device(gpu: str):
+    """(profile, fingerprint id) of the local GPU: fixed for the life of the process, so the
+    device query and hashing run once, not on every lookup."""
     from tuner.gpus import device_fingerprint, fingerprint_id, resolve_gpu
 
     profile = resolve_gpu(gpu)

@@ -149,3 +149,20 @@ def test_show_plot_writes_an_image(exported, tmp_path, capsys):
     png = tmp_path / "winners.png"
     assert main(["show", "--db", url, "--plot", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+
+
+def test_bench_peers_join_the_plot_data(tmp_path):
+    from tuner.bench import BenchRow, store_peer_rows
+    from tuner.commands.show import peer_rows, winner_rows
+
+    store, device = populated_store(f"sqlite:///{tmp_path / 'h.sqlite'}")
+    problem = Problem(1, 56, 30272)
+    store_peer_rows(store, device, problem, [
+        BenchRow(30272, "tuned", "x", median_ms=27.5, tflops=954.0),
+        BenchRow(30272, "cudnn-fp8", "fp8 in/out", median_ms=31.3, tflops=838.0),
+        BenchRow(30272, "sdpa-flash", "bf16", note="skipped: not here"),
+    ])
+    rows = winner_rows(store, store.devices())
+    peers = peer_rows(store, store.devices(), rows)
+    found = [(p["system"], p["seq_len"], p["tflops"]) for p in peers]
+    assert found == [("cudnn-fp8", 30272, 838.0)]

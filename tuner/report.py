@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def plot_winners(rows: list[dict], path: str, store=None, peers: list[dict] | None = None) -> Path:
+def plot_winners(rows: list[dict], path: str, peers: list[dict] | None = None) -> Path:
     """TFLOP/s against seq_len: one line per (device, heads) for the tuned winner and one for the
     family default; `peers` (from `tuner bench`) add a line per system. GPU and date in the title.
     """

@@ -84,6 +84,20 @@ def winner_rows(store, devices: dict[str, dict]) -> list[dict]:
     return sorted(rows, key=lambda r: (r["device"] or "", r["heads"], r["seq_len"]))
 
 
+def peer_rows(store, devices: dict[str, dict], rows: list[dict]) -> list[dict]:
+    """The latest `tuner bench` timing of each peer system for the problems in `rows`."""
+    latest: dict[tuple, dict] = {}
+    for r in rows:
+        problem = Problem.from_key(r["problem"])
+        for t in store.trials(problem, device_id=r["device_id"], family_set="bench"):
+            if t.role == "bench" and t.tflops:
+                latest[(r["device_id"], r["problem"], t.family)] = {
+                    "system": t.family, "device": devices[r["device_id"]].get("name"),
+                    "heads": problem.heads, "seq_len": problem.seq_len, "tflops": t.tflops,
+                }
+    return list(latest.values())
+
+
 def _fmt(x, spec=".3f") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -202,7 +216,8 @@ def run(args) -> int:
         if args.plot:
             from tuner.report import plot_winners
 
-            print(f"wrote {plot_winners(rows, args.plot, store=store)}")
+            peers = peer_rows(store, devices, rows)
+            print(f"wrote {plot_winners(rows, args.plot, peers=peers)}")
         if args.json:
             print(json.dumps(rows, indent=1, default=str))
         elif not rows:

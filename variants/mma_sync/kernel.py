@@ -107,6 +107,44 @@ class MmaSyncAttention:
             cute.make_layout((1, 16)),
         )
 
+    def _tiled_mma(self):
+        return cute.make_tiled_mma(
+            self._mma_op(),
+            (self.cfg.warps, 1, 1),
+            permutation_mnk=(self.cfg.warps * 16, 16, 32),
+        )
+
+    def _ldsm(self):
+        return cute.make_copy_atom(
+            warp.LdMatrix8x16x8bOp(transpose=False, num_matrices=4), cutlass.Float8E4M3FN)
+
+    def _p_load_partition(self, tiled_mma, tidx, sP):
+        """ldmatrix (A layout) read of P: the thread's copy slice and its source partition."""
+        s2r_P = cute.make_tiled_copy_A(self._ldsm(), tiled_mma).get_slice(tidx)
+        return s2r_P, s2r_P.partition_S(sP)
+
+    def _p_store_views(self, thr_mma, sP, sP_layout):
+        """P store path: a function (mt_i, r, n) -> the 2-byte smem view of C-fragment key pair
+        ((None, r), mt_i, n) of this thread.
+
+        NOT thr_mma.partition_C(sP)[(None, r), mt_i, n]: CuTe DSL 4.8.1 slices that partition
+        wrongly when the swizzle cannot be folded into per-thread strides, as under chunk_elems
+        (XOR source at bit 8, so the row half r and the n8 tile both feed the XOR). The sliced
+        view keeps only the low bits of the thread's offset and drops the swizzled part (the
+        n8 tile, the row half, the swizzle): all pairs of a thread land on one address and
+        ptxas keeps a single st.shared.b16. Here a pair's byte offset is the swizzled layout
+        applied to its logical (row, key) coordinate, as the ldmatrix read path computes it.
+        A pair stays adjacent: the swizzle moves 16-byte chunks and the pair's first key is
+        even. tests/test_mma_sync_layouts.py checks both paths address by address.
+        """
+        tPcP = thr_mma.partition_C(cute.make_identity_tensor((self.block_m, self.block_n)))
+
+        def view(mt_i, r, n):
+            offset = cute.assume(cute.crd2idx(tPcP[(0, r), mt_i, n], sP_layout), divby=2)
+            return cute.make_tensor(sP.iterator + offset, cute.make_layout(2))
+
+        return view
+
     def _mma_op(self):
         if cutlass.const_expr(self.mxf8):
             return warp.MmaMXF8Op(cutlass.Float8E4M3FN, cutlass.Float32, cutlass.Float8E8M0FNU)
@@ -160,11 +198,7 @@ class MmaSyncAttention:
                 cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(sV_layout)], 1024]
             p: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, p_elems], 1024]
 
-        tiled_mma = cute.make_tiled_mma(
-            self._mma_op(),
-            (self.cfg.warps, 1, 1),
-            permutation_mnk=(self.cfg.warps * 16, 16, 32),
-        )
+        tiled_mma = self._tiled_mma()
         grid = (cute.ceil_div(seq_len, self.block_m), heads, batch)
         self.kernel(
             mQ, mK, mV, mDescale, mO, mLSE, seq_len, softmax_scale * LOG2_E,
@@ -237,7 +271,7 @@ class MmaSyncAttention:
         acc_O.fill(0.0)
         tOrP = cute.make_rmem_tensor(thr_mma.partition_shape_A((bm, bn)), fp8)
 
-        ldsm = cute.make_copy_atom(warp.LdMatrix8x16x8bOp(transpose=False, num_matrices=4), fp8)
+        ldsm = self._ldsm()
         s2r_Q = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
         s2r_K = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
         s2r_V = cute.make_tiled_copy_B(ldsm, tiled_mma).get_slice(tidx)
@@ -252,9 +286,8 @@ class MmaSyncAttention:
         tPrP = cute.make_rmem_tensor_like(acc_S, fp8)
         if cutlass.const_expr(not self.register_p):
             sP = storage.p.get_tensor(sP_layout)
-            tPsP = thr_mma.partition_C(sP)
-            s2r_P = cute.make_tiled_copy_A(ldsm, tiled_mma).get_slice(tidx)
-            tOsP = s2r_P.partition_S(sP)
+            p_dst = self._p_store_views(thr_mma, sP, sP_layout)
+            s2r_P, tOsP = self._p_load_partition(tiled_mma, tidx, sP)
             tOrP_view = s2r_P.retile(tOrP)
         p_slots = _register_p_slots(self.m_tiles, bn)
 
@@ -351,7 +384,7 @@ class MmaSyncAttention:
                 for mt_i in cutlass.range_constexpr(self.m_tiles):
                     for r in cutlass.range_constexpr(2):
                         for n in cutlass.range_constexpr(bn // 8):
-                            cute.autovec_copy(tPrP[(None, r), mt_i, n], tPsP[(None, r), mt_i, n])
+                            cute.autovec_copy(tPrP[(None, r), mt_i, n], p_dst(mt_i, r, n))
                 # A warp reads back only the P rows it wrote: a warp barrier is enough.
                 cute.arch.sync_warp()
             for kb in cutlass.range_constexpr(bn // 32):

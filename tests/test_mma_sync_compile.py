@@ -86,6 +86,18 @@ def test_mxf8_compiles_for_sm120(overrides):
     assert 32 <= kernel.resources.registers <= 255
 
 
+@pytest.mark.parametrize("overrides", [{}, dict(p_staging="smem", swizzle="chunk_elems",
+                                              block_m=64, rows_per_warp=16, block_n=64)],
+                         ids=["default", "seed-first-kernel"])
+def test_compiles_for_sm89(overrides):
+    # Ada (RTX 4090, L40S): the first arch with e4m3 mma.sync; 99 KB smem per block like sm_120.
+    cfg = _cfg("sm_89", overrides)
+    assert can_implement(cfg, PROBLEM, PROFILES["4090"]) == (True, None)
+    kernel = compile(cfg, PROBLEM, "sm_89")
+    assert 32 <= kernel.resources.registers <= 255
+    assert kernel.resources.smem_bytes <= PROFILES["4090"].smem_per_block
+
+
 def test_mxf8_rejected_off_sm120():
     cfg = _cfg("sm_120a", MXF8[0])
     ok, why = can_implement(cfg, PROBLEM, GPUS["sm_90a"])

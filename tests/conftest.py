@@ -1,5 +1,11 @@
+import os
+import uuid
+
 import pytest
 import torch
+
+PG_SKIP = ("TUNER_TEST_PG_URL is not set: no PostgreSQL server to test against "
+           "(.ci/run starts one on loopback; export the URL of one to run these here)")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -9,3 +15,38 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture
+def pg_url():
+    """A new, empty database on the PostgreSQL server TUNER_TEST_PG_URL names (its role may
+    create databases), dropped after the test: every test starts from nothing."""
+    base = os.environ.get("TUNER_TEST_PG_URL")
+    if not base:
+        pytest.skip(PG_SKIP)
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    from tuner.dburl import engine_url
+
+    base = engine_url(base)
+    name = f"tuner_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(base, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield make_url(base).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url_any(request, tmp_path):
+    """The results database on each backend the Store promises (PostgreSQL skips without a
+    server)."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("pg_url")
+    return f"sqlite:///{tmp_path / 'any.sqlite'}"

@@ -31,7 +31,19 @@ BASE = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-d
         "--repeats", "10", "--timeout", "2", "--compile-jobs", "1", "--json"]
 
 
-def rows(db: Path) -> list[sqlite3.Row]:
+def rows(db: Path | str) -> list:
+    """The trial rows, oldest first: of a SQLite file (a Path), or of any database URL (dicts)."""
+    if isinstance(db, str):
+        from sqlalchemy import create_engine, text
+        from sqlalchemy.pool import NullPool
+
+        engine = create_engine(db, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                result = conn.execute(text("SELECT * FROM tuner_trials ORDER BY id"))
+                return [dict(r) for r in result.mappings()]
+        finally:
+            engine.dispose()
     con = sqlite3.connect(db)
     con.row_factory = sqlite3.Row
     try:
@@ -42,7 +54,7 @@ def rows(db: Path) -> list[sqlite3.Row]:
         con.close()
 
 
-def measured(db: Path) -> list[sqlite3.Row]:
+def measured(db: Path | str) -> list:
     """Search/default rows that reached a compiler (not the final re-times, not infeasible)."""
     return [r for r in rows(db) if r["role"] != "retime" and r["outcome"] != "infeasible"]
 
@@ -192,8 +204,9 @@ def test_resume_requires_an_existing_study(tmp_path):
 
 # ---- separate processes ------------------------------------------------------------------------
 
-def _cli(db: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "tuner", *BASE, "--db", f"sqlite:///{db}", *extra]
+def _cli(db: Path | str, *extra: str) -> list[str]:
+    url = db if isinstance(db, str) else f"sqlite:///{db}"
+    return [sys.executable, "-m", "tuner", *BASE, "--db", url, *extra]
 
 
 def _spawn(args: list[str]) -> subprocess.Popen:
@@ -259,23 +272,109 @@ def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path
     assert result["winner"]["config"] == {"tile": 64, "stages": 3}, err[-2000:]
 
 
-def test_two_concurrent_searches_on_one_sqlite_file_lose_nothing(tmp_path):
-    db = tmp_path / "db.sqlite"
-    procs = [_spawn(_cli(db, "--families", LARGE, "--trials", "12", "--seed", str(seed),
-                         "--timeout", "1")) for seed in (1, 2)]
-    docs = [json.loads(_finish(p)[0]) for p in procs]
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_db(request, tmp_path) -> str:
+    """One results database (and study storage) that several processes search at once: a SQLite
+    file, or a PostgreSQL database as several hosts would share (skips without a server)."""
+    if request.param == "postgresql":
+        return request.getfixturevalue("pg_url")
+    return f"sqlite:///{tmp_path / 'db.sqlite'}"
+
+
+def _check_shared_study(url: str, docs: list[dict]) -> list:
+    """Every trial a process measured is stored exactly once and is a COMPLETE trial of the
+    study with the same config; one winner per problem. Returns the measured rows."""
+    done = measured(url)
     outs = [d["results"][0] for d in docs]
-    done = measured(db)
-    # Every candidate either process measured is stored, and the study agrees.
-    assert len(done) == sum(o["measured_here"] for o in outs)
-    assert 12 <= len(done) <= 14  # the shared budget, give or take the other's in-flight one
-    study = optuna.load_study(study_name=outs[0]["study"], storage=f"sqlite:///{db}")
+    assert len(done) == sum(o["measured_here"] for o in outs)  # none lost, none extra
+    numbers = [r["optuna_number"] for r in done]
+    assert len(numbers) == len(set(numbers)), "an Optuna trial stored twice"
+    study = optuna.load_study(study_name=outs[0]["study"], storage=url)
     trials = {t.number: t for t in study.get_trials()}
     for r in done:
         trial = trials[r["optuna_number"]]
         assert trial.state == optuna.trial.TrialState.COMPLETE
-        config = json.loads(r["config_json"])
-        assert config_hash(trial.params["family"], {
-            k.split(".")[-1]: v for k, v in trial.params.items() if k != "family"}) \
-            == r["config_hash"] == config_hash(LARGE, config)
-    assert Store(f"sqlite:///{db}").best_for(docs[0]["device"], PROBLEM) is not None
+        family = trial.params["family"]
+        config = {k.split(".")[-1]: v for k, v in trial.params.items() if k != "family"}
+        assert config_hash(family, config) == r["config_hash"] \
+            == config_hash(family, json.loads(r["config_json"]))
+    # ... and every trial the study counts as done has its measurement (or rejection) stored.
+    stored = {r["config_hash"] for r in rows(url) if r["role"] != "retime"}
+    for t in trials.values():
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            family = t.params["family"]
+            assert config_hash(family, {k.split(".")[-1]: v for k, v in t.params.items()
+                                        if k != "family"}) in stored, t.number
+    store = Store(url)
+    try:
+        assert [w.problem_key for w in store.winners(docs[0]["device"])] == [PROBLEM.key()]
+    finally:
+        store.close()
+    return done
+
+
+def test_two_concurrent_searches_on_one_database_lose_nothing(shared_db):
+    procs = [_spawn(_cli(shared_db, "--families", LARGE, "--trials", "12", "--seed", str(seed),
+                         "--timeout", "1")) for seed in (1, 2)]
+    docs = [json.loads(_finish(p)[0]) for p in procs]
+    done = _check_shared_study(shared_db, docs)
+    assert 12 <= len(done) <= 14  # the shared budget, give or take the other's in-flight one
+
+
+def test_workers_share_one_study_and_decide_once(shared_db):
+    """--workers 2: two child searches (CPU doubles need no GPU), one decision by the parent."""
+    proc = _spawn(_cli(shared_db, "--families", SMALL, "--trials", "20", "--workers", "2"))
+    doc = json.loads(_finish(proc)[0])
+    (result,) = doc["results"]
+    # The --json keys of `tuner search` (README, Usage), as with one process.
+    assert set(doc) == {"device", "gpu", "families", "results"}
+    assert set(result) == {"problem", "seq_len", "study", "seed", "mode", "feasible", "stopped",
+                           "measured_here", "outcomes", "winner", "default",
+                           "speedup_over_default", "default_kept"}
+    done = _check_shared_study(shared_db, [doc])
+    # Exhaustive over 14 feasible configs: each measured once, by one process or the other.
+    assert len({r["config_hash"] for r in done}) == len(done) == 14
+    assert len({r["study_name"] for r in done}) == 1
+    # Decided once: the top 3 and the default re-timed once each (3 rows if the default is in
+    # the top 3); the children re-timed nothing.
+    retimes = [r for r in rows(shared_db) if r["role"] == "retime"]
+    assert len({r["config_hash"] for r in retimes}) == len(retimes) in (3, 4)
+    assert result["winner"]["config"] == {"tile": 64, "stages": 3}
+    assert result["measured_here"] == 14
+    # Each child's reason, merged: a child that finds every config taken may stop on its sampler.
+    assert set(result["stopped"].split("; ")) <= {"space exhausted",
+                                                  "the sampler proposes nothing new"}
+
+
+def test_workers_take_one_visible_gpu_each_and_no_more(monkeypatch):
+    from tuner.errors import TunerError
+    from tuner.multi_gpu import visible_devices
+
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_devices(2, on_cpu=False) == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")  # CUDA stops at the first bad entry
+    assert visible_devices(1, on_cpu=False) == ["3"]
+    with pytest.raises(TunerError, match=r"--workers 3 needs 3 GPUs, 2 visible "
+                                         r"\(CUDA_VISIBLE_DEVICES=3,5,7\); use --workers 2"):
+        visible_devices(3, on_cpu=False)
+    with pytest.raises(TunerError, match="--workers must be >= 1"):
+        visible_devices(0, on_cpu=False)
+    assert visible_devices(3, on_cpu=True) == ["", "", ""]  # CPU doubles: no GPU needed
+
+
+def test_a_failed_worker_is_one_line_from_the_parent(tmp_path):
+    proc = _spawn(_cli(tmp_path / "db.sqlite", "--families", SMALL, "--workers", "2",
+                       "--resume"))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and out == ""
+    assert err.count("\n") == 1 and "failed: --resume: no stored study" in err, err
+
+
+def test_more_workers_than_gpus_is_a_one_line_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 1)
+    args = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--families",
+            "mma_sync", "--workers", "2", "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--workers 2 needs 2 GPUs, 1 visible" in err

@@ -28,8 +28,8 @@ def db_url(tmp_path):
 
 
 @pytest.fixture
-def store(db_url):
-    s = Store(db_url)
+def store(db_url_any):
+    s = Store(db_url_any)
     s.record_device(DEV, {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132})
     yield s
     s.close()
@@ -71,9 +71,9 @@ def test_tables_without_version_row_are_refused(db_url, tmp_path):
         Store(db_url)
 
 
-def test_reopening_keeps_data(db_url, store):
+def test_reopening_keeps_data(store):
     store.record_trial(trial({"a": 1}))
-    again = Store(db_url)
+    again = Store(store.url)
     assert [t.config for t in again.trials(P4K)] == [{"a": 1}]
 
 
@@ -145,3 +145,40 @@ def test_default_location(monkeypatch, tmp_path):
 def test_config_hash_ignores_key_order():
     assert config_hash("f", {"a": 1, "b": 2}) == config_hash("f", {"b": 2, "a": 1})
     assert config_hash("f", {"a": 1}) != config_hash("g", {"a": 1})
+
+
+def test_concurrent_writers_create_and_update_the_same_rows(db_url_any):
+    """Two processes searching one study open the schema, record the device, the problem and
+    the winner at the same moment; on PostgreSQL the later insert of a row hits its unique key
+    and is retried (SQLite serializes writers)."""
+    import threading
+
+    barrier, errors, ids = threading.Barrier(2), [], []
+
+    def writer() -> None:
+        try:
+            barrier.wait()
+            s = Store(db_url_any)
+            for i in range(15):
+                barrier.wait()
+                s.record_device(f"dev{i}", {"name": "NVIDIA H200"})
+                problem = Problem(1, 8, 64 * (i + 1))
+                rec = TrialRecord(**{**trial({"a": i}, problem=problem).__dict__,
+                                     "device_id": f"dev{i}"})
+                tid = s.record_trial(rec)
+                ids.append(tid)
+                s.set_best(f"dev{i}", problem, "mma_sync", tid, None, None)
+            s.close()
+        except Exception as exc:  # noqa: BLE001 - reported below, with the thread's own error
+            errors.append(exc)
+            barrier.abort()
+
+    threads = [threading.Thread(target=writer) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    store = Store(db_url_any)
+    assert len(store.winners()) == 15 and len(set(ids)) == 30
+    assert all(w.trial.id in ids for w in store.winners())

@@ -1,8 +1,9 @@
 """`tuner` command line: one module per subcommand under tuner/commands/.
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
-Errors a user can fix (TunerError) print as one line and exit 2; anything else prints one line
-and exits 1; `--debug` shows the traceback.
+Errors a user can fix (TunerError) and usage errors print as one line and exit 2; anything else
+prints one line and exits 1; `--debug` shows the traceback. Database URLs in messages are masked
+(tuner.dburl.display_url).
 """
 
 from __future__ import annotations
@@ -27,8 +28,22 @@ def _available_commands():
                 raise
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors on one line like every other error (the usage block it
+    prints by default is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
+def _one_line(text: str) -> str:
+    # A message may quote what the user gave (a YAML key, a file name) and that may hold a
+    # line break: it must not split the one line a script greps.
+    return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tuner", description="Autotune FP8 flash-attention CuTe-DSL kernels for this GPU."
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -43,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # What `tuner search --workers N` hands on to the processes it starts.
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
@@ -51,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     except TunerError as exc:
         if args.debug:
             raise
-        print(f"tuner {args.command}: error: {exc}", file=sys.stderr)
+        print(f"tuner {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"tuner {args.command}: interrupted", file=sys.stderr)

@@ -16,9 +16,11 @@ infeasible point is ever asked; "tpe" otherwise: multivariate TPE where each tri
 constraint, so configs that are infeasible or fail teach the sampler where not to go. Either way
 only configs that pass can_implement reach a compiler.
 
-Several processes may search one study at once (one per GPU, DESIGN.md): Optuna hands out the
-trials; each trial records its owner (host:pid), so a re-run on the same host fails the RUNNING
-trials of a dead owner at once and proposes their configs again.
+Several processes may search one study at once (one per GPU, DESIGN.md; `--workers N` starts
+them, tuner/multi_gpu.py): Optuna hands out the trials; each trial records its owner (host:pid),
+so a re-run on the same host fails the RUNNING trials of a dead owner at once and proposes their
+configs again. Of two trials that hold one config, the earlier keeps it. With `--workers` the
+searching processes skip the decision and their parent makes it once (ProblemSearch.decide).
 """
 
 from __future__ import annotations
@@ -341,25 +343,41 @@ class ProblemSearch:
             if dead or orphan:
                 study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
 
+    def _trial_hash(self, trial) -> str | None:
+        """Config hash of a trial's params (enqueued or suggested); None before it has any."""
+        params = trial.system_attrs.get("fixed_params", trial.params)
+        family = params.get("family")
+        if family not in self.modules:
+            return None
+        prefix = f"{family}."
+        return config_hash(family, {k[len(prefix):]: v for k, v in params.items()
+                                    if k.startswith(prefix)})
+
     def _claimed(self, states=(TrialState.RUNNING, TrialState.WAITING)) -> set[str]:
         """Config hashes of trials that some process holds (RUNNING) or will (WAITING)."""
         claimed = set()
         for trial in self.study.get_trials(deepcopy=False, states=states):
             if trial.state == TrialState.RUNNING and "owner" not in trial.user_attrs:
                 continue  # its asker died before naming itself (or is a split second from it)
-            params = trial.system_attrs.get("fixed_params", trial.params)
-            family = params.get("family")
-            if family in self.modules:
-                prefix = f"{family}."
-                config = {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
-                claimed.add(config_hash(family, config))
-        return claimed
+            claimed.add(self._trial_hash(trial))
+        return claimed - {None}
+
+    def _held_by_earlier(self, trial: optuna.Trial, digest: str) -> bool:
+        """Two processes that enqueue (or sample) the same config a moment apart both see it
+        free; each then holds a trial of it. The earlier trial number keeps it, the later backs
+        off, so that the config is measured once. A COMPLETE earlier trial counts too: it was
+        measured after this process last read the Store."""
+        states = (TrialState.RUNNING, TrialState.WAITING, TrialState.COMPLETE)
+        for other in self.study.get_trials(deepcopy=False, states=states):
+            if other.number < trial.number and self._trial_hash(other) == digest:
+                return True
+        return False
 
     def _enqueue_next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> None:
         """Put the next config nobody has measured or claimed in the study's queue: the
         default first (so the tuned result is never worse than it), then, in exhaustive mode,
-        every feasible config in turn. Two processes may race and measure one config twice;
-        both results are kept."""
+        every feasible config in turn. Two processes may race and enqueue one config twice;
+        the later trial backs off (_held_by_earlier)."""
         taken = set(stored) | in_flight | self._claimed()
         order = [self.default] + (self.feasible if self.mode == "exhaustive" else [])
         for family, config in order:
@@ -468,7 +486,7 @@ class ProblemSearch:
                 # Measured before (an earlier run, or the other process): tell the stored value.
                 self._tell(trial, stored[digest].outcome, stored[digest].median_ms)
                 continue
-            if digest in in_flight:
+            if digest in in_flight or self._held_by_earlier(trial, digest):
                 self.study.tell(trial, state=TrialState.FAIL)
                 continue
             return cand
@@ -485,7 +503,10 @@ class ProblemSearch:
 
     # -- main loop --
 
-    def run(self) -> ProblemResult:
+    def run(self, decide: bool = True) -> ProblemResult:
+        """Search until a budget or the space runs out; then, unless `decide` is False (one of
+        several processes searching this study: the parent decides once, see decide()), re-time
+        and store the winner."""
         settings = self.settings
         start = time.monotonic()
         pipeline = _Pipeline(settings.compile_jobs)
@@ -497,6 +518,8 @@ class ProblemSearch:
                                default=None)
             self.on_progress(self)
             while True:
+                if asking:  # what the other processes of this study measured meanwhile
+                    stored = self._stored()
                 in_flight = pipeline.in_flight()
                 flight_hashes = {c.hash for c in in_flight}
                 measured = sum(1 for r in stored.values() if r.outcome != "infeasible")
@@ -527,6 +550,8 @@ class ProblemSearch:
             # Ctrl-C or a budget: whatever is still in flight is not measured; FAIL frees the
             # trial in the study (a re-run proposes it again), and the Store never saw it.
             self._abandon(pipeline)
+            if not decide:
+                return self._result(stopped or "trial budget")
             return self._decide(pipeline, stopped or "trial budget")
         finally:
             self._abandon(pipeline)
@@ -572,11 +597,23 @@ class ProblemSearch:
 
     # -- decision --
 
+    def _result(self, stopped: str) -> ProblemResult:
+        return ProblemResult(self.problem, self.name, self.seed, self.mode, len(self.feasible),
+                             stopped, self.outcomes, self.measured_here)
+
+    def decide(self, stopped: str) -> ProblemResult:
+        """The decision alone, on a GPU worker of this process: for `--workers N`, whose searching
+        processes skip it, so that the winner of a study is decided once, after all of them."""
+        pipeline = _Pipeline(compile_jobs=1)  # workers start on first use: only the GPU one does
+        try:
+            return self._decide(pipeline, stopped)
+        finally:
+            pipeline.close()
+
     def _decide(self, pipeline: _Pipeline, stopped: str) -> ProblemResult:
         """Re-time the top 3 and the default side by side on the GPU worker; the default stays
         unless the fastest beats it by more than the measured spread (IQR)."""
-        result = ProblemResult(self.problem, self.name, self.seed, self.mode, len(self.feasible),
-                               stopped, self.outcomes, self.measured_here)
+        result = self._result(stopped)
         stored = self._stored()
         ok = sorted((r for r in stored.values() if r.outcome == "ok"), key=lambda r: r.median_ms)
         picks = [(r.family, r.config, r.config_hash) for r in ok[:TOP_K_RETIME]]
@@ -610,13 +647,30 @@ class ProblemSearch:
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage; on SQLite with the same busy timeout as the Store, and created under
     the same file lock, so that two searches starting together do not race on CREATE TABLE."""
-    from tuner.store import creation_lock, sqlite_engine_kwargs, sqlite_path
+    from sqlalchemy.exc import ArgumentError, DBAPIError
 
-    kwargs = sqlite_engine_kwargs() if url.startswith("sqlite") else None
-    with creation_lock(url):
-        if sqlite_path(url) is not None:
-            sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+    from tuner.dburl import connection_error, engine_url
+    from tuner.store import configure_sqlite, creation_lock, sqlite_engine_kwargs, sqlite_path
+
+    url = engine_url(url)
+    sqlite = url.startswith("sqlite")
+    try:
+        with creation_lock(url):
+            if sqlite_path(url) is not None:
+                sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
+            storage = optuna.storages.RDBStorage(
+                url, engine_kwargs=sqlite_engine_kwargs() if sqlite else None)
+        if sqlite:
+            # Optuna pops a WAITING trial with SELECT ... FOR UPDATE, then UPDATE; SQLite has no
+            # row locks and the sqlite3 driver runs that SELECT outside any transaction, so two
+            # processes could both pop one enqueued trial (seen: 9 of 150 in a two-process
+            # test). BEGIN IMMEDIATE makes each of Optuna's transactions exclusive; the pool is
+            # emptied so that every later connection gets it.
+            configure_sqlite(storage.engine)
+            storage.engine.dispose()
+        return storage
+    except (DBAPIError, ArgumentError, ImportError) as exc:  # unreachable, refused, no driver
+        raise connection_error("Optuna storage", url, exc) from None
 
 
 def make_target(gpu_name: str, modules: dict) -> Target:

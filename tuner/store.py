@@ -41,10 +41,14 @@ from sqlalchemy import (
     event,
     inspect,
     select,
+    text,
 )
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.pool import NullPool
 
+from tuner.dburl import connection_error, display_url, engine_url
 from tuner.errors import TunerError
 from tuner.problem import Problem
 
@@ -233,11 +237,28 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database).expanduser()
 
 
+# Any constant both our tables and Optuna's are created under (pg_advisory_lock takes a bigint).
+_PG_CREATION_LOCK = 0x7475_6E65_72  # "tuner"
+
+
 @contextmanager
 def creation_lock(url: str) -> Iterator[None]:
-    """Serialize schema creation on one SQLite file across processes: two searches started at once
-    would otherwise both see an empty file and race on CREATE TABLE. Other backends create
-    tables transactionally and need no lock."""
+    """Serialize schema creation across processes: two searches started at once would otherwise
+    both see an empty database and race on CREATE TABLE (on PostgreSQL the loser fails with a
+    duplicate key in pg_type even though DDL is transactional). A file lock beside a SQLite file,
+    a session advisory lock on PostgreSQL; other backends get no lock."""
+    if make_url(url).get_backend_name() == "postgresql":
+        engine = create_engine(url, poolclass=NullPool)
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_CREATION_LOCK})
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_CREATION_LOCK})
+        finally:
+            engine.dispose()
+        return
     path = sqlite_path(url)
     if path is None:
         yield
@@ -256,7 +277,10 @@ def sqlite_engine_kwargs() -> dict[str, Any]:
     return {"connect_args": {"timeout": 60}}
 
 
-def _configure_sqlite(engine: Engine) -> None:
+def configure_sqlite(engine: Engine) -> None:
+    """WAL, foreign keys, a busy timeout, and every transaction BEGIN IMMEDIATE (why below);
+    for our engine and for Optuna's on the same file (search.open_storage)."""
+
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
         # Let SQLAlchemy, not the driver, open transactions, so BEGIN IMMEDIATE below takes
@@ -280,16 +304,19 @@ class Store:
     """Results database behind a handful of methods; see the module docstring for the contract."""
 
     def __init__(self, url: str | None = None) -> None:
-        self.url = url or default_db_url()
+        self.url = engine_url(url or default_db_url())
         kwargs: dict[str, Any] = {}
         if _is_sqlite(self.url):
             kwargs = sqlite_engine_kwargs()
-        self.engine = create_engine(self.url, **kwargs)
-        if _is_sqlite(self.url):
-            _configure_sqlite(self.engine)
-        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        with creation_lock(self.url):
-            self._open_schema()
+        try:
+            self.engine = create_engine(self.url, **kwargs)
+            if _is_sqlite(self.url):
+                configure_sqlite(self.engine)
+            self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+            with creation_lock(self.url):
+                self._open_schema()
+        except (DBAPIError, ArgumentError, ImportError) as exc:  # unreachable, refused, no driver
+            raise connection_error("results database", self.url, exc) from None
 
     def _open_schema(self) -> None:
         names = set(inspect(self.engine).get_table_names())
@@ -305,9 +332,9 @@ class Store:
                 version = s.scalar(select(_SchemaVersion.version))
         if version != SCHEMA_VERSION:
             raise TunerError(
-                f"results database {self.url} has schema version {version}, this tuner expects "
-                f"{SCHEMA_VERSION}; export its winners with the tuner version that wrote it "
-                "(`tuner export`), then point --db (or TUNER_DB_URL) at a new file"
+                f"results database {display_url(self.url)} has schema version {version}, this "
+                f"tuner expects {SCHEMA_VERSION}; export its winners with the tuner version that "
+                "wrote it (`tuner export`), then point --db (or TUNER_DB_URL) at a new file"
             )
         _Base.metadata.create_all(self.engine)  # a table added without a version bump: no-op
 
@@ -327,16 +354,31 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
+    def _write(self, work):
+        """`work(session)` in one unit of work. Two processes that insert the same device, problem
+        or winner row at once (PostgreSQL, READ COMMITTED) make the later one fail on the unique
+        key; retried, it finds the row the other committed. SQLite never gets here: BEGIN
+        IMMEDIATE serializes writers."""
+        for attempt in range(3):
+            try:
+                with self.session() as s:
+                    return work(s)
+            except IntegrityError:
+                if attempt == 2:
+                    raise
+
     # ---- writes ----------------------------------------------------------------------------------
 
     def record_device(self, device_id: str, fingerprint: dict) -> None:
-        with self.session() as s:
+        def work(s: Session) -> None:
             row = s.get(_Device, device_id)
             if row is None:
                 s.add(_Device(id=device_id, name=str(fingerprint.get("name", "?")),
                               fingerprint_json=json.dumps(fingerprint, sort_keys=True)))
             else:
                 row.fingerprint_json = json.dumps(fingerprint, sort_keys=True)
+
+        self._write(work)
 
     def _problem_id(self, s: Session, problem: Problem) -> int:
         row = s.scalar(select(_Problem).where(_Problem.key == problem.key()))
@@ -350,7 +392,7 @@ class Store:
         """Store one finished candidate; returns its id. The device must be recorded first."""
         if rec.outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {rec.outcome!r}; expected one of {OUTCOMES}")
-        with self.session() as s:
+        def work(s: Session) -> int:
             row = _Trial(
                 device_id=rec.device_id,
                 problem_id=self._problem_id(s, Problem.from_key(rec.problem_key)),
@@ -363,10 +405,12 @@ class Store:
             s.flush()
             return row.id
 
+        return self._write(work)
+
     def set_best(self, device_id: str, problem: Problem, family_set: str, trial_id: int,
                  default_trial_id: int | None, speedup_over_default: float | None) -> None:
         """Make `trial_id` the winner of (device, problem, family set), replacing an earlier one."""
-        with self.session() as s:
+        def work(s: Session) -> None:
             problem_id = self._problem_id(s, problem)
             row = s.scalar(select(_Best).where(
                 _Best.device_id == device_id, _Best.problem_id == problem_id,
@@ -379,6 +423,8 @@ class Store:
             row.default_trial_id = default_trial_id
             row.speedup_over_default = speedup_over_default
             row.decided_at = _now()
+
+        self._write(work)
 
     def import_winners(self, device_id: str, fingerprint: dict, entries) -> None:
         """Store the winners of a validated tuning table (tables.TableEntry) in ONE transaction:

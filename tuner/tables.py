@@ -10,6 +10,8 @@ from the clock), so export -> import -> export gives the same bytes.
 from __future__ import annotations
 
 import datetime as dt
+import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,11 @@ ENTRY_FIELDS = {
     "decided_at",
 }
 REQUIRED_ENTRY_FIELDS = {"problem", "family", "config", "median_ms"}
+# Optional numbers of an entry: null or a finite number (`trials`: a count).
+OPTIONAL_NUMBERS = ("iqr_ms", "tflops", "speedup_over_default", "default_median_ms", "rel_rms")
+# The only YAML types a table holds: plain mappings, lists and scalars. Anything tagged otherwise
+# (!!python/object, !!set, a custom tag) is refused, never constructed.
+_COLLECTION_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
 
 
 class TableError(TunerError):
@@ -46,20 +53,33 @@ class TableError(TunerError):
 # ---- reading with line numbers -----------------------------------------------------------------
 
 
-def _construct(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Any:
-    lines[path] = node.start_mark.line + 1
+def _construct(node: yaml.Node, path: tuple, lines: dict[tuple, int], seen: set[int]) -> Any:
+    line = node.start_mark.line + 1
+    lines[path] = line
+    # compose() turns every alias into the anchored node itself; expanding a shared node again
+    # is how a few lines of aliases become billions of values. Tables never need them.
+    if id(node) in seen:
+        raise TableError(f"line {line}: anchors and aliases (&, *) are not allowed in a table")
+    seen.add(id(node))
+    if not isinstance(node, yaml.ScalarNode) and node.tag not in _COLLECTION_TAGS:
+        raise TableError(f"line {line}: the YAML tag {node.tag!r} is not allowed in a table")
     if isinstance(node, yaml.MappingNode):
         out = {}
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise TableError(f"line {key_node.start_mark.line + 1}: mapping keys must be text")
             key = key_node.value
-            out[key] = _construct(value_node, (*path, key), lines)
+            out[key] = _construct(value_node, (*path, key), lines, seen)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_construct(item, (*path, i), lines) for i, item in enumerate(node.value)]
-    # Scalars: let the safe loader's resolver type them (int, float, bool, null, str).
-    return yaml.safe_load(yaml.serialize(node))
+        return [_construct(item, (*path, i), lines, seen) for i, item in enumerate(node.value)]
+    # Scalars: let the safe loader's resolver type them (int, float, bool, null, str, dates);
+    # it refuses any other tag.
+    try:
+        return yaml.safe_load(yaml.serialize(node))
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise TableError(f"line {line}: {problem}") from None
 
 
 def parse_table(text: str, source: str = "<table>") -> tuple[dict, dict[tuple, int]]:
@@ -71,10 +91,15 @@ def parse_table(text: str, source: str = "<table>") -> tuple[dict, dict[tuple, i
         where = f"line {mark.line + 1}" if mark else "somewhere"
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise TableError(f"{source}: {where}: not valid YAML ({problem})") from None
+    except RecursionError:
+        raise TableError(f"{source}: nested too deeply to be a tuning table") from None
     if node is None:
         raise TableError(f"{source}: the file is empty")
     lines: dict[tuple, int] = {}
-    data = _construct(node, (), lines)
+    try:
+        data = _construct(node, (), lines, set())
+    except TableError as exc:
+        raise TableError(f"{source}: {exc}") from None
     if not isinstance(data, dict):
         raise TableError(f"{source}: line 1: a tuning table is a mapping with 'entries'")
     return data, lines
@@ -100,14 +125,15 @@ def _where(source: str, lines: dict[tuple, int], path: tuple) -> str:
 def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -> list[TableEntry]:
     """Check everything that can be checked without a database; raise TableError on the first
     problem. With `gpu`, every config must pass can_implement on it."""
-    from variants import load_family
+    from variants import KNOWN_FAMILIES, load_family
 
     def fail(path: tuple, message: str):
         raise TableError(f"{_where(source, lines, path)}: {message}")
 
     if data.get("kind") != KIND:
         fail(("kind",), f"expected kind {KIND!r}, got {data.get('kind')!r}")
-    if data.get("schema_version") != SCHEMA_VERSION:
+    version = data.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
         fail(
             ("schema_version",),
             f"schema version {data.get('schema_version')!r} is not "
@@ -118,6 +144,10 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
             fail((field,), "missing")
     if not isinstance(data.get("device"), dict) or "name" not in data["device"]:
         fail(("device",), "must be the device fingerprint mapping (name, compute_capability, ...)")
+    try:
+        json.dumps(data["device"], allow_nan=False)  # stored as JSON beside the winners
+    except (TypeError, ValueError):
+        fail(("device",), "fingerprint values must be plain text, numbers, lists or mappings")
     entries = data.get("entries")
     if not isinstance(entries, list):
         fail(("entries",), "must be a list of tuned problems")
@@ -136,16 +166,22 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
             problem = Problem(**entry["problem"])
         except (TypeError, TunerError) as exc:
             fail((*at, "problem"), str(exc))
-        try:
-            family = load_family(str(entry["family"]))
-        except (TunerError, ModuleNotFoundError) as exc:
-            fail((*at, "family"), str(exc))
+        # Only this package's families: a dotted path (how tests load a double) would import
+        # whatever module a file names.
+        name = entry["family"]
+        if name not in KNOWN_FAMILIES:
+            fail((*at, "family"), f"unknown family {name!r}; known: {', '.join(KNOWN_FAMILIES)}")
+        family = load_family(name)
+        family_set = entry.get("family_set", name)
+        if not isinstance(family_set, str) or name not in family_set.split("+"):
+            fail((*at, "family_set"), f"must name the families searched, '+'-joined, "
+                 f"{name!r} among them; got {family_set!r}")
         config_dict = entry["config"]
         if not isinstance(config_dict, dict):
             fail((*at, "config"), "must be a mapping of knob: value")
         try:
             config = family.Config.from_dict(config_dict)
-        except (TunerError, TypeError) as exc:
+        except (TunerError, TypeError, ValueError) as exc:
             fail((*at, "config"), str(exc))
         domains = family.space(gpu.arch) if gpu is not None else None
         for knob, value in config_dict.items():
@@ -159,18 +195,21 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
             if not ok:
                 fail((*at, "config"), f"cannot run on {gpu.name}: {reason}")
         median = entry["median_ms"]
-        if not isinstance(median, (int, float)) or isinstance(median, bool) or median <= 0:
+        if not _number(median) or median <= 0:
             fail((*at, "median_ms"), f"must be a positive number of milliseconds, got {median!r}")
+        for field in OPTIONAL_NUMBERS:
+            if entry.get(field) is not None and not _number(entry[field]):
+                fail((*at, field), f"must be a number or null, got {entry[field]!r}")
+        trials = entry.get("trials")
+        if trials is not None and (type(trials) is not int or trials < 0):
+            fail((*at, "trials"), f"must be a count or null, got {trials!r}")
         fields = {k: v for k, v in entry.items() if k not in ("problem", "family", "config")}
-        result.append(
-            TableEntry(
-                problem,
-                str(entry.get("family_set", entry["family"])),
-                str(entry["family"]),
-                config,
-                fields,
-            )
-        )
+        try:
+            fields["decided_at"] = _datetime(entry.get("decided_at"))
+        except ValueError:
+            fail((*at, "decided_at"), f"must be an ISO date and time or null, got "
+                 f"{entry['decided_at']!r}")
+        result.append(TableEntry(problem, family_set, name, config, fields))
     keys = [(e.problem, e.family_set) for e in result]
     for i, key in enumerate(keys):
         if key in keys[:i]:
@@ -178,13 +217,35 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
     return result
 
 
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _datetime(value) -> dt.datetime | None:
+    """decided_at as written by export (ISO text) or typed by YAML (a timestamp), as naive UTC."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    if not isinstance(value, dt.datetime):  # a bare date, a number, a list
+        raise ValueError(value)
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    return value
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TableError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TableError(f"{path}: byte {exc.start} is not UTF-8; a tuning table is text") from None
+
+
 def read_table(path: Path, gpu=None) -> tuple[dict, list[TableEntry]]:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TableError(f"cannot read {path}: {exc.strerror}") from None
-    data, lines = parse_table(text, str(path))
+    data, lines = parse_table(_read_text(path), str(path))
     return data, validate_table(data, lines, str(path), gpu)
 
 
@@ -284,9 +345,9 @@ def import_table(
     """
     from tuner.gpus import PROFILES, fingerprint_id
 
-    data, lines = parse_table(Path(path).read_text() if Path(path).exists() else "", str(path))
+    data, lines = parse_table(_read_text(Path(path)), str(path))
     gpu_name = data.get("gpu")
-    if gpu_name not in PROFILES:
+    if not isinstance(gpu_name, str) or gpu_name not in PROFILES:
         raise TableError(
             f"{_where(str(path), lines, ('gpu',))}: unknown GPU {gpu_name!r}; "
             f"known: {', '.join(PROFILES)}"

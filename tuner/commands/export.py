@@ -72,7 +72,10 @@ def run(args) -> int:
     if args.out == "-":
         sys.stdout.write(text)
     else:
-        with open(args.out, "w") as fh:
-            fh.write(text)
+        try:
+            with open(args.out, "w") as fh:
+                fh.write(text)
+        except OSError as exc:
+            raise TunerError(f"cannot write {args.out}: {exc.strerror or exc}") from None
         print(f"wrote {args.out}", file=sys.stderr)
     return 0

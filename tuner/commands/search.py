@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from tuner.commands._args import int_list
 from tuner.errors import TunerError
 
 NAME = "search"
@@ -25,18 +26,6 @@ def _default_compile_jobs() -> int:
     return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Defaults are spelled out here so that `tuner --help` and the other subcommands work where
     # optuna (imported by tuner.search) is not installed; test_search checks they agree.
@@ -44,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu", default="auto", help="target profile; must be the local GPU (default: auto)"
     )
-    parser.add_argument("--seq-lens", type=_int_list, required=True, help="e.g. 4096,8192,30272")
+    parser.add_argument("--seq-lens", type=int_list, required=True, help="e.g. 4096,8192,30272")
     parser.add_argument("--heads", type=int, required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--head-dim", type=int, default=128)
@@ -112,6 +101,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="continue interrupted studies; error if one does not exist (a plain "
         "re-run also continues a study with the same arguments)",
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="search processes on this host, one per visible GPU, sharing one study; the "
+        "winner is decided once, after all of them (default 1)",
+    )
+    # Set by --workers on the processes it starts: the parent decides once, they do not.
+    parser.add_argument("--no-decide", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print results as JSON on stdout")
 
 
@@ -130,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
             f"tuner search needs the Python package {exc.name!r}, which is not installed here; "
             "install the project's dependencies (pip install -e .)"
         ) from exc
+    from tuner.multi_gpu import visible_devices
     from tuner.problem import Problem
     from tuner.store import Store
     from variants import load_family
@@ -149,6 +148,10 @@ def run(args: argparse.Namespace) -> int:
             raise TunerError(
                 f"family {name!r} cannot be imported ({exc}); check --families") from exc
 
+    # Families that run on the CPU (test doubles) take --workers without GPUs, as make_target
+    # takes them without a local GPU.
+    on_cpu = all(getattr(m, "DEVICE", "cuda") == "cpu" for m in modules.values())
+    devices = visible_devices(args.workers, on_cpu) if args.workers != 1 else []
     target = make_target(args.gpu, modules)
     problems = [Problem(args.batch, args.heads, s, args.head_dim) for s in args.seq_lens]
     settings = SearchSettings(
@@ -165,16 +168,20 @@ def run(args: argparse.Namespace) -> int:
     storage = open_storage(args.storage or store.url)
     store.record_device(target.device_id, target.fingerprint)
 
-    view = SearchView(enabled=not args.json)
-    results = []
-    with view:
-        for problem in problems:
-            search = ProblemSearch(
-                problem, families, target, store, storage, settings, on_progress=view.update
-            )
-            view.start(search)
-            results.append(search.run())
-            view.done(search, results[-1])
+    if devices:
+        results = _search_on_workers(args, devices, problems, families, target, store, storage,
+                                     settings)
+    else:
+        view = SearchView(enabled=not args.json)
+        results = []
+        with view:
+            for problem in problems:
+                search = ProblemSearch(
+                    problem, families, target, store, storage, settings, on_progress=view.update
+                )
+                view.start(search)
+                results.append(search.run(decide=not args.no_decide))
+                view.done(search, results[-1])
     if args.json:
         json.dump(
             {
@@ -189,8 +196,29 @@ def run(args: argparse.Namespace) -> int:
         )
         print()
     else:
-        view.table(results)
+        SearchView.table(results)
     return 0
+
+
+def _search_on_workers(args, devices, problems, families, target, store, storage, settings):
+    """--workers N: N child searches (tuner.multi_gpu), then one decision per problem here, on
+    the first of their GPUs."""
+    from tuner.dburl import display_url
+    from tuner.multi_gpu import merged, pinned, run_children
+    from tuner.search import ProblemSearch
+
+    if not args.json:
+        print(f"tuner search: {len(devices)} workers (CUDA_VISIBLE_DEVICES "
+              f"{', '.join(repr(d) for d in devices)}) on the study storage "
+              f"{display_url(storage.url)}", file=sys.stderr)
+    docs = run_children(args.argv, devices, args.seed)
+    results = []
+    with pinned(devices[0]):
+        for i, problem in enumerate(problems):
+            search = ProblemSearch(problem, families, target, store, storage, settings)
+            stopped, search.outcomes, search.measured_here = merged(docs, i)
+            results.append(search.decide(stopped))
+    return results
 
 
 class SearchView:
@@ -260,7 +288,8 @@ class SearchView:
         if self.enabled:
             self.console.log(f"s={search.problem.seq_len}: stopped ({result.stopped})")
 
-    def table(self, results) -> None:
+    @staticmethod
+    def table(results) -> None:
         from rich.console import Console
         from rich.table import Table
 

@@ -28,13 +28,6 @@ from tuner.problem import Problem
 
 log = logging.getLogger("tuner.runtime")
 
-# Which family serves an arch when nothing is tuned: the first one that is installed.
-# On sm_90 the warpgroup family is the fast one; mma.sync FP8 is emulated there.
-DEFAULT_FAMILIES_BY_ARCH = {
-    "sm_90a": ("wgmma", "mma_sync"),
-    "sm_120a": ("mma_sync",),
-    "sm_89": ("mma_sync",),
-}
 TABLES_DIR = Path(__file__).resolve().parents[1] / "db" / "tables"
 
 
@@ -184,13 +177,11 @@ class _Resolver:
 
     @staticmethod
     def _default(problem, gpu, rejected) -> BestConfig:
-        from variants import load_family
+        from variants import families_for_arch, load_family
 
-        for name in DEFAULT_FAMILIES_BY_ARCH.get(gpu.arch, ()):
-            try:
-                family = load_family(name)
-            except ModuleNotFoundError:
-                continue
+        # Nothing tuned: the preferred family of the arch (wgmma on Hopper), then the others.
+        for name in families_for_arch(gpu.arch):
+            family = load_family(name)
             cfg = family.default(gpu.arch, problem)
             ok, reason = family.can_implement(cfg, problem, gpu)
             if ok:

@@ -39,8 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument(
         "--families",
-        default="mma_sync",
-        help="comma-separated families (a dotted module path loads a test double)",
+        default="auto",
+        help="comma-separated families, or 'auto': every family that targets the GPU's arch "
+        "(a dotted module path loads a test double)",
     )
     parser.add_argument(
         "--trials",
@@ -133,6 +134,11 @@ def run(args: argparse.Namespace) -> int:
     from tuner.store import Store
     from variants import load_family
 
+    if args.families.strip() == "auto":
+        from tuner.gpus import resolve_gpu
+        from variants import families_for_arch
+
+        args.families = ",".join(families_for_arch(resolve_gpu(args.gpu).arch))
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     if not families:
         raise TunerError("--families is empty; name at least one, e.g. --families mma_sync")

@@ -41,25 +41,20 @@ def add_arguments(parser) -> None:
 
 
 def _families_for(arch: str, requested: str | None) -> list[str]:
-    from variants import KNOWN_FAMILIES, load_family
+    from variants import families_for_arch, load_family
 
-    names = [requested] if requested else list(KNOWN_FAMILIES)
-    usable = []
-    for name in names:
-        try:
-            family = load_family(name)
-        except ModuleNotFoundError:
-            continue  # a family that has not landed yet
-        if arch in getattr(family, "ARCHS", (arch,)):
-            usable.append(name)
-        elif requested:
-            raise TunerError(
-                f"family {name} does not target {arch} (it targets {', '.join(family.ARCHS)}); "
-                "pick a GPU of that arch or another family"
-            )
-    if not usable:
-        raise TunerError(f"no kernel family targets {arch}")
-    return usable
+    if requested is None:
+        usable = families_for_arch(arch)
+        if not usable:
+            raise TunerError(f"no kernel family targets {arch}")
+        return usable
+    family = load_family(requested)
+    if arch not in family.ARCHS:
+        raise TunerError(
+            f"family {requested} does not target {arch} (it targets {', '.join(family.ARCHS)}); "
+            "pick a GPU of that arch or another family"
+        )
+    return [requested]
 
 
 def run(args) -> int:

@@ -37,8 +37,9 @@ class Kernel(Protocol):
     config: Any
     resources: ResourceUsage
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None):
-        """bf16/fp16 (batch, seq_len, heads, head_dim) -> the FP8 inputs this config reads."""
+    def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
+        """bf16/fp16 (batch, seq_len, heads, head_dim) -> the FP8 inputs this config reads;
+        validate=False skips the input checks (the caller made them)."""
 
     def run(self, prepared, out=None, lse=None):
         """Launch on prepared inputs, into out/lse when given. Returns (out_bf16, lse_fp32)."""

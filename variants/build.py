@@ -142,11 +142,13 @@ class CompiledKernel:
     # a genuine out-of-bounds write by this very kernel.
     _out_offset_bytes: int = field(repr=False, default=0)
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None):
+    def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
+        """validate=False skips the input checks for a caller that has made them already."""
         from variants.prepare import quantize_inputs
 
         return quantize_inputs(q, k, v, pad_to=self.config.pad_to(),
-                               permute_keys=self.config.register_p, softmax_scale=softmax_scale)
+                               permute_keys=self.config.register_p, softmax_scale=softmax_scale,
+                               validate=validate)
 
     def run(self, prepared, out=None, lse=None):
         """Launch on torch's current stream (so it orders with torch work and can be captured

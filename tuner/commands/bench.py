@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from tuner.commands._args import int_list
+from tuner.commands._args import add_problem_arguments
 
 NAME = "bench"
 HELP = "time the tuned config, the default and peers (SDPA, cuDNN FP8) side by side"
@@ -13,10 +13,7 @@ HELP = "time the tuned config, the default and peers (SDPA, cuDNN FP8) side by s
 
 def add_arguments(parser) -> None:
     parser.add_argument("--gpu", default="auto", help="must be the local GPU (default: auto)")
-    parser.add_argument("--seq-lens", type=int_list, required=True, help="e.g. 4096,30272")
-    parser.add_argument("--heads", type=int, default=56)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_problem_arguments(parser, seq_lens_example="4096,30272", heads_default=56)
     parser.add_argument(
         "--against",
         default="default,sdpa",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from tuner.commands._args import wide_console
 from tuner.errors import TunerError
 from tuner.gpus import PROFILES, device_fingerprint, fingerprint_id, local_profile
 
@@ -30,7 +31,6 @@ def run(args) -> int:
         profiles = {name: p.to_dict() for name, p in PROFILES.items()}
         print(json.dumps({"profiles": profiles, "local": local}, indent=2, default=list))
         return 0
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="Known GPU profiles (datasheet figures, dense TFLOP/s)")
@@ -62,8 +62,7 @@ def run(args) -> int:
             f"{p.bf16_tflops:g}",
             f"{p.mem_bandwidth_gbs:g}",
         )
-    # Wide enough for the table when piped (rich assumes 80 columns without a terminal).
-    console = Console(width=None if Console().is_terminal else 140)
+    console = wide_console(140)
     console.print(table)
     if "error" in local:
         console.print(f"local device: none usable ({local['error']})")

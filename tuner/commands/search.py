@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from tuner.commands._args import int_list
+from tuner.commands._args import add_problem_arguments
 from tuner.errors import TunerError
 
 NAME = "search"
@@ -33,10 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gpu", default="auto", help="target profile; must be the local GPU (default: auto)"
     )
-    parser.add_argument("--seq-lens", type=int_list, required=True, help="e.g. 4096,8192,30272")
-    parser.add_argument("--heads", type=int, required=True)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--head-dim", type=int, default=128)
+    add_problem_arguments(parser, seq_lens_example="4096,8192,30272", heads_default=None)
     parser.add_argument(
         "--families",
         default="auto",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+from tuner.commands._args import wide_console
 from tuner.dburl import display_url
 from tuner.errors import TunerError
 from tuner.problem import Problem
@@ -103,7 +104,6 @@ def _fmt(x, spec=".3f") -> str:
 
 
 def _print_winners(rows: list[dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="Stored winners (times hold on the device they were measured on)")
@@ -132,7 +132,7 @@ def _print_winners(rows: list[dict]) -> None:
             _fmt(r["speedup_over_default"], ".3f"),
             _fmt(r["rel_rms"], ".4f"),
         )
-    Console(width=None if Console().is_terminal else 220).print(table)
+    wide_console(220).print(table)
 
 
 def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool) -> int:
@@ -176,10 +176,9 @@ def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool) -> i
             )
         )
         return 0
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if Console().is_terminal else 220)
+    console = wide_console(220)
     for p, ts in out:
         counts = Counter(t.outcome for t in ts)
         table = Table(

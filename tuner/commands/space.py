@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from tuner.commands._args import wide_console
 from tuner.errors import TunerError
 from tuner.gpus import resolve_gpu
 from tuner.problem import Problem
@@ -90,10 +91,9 @@ def run(args) -> int:
 
 
 def _print_table(gpu, rows, summary, compiled: bool) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(width=None if Console().is_terminal else 200)
+    console = wide_console(200)
     table = Table(
         title=f"{gpu.name} ({gpu.arch}): {summary['feasible']} feasible of {summary['total']}"
     )

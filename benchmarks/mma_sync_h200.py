@@ -3,8 +3,9 @@
     python benchmarks/mma_sync_h200.py --configs ladder --seq-lens 4096 30272
     python benchmarks/mma_sync_h200.py --configs all --seq-lens 4096
 
-B=1, H=56, D=128. Kernel time only (prepare excluded): CUDA events around each launch, 3 warm-up
-runs, median and IQR of --reps runs. Reference point: torch SDPA in BF16 on the cuDNN backend,
+B=1, H=56, D=128. Kernel time only (prepare excluded), through the tuner's timer
+(tuner.measure.time_kernel: CUDA events around each launch, warm-up, median and IQR of --reps
+runs, L2-cold rotation). Reference point: torch SDPA in BF16 on the cuDNN backend,
 measured in the same process. The ladder is the seed blog's: baseline (1 stage, P in smem, 16
 rows/warp, chunk_elems) -> +2 stages -> +register P -> +32 rows/warp (block_n 32) -> +bank_period.
 On Hopper mma.sync e4m3 is emulated, so these numbers say nothing about sm_89/sm_120.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from tuner.gpus import local_profile  # noqa: E402
+from tuner.measure import time_kernel  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from variants.base import enumerate_space  # noqa: E402
 from variants.mma_sync import Config, can_implement, compile, default, space  # noqa: E402
@@ -42,30 +43,20 @@ LADDER = [
 ]
 
 
-def time_ms(fn, reps: int) -> tuple[float, float]:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop))
-    q = statistics.quantiles(times, n=4)
-    return statistics.median(times), q[2] - q[0]
+def timed(kernel, problem: Problem, gpu, reps: int) -> tuple[float, float]:
+    """Median and IQR ms through the tuner's one timer (kernel alone, L2-cold rotation)."""
+    t = time_kernel(kernel, problem, torch.device("cuda"), seed=1, l2_bytes=gpu.l2_bytes,
+                    repeats=reps)
+    return t.median_ms, t.iqr_ms
 
 
-def sdpa_ms(q, k, v, reps: int) -> float | None:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
+def sdpa_ms(problem: Problem, gpu, reps: int) -> float | None:
+    from tuner.measure import CandidateFailure
+    from tuner.peers import make_peer
 
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
     try:
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            return time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt),
-                           reps)[0]
-    except RuntimeError as exc:  # no cuDNN attention for this build / GPU
+        return timed(make_peer("sdpa-cudnn"), problem, gpu, reps)[0]
+    except (RuntimeError, CandidateFailure) as exc:  # no cuDNN attention for this build / GPU
         print(f"# SDPA cuDNN unavailable: {exc}".splitlines()[0])
         return None
 
@@ -86,19 +77,12 @@ def main() -> int:
             named = [(c.short(), c) for c in enumerate_space(Config, space(gpu.arch))
                      if can_implement(c, problem, gpu)[0]]
             named.insert(0, ("default", default(gpu.arch, problem)))
-        shape = (1, seq_len, 56, 128)
-        q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        ref = sdpa_ms(q, k, v, args.reps)
+        ref = sdpa_ms(problem, gpu, args.reps)
         print(f"\n## S={seq_len}: SDPA bf16 cuDNN {ref if ref is None else f'{ref:.3f} ms'}")
         print(f"{'config':<40} {'ms':>9} {'iqr':>7} {'TFLOP/s':>8} {'vs base':>8} {'vs sdpa':>8}")
         base = None
         for name, cfg in named:
-            kernel = compile(cfg, problem, gpu.arch)
-            prepared = kernel.prepare(q, k, v)
-            out = torch.empty(shape, device="cuda", dtype=torch.bfloat16)
-            lse = torch.empty((1, 56, seq_len), device="cuda", dtype=torch.float32)
-            ms, iqr = time_ms(lambda kernel=kernel, p=prepared, o=out, s=lse: kernel.run(p, o, s),
-                              args.reps)
+            ms, iqr = timed(compile(cfg, problem, gpu.arch), problem, gpu, args.reps)
             base = base or ms
             vs_sdpa = f"{ref / ms:8.2f}" if ref else f"{'-':>8}"
             print(f"{name[:40]:<40} {ms:9.3f} {iqr:7.3f} {problem.tflops(ms):8.1f} "

@@ -3,8 +3,8 @@
 B=1, H=56, D=128, S in {4096, 8192, 16384, 30272}; side by side in one run: the best wgmma
 config found (of the candidates below), the wgmma default, torch SDPA bf16 (cuDNN
 backend) and cuDNN FP8 (cudnn-frontend, when importable). TFLOP/s = 4*S*S*D*H / time. Timing:
-ours through tuner.measure.time_kernel (CUDA events around the kernel alone, warm-up, median of
->= 10, inputs rotated past 2x L2 when one set fits in it); peers through events_ms (same, one set).
+ours and the peers alike through tuner.measure.time_kernel (CUDA events around the kernel alone,
+warm-up, median of >= 10, inputs rotated past 2x L2 when one set fits in it).
 
   source .device/env.sh && python3 benchmarks/wgmma_h200.py --out $OUT [--search] [--no-peers]
 
@@ -85,32 +85,14 @@ def timed(kernel, s: int, repeats: int = 10) -> float:
     return t.median_ms
 
 
-def events_ms(runner, prepared, repeats: int = 10, warmup: int = 3) -> float:
-    """Median CUDA-event time of runner.run on one input set (at S >= 4096, H=56 one FP8 set
-    plus its output is > 100 MB, past 2x the 50 MB L2, so no rotation is needed)."""
-    for _ in range(warmup):
-        runner.run(prepared)
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        runner.run(prepared)
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end))
-    return sorted(samples)[len(samples) // 2]
-
-
 def peer_ms(name: str, s: int) -> float | None:
-    from tuner.measure import random_inputs
+    """A peer through the same timer as our kernels (tuner.measure.time_kernel)."""
+    from tuner.measure import CandidateFailure
     from tuner.peers import PeerUnavailable, make_peer
 
     try:
-        peer = make_peer(name)
-        q, k, v = random_inputs(Problem(1, HEADS, s), torch.device("cuda"), seed=1)
-        return events_ms(peer, peer.prepare(q, k, v))
-    except (PeerUnavailable, ImportError, RuntimeError) as exc:
+        return timed(make_peer(name), s)
+    except (PeerUnavailable, ImportError, RuntimeError, CandidateFailure) as exc:
         print(f"peer {name} S={s} unavailable: {str(exc)[:200]}")
         return None
 

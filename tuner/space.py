@@ -7,13 +7,8 @@ how CI checks that the sm_120a kernels still build.
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import re
-import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 
 from tuner.gpus import GpuProfile
@@ -56,55 +51,49 @@ def enumerate_rows(gpu: GpuProfile, family_name: str, problem: Problem) -> list[
     return rows
 
 
-def _init_compile_worker(arch: str) -> None:
-    # Before anything imports cutlass: CuTe DSL reads the target arch from the environment.
-    os.environ["CUTE_DSL_ARCH"] = arch
+# A build takes ~1 s; one that runs this long is hung and is killed.
+COMPILE_TIMEOUT_S = 600.0
 
 
-def _compile_one(family_name: str, config: dict, problem: dict, arch: str) -> dict:
-    family = load_family(family_name)
-    start = time.perf_counter()
-    try:
-        kernel = family.compile(family.Config.from_dict(config), Problem(**problem), arch)
-    except Exception as exc:  # noqa: BLE001 - a failed build is a row of the report, not a crash
-        first_line = (str(exc).strip().splitlines() or [""])[0]
-        return {"error": f"{type(exc).__name__}: {first_line}"[:300]}
-    r = kernel.resources
-    return {
-        "registers": r.registers,
-        "spill_bytes": r.spill_bytes,
-        "smem_bytes": r.smem_bytes,
-        "compile_s": round(time.perf_counter() - start, 2),
-    }
+def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: int,
+                 progress=None) -> None:
+    """Compile the feasible rows in `jobs` isolated compile workers (the search's own
+    tuner.worker.Worker: spawned, killed on a hang, restarted after a crash), filling the rows
+    in place. A build that fails, crashes or hangs becomes that row's error."""
+    from multiprocessing.connection import wait
 
+    from tuner.worker import Task, Worker
 
-def compile_rows(
-    rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: int, progress=None
-) -> None:
-    """Compile the feasible rows in a spawn pool of `jobs` processes, filling them in place."""
     todo = [r for r in rows if r.feasible]
-    ctx = mp.get_context("spawn")
-    with ProcessPoolExecutor(
-        max_workers=max(1, jobs),
-        mp_context=ctx,
-        initializer=_init_compile_worker,
-        initargs=(gpu.arch,),
-    ) as pool:
-        futures = {
-            pool.submit(_compile_one, r.family, r.config, problem.to_dict(), gpu.arch): r
-            for r in todo
-        }
-        for future, row in futures.items():
-            try:
-                result = future.result()
-            except BrokenProcessPool:
-                # A compiler that takes its process down breaks the pool: every row still
-                # pending says so rather than the report dying.
-                result = {"error": "compiler process died (BrokenProcessPool)"}
-            for key, value in result.items():
-                setattr(row, key, value)
-            if progress:
-                progress()
+    workers = [Worker(f"space-{i}", preload=("variants",)) for i in range(max(1, jobs))]
+    try:
+        while todo or any(w.busy for w in workers):
+            for worker in workers:
+                if not worker.busy and todo:
+                    row = todo.pop(0)
+                    worker.submit(Task(kind="compile", family=row.family, config=row.config,
+                                       problem=problem.to_dict(), arch=gpu.arch,
+                                       timeout_s=COMPILE_TIMEOUT_S), row)
+            busy = [w for w in workers if w.busy]
+            readable = wait([w.connection for w in busy], timeout=1.0)
+            for worker in busy:
+                got = worker.collect() if worker.connection in readable else worker.expire()
+                if got is None:
+                    continue
+                row, result = got
+                if result.outcome == "ok":
+                    row.registers = result.resources["registers"]
+                    row.spill_bytes = result.resources["spill_bytes"]
+                    row.smem_bytes = result.resources["smem_bytes"]
+                    row.compile_s = round(result.compile_s, 2)
+                else:
+                    first = (result.message or result.outcome).strip().splitlines()[0]
+                    row.error = f"{result.outcome}: {first}"[:300]
+                if progress:
+                    progress()
+    finally:
+        for worker in workers:
+            worker.close()
 
 
 def summarize(rows: list[SpaceRow]) -> dict:

@@ -65,12 +65,11 @@ def run(args) -> int:
     for family in _families_for(gpu.arch, args.family):
         rows += enumerate_rows(gpu, family, problem)
     if args.compile:
-        chosen = [r for r in rows if r.feasible][: args.limit]
-        for r in rows:
-            if r.feasible and r not in chosen:
-                r.reason = "not compiled (--limit)"
+        feasible = [r for r in rows if r.feasible]
+        chosen = feasible[: args.limit]
+        for r in feasible[len(chosen):]:
+            r.reason = "not compiled (--limit)"  # still counted as feasible in the summary
         compile_rows(chosen, gpu, problem, args.jobs)
-        rows = [r for r in rows if not r.feasible] + chosen
     summary = summarize(rows)
     if args.json:
         print(

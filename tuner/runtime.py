@@ -282,6 +282,8 @@ def attention(
     return (out, lse) if return_lse else out
 
 
+# The families' compile() caches builds too; this memo sits in front of it so that a hot call
+# skips the GPU lookup, can_implement and the codegen-key hashing, not just the build.
 _KERNELS: dict[tuple, Any] = {}
 
 

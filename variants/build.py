@@ -4,8 +4,12 @@ caches, and the compiled-kernel object that implements the Kernel protocol of ba
 The cache key holds every input to code generation: family, Config, head_dim, target arch, a hash
 of the family's source files and the CuTe DSL version. Batch, heads, seq_len (and the persistent
 grid size) are runtime arguments of the compiled function, so problems that share a head_dim
-share one build. On disk each entry keeps the cubin and its resource usage under
-$TUNER_CACHE_DIR (default ~/.cache/fp8-attn-tuner)/<family>/<key>/; CuTe DSL's own file cache
+share one build. On disk each entry keeps, under $TUNER_CACHE_DIR (default
+~/.cache/fp8-attn-tuner)/<family>/<key>/, the cubin, its resource usage and the whole compiled
+function as a relocatable object (`kernel.o`: host launch code + cubin, from CuTe DSL's
+`dump_to_object`). Another process (a search's GPU worker after the compile pool built the
+candidate, or the next Python session calling `tuner.attention`) loads that object with
+`cutlass.runtime.load_module` in milliseconds instead of compiling again. CuTe DSL's own file cache
 (CUTE_DSL_CACHE_DIR) is pointed beside it unless the user set it.
 """
 
@@ -14,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import platform
 import tempfile
 import threading
 import time
@@ -26,6 +32,8 @@ from typing import Any
 
 from variants.base import ResourceUsage
 from variants.cubin import cubin_resources
+
+log = logging.getLogger(__name__)
 
 _LOCK = threading.RLock()
 _FUNCTIONS: dict[str, tuple] = {}  # codegen key -> (compiled fn, resources, compile seconds)
@@ -61,8 +69,10 @@ def dsl_version() -> str:
 
 
 def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path) -> str:
+    # host: kernel.o holds host code too, so a cache shared by x86 and Arm hosts keeps both.
     blob = json.dumps({"family": family, "config": cfg.to_dict(), "head_dim": head_dim,
-                       "arch": arch, "src": source_hash(str(src_dir)), "dsl": dsl_version()},
+                       "arch": arch, "src": source_hash(str(src_dir)), "dsl": dsl_version(),
+                       "host": platform.machine()},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -70,22 +80,21 @@ def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path) -> st
 @contextlib.contextmanager
 def _arch_env(arch: str):
     """CuTe DSL reads the target from CUTE_DSL_ARCH (arch checks of MMA ops included); restore
-    the caller's value afterwards. --keep-cubin drops files into the working directory: build in
-    a scratch directory so neither the repo nor the user's cwd collects them."""
+    the caller's value afterwards. Yields a private scratch directory for --dump-dir: without
+    it --keep-cubin writes <cwd at import>/<entry name>.<arch>.cubin, one name for every config
+    of a family, so parallel compiles in one directory read each other's half-written cubins
+    (seen on the H200: "not a 64-bit ELF cubin") and the user's cwd collects files."""
     previous = os.environ.get("CUTE_DSL_ARCH")
     os.environ["CUTE_DSL_ARCH"] = arch
     os.environ.setdefault("CUTE_DSL_CACHE_DIR", str(cache_root() / "cute_dsl"))
-    cwd = os.getcwd()
-    with tempfile.TemporaryDirectory(prefix="cute-build-") as scratch:
-        os.chdir(scratch)
-        try:
-            yield
-        finally:
-            os.chdir(cwd)
-            if previous is None:
-                os.environ.pop("CUTE_DSL_ARCH", None)
-            else:
-                os.environ["CUTE_DSL_ARCH"] = previous
+    try:
+        with tempfile.TemporaryDirectory(prefix="cute-build-") as scratch:
+            yield scratch
+    finally:
+        if previous is None:
+            os.environ.pop("CUTE_DSL_ARCH", None)
+        else:
+            os.environ["CUTE_DSL_ARCH"] = previous
 
 
 def pointer_args(*, extra: tuple = ()) -> tuple:
@@ -112,15 +121,101 @@ def build_function(kernel_obj, arch: str, extra_args: tuple = ()):
     """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
     import cutlass.cute as cute
 
-    with _arch_env(arch):
+    with _arch_env(arch) as scratch:
         start = time.perf_counter()
         fn = cute.compile(kernel_obj, *pointer_args(extra=extra_args),
-                          options=f"--gpu-arch={arch} --keep-cubin")
+                          options=f"--gpu-arch={arch} --keep-cubin --dump-dir={scratch}")
         seconds = time.perf_counter() - start
         cubin = fn.__cubin__
         if isinstance(cubin, str):
             cubin = Path(cubin).read_bytes() if os.path.exists(cubin) else cubin.encode("latin1")
     return fn, cubin, seconds
+
+
+# ---- the compiled function on disk ---------------------------------------------------------------
+
+_OBJECT_FILE = "kernel.o"
+
+
+def _symbol_prefix(key: str) -> str:
+    """The exported entry point's name: unique per build, so many objects load into one process."""
+    return f"fa8_{key}"
+
+
+@cache
+def _load_runtime_globally() -> None:
+    """dump_to_object links the host launcher against the CuTe DSL runtime (its _cudaLaunchKernelEx
+    and friends); the JIT resolves those symbols only from libraries loaded RTLD_GLOBAL, which the
+    DSL itself does not do. Needed on GPU-less machines too (the dump works without a GPU)."""
+    import ctypes
+
+    from cutlass.runtime import find_runtime_libraries
+
+    for path in find_runtime_libraries(enable_tvm_ffi=False):
+        if os.path.exists(path):
+            ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write beside, then rename: a process loading the entry never sees half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def dump_function(fn, key: str, disk: Path) -> bool:
+    """Save the compiled function as kernel.o; False (logged) when this DSL build cannot, in which
+    case other processes compile the config again: slower, never wrong."""
+    try:
+        _load_runtime_globally()
+        _write_atomic(disk / _OBJECT_FILE, fn.dump_to_object(_symbol_prefix(key)))
+        return True
+    except Exception as exc:  # noqa: BLE001 - a DSL without the export path only costs speed
+        log.warning("could not save compiled function %s to disk (%s); other processes will "
+                    "compile it again", key, str(exc).strip().splitlines()[-1][:200])
+        return False
+
+
+def load_function(key: str, disk: Path):
+    """The compiled function from kernel.o, or None when there is none or it does not load."""
+    path = disk / _OBJECT_FILE
+    if not path.exists():
+        return None
+    try:
+        from cutlass.runtime import load_module
+
+        _load_runtime_globally()
+        return getattr(load_module(str(path)), _symbol_prefix(key))
+    except Exception as exc:  # noqa: BLE001 - a stale or foreign object: compile instead
+        log.warning("could not load %s (%s); compiling again", path,
+                    str(exc).strip().splitlines()[-1][:200])
+        return None
+
+
+def _load_cached(family: str, key: str, src_dir: Path):
+    """(function, resources, compile seconds) of a build another process left on disk, or None.
+    meta.json is written last, so its presence means the entry is complete; its source hash and
+    DSL version are in the key already and are re-checked as a guard against a hand-copied entry."""
+    disk = cache_root() / family / key
+    meta_path = disk / "meta.json"
+    if not meta_path.exists():
+        return None
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("src") != source_hash(str(src_dir)) or meta.get("dsl") != dsl_version():
+        return None
+    fn = load_function(key, disk)
+    if fn is None:
+        return None
+    return fn, ResourceUsage(**meta["resources"]), float(meta["compile_seconds"])
 
 
 @dataclass
@@ -134,8 +229,9 @@ class CompiledKernel:
     problem: Any
     arch: str
     resources: ResourceUsage
-    compile_seconds: float
+    compile_seconds: float  # of the original build, also when this process loaded it from disk
     _fn: Any = field(repr=False, default=None)
+    loaded_from_disk: bool = False
     # Launch arguments after the scalars, computed per device (e.g. the SM count of a grid).
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
     # Test hook only (tuner's TUNER_TEST_PLANT_CRASH): store O this many bytes past its buffer,
@@ -200,30 +296,45 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                    make_kernel: Callable[[], Any], smem_bytes: int,
                    example_extra: tuple = (),
                    extra_args: Callable[[Any], tuple] = lambda device: ()) -> CompiledKernel:
-    """The one compile cache: memory per (build, problem), a build per codegen key, and the
-    cubin + resources on disk for every build."""
+    """The one compile cache: memory per (build, problem), a build per codegen key, and on disk
+    the cubin, resources and loadable function of every build (read back by other processes)."""
     key = codegen_key(family, cfg, problem.head_dim, arch, src_dir)
     kernel_key = f"{key}/{problem.key()}"
     with _LOCK:
         hit = _KERNELS.get(kernel_key)
         if hit is not None:
             return hit
+        from_disk = False
         if key not in _FUNCTIONS:
-            fn, cubin, seconds = build_function(make_kernel(), arch, example_extra)
-            resources = cubin_resources(cubin, smem_bytes)
-            disk = cache_root() / family / key
-            disk.mkdir(parents=True, exist_ok=True)
-            (disk / "kernel.cubin").write_bytes(cubin)
-            (disk / "meta.json").write_text(json.dumps(
-                {"config": cfg.to_dict(), "head_dim": problem.head_dim, "arch": arch,
-                 "resources": asdict(resources), "compile_seconds": seconds,
-                 "dsl": dsl_version(), "src": source_hash(str(src_dir))}, indent=1))
-            _FUNCTIONS[key] = (fn, resources, seconds)
+            loaded = _load_cached(family, key, src_dir)
+            if loaded is not None:
+                _FUNCTIONS[key] = loaded
+                from_disk = True
+            else:
+                _FUNCTIONS[key] = _build_and_save(family, key, src_dir, cfg, problem.head_dim,
+                                                  arch, make_kernel, smem_bytes, example_extra)
         fn, resources, seconds = _FUNCTIONS[key]
         kernel = CompiledKernel(config=cfg, problem=problem, arch=arch, resources=resources,
-                                compile_seconds=seconds, _fn=fn, _extra_args=extra_args)
+                                compile_seconds=seconds, _fn=fn, _extra_args=extra_args,
+                                loaded_from_disk=from_disk)
         _KERNELS[kernel_key] = kernel
         return kernel
+
+
+def _build_and_save(family: str, key: str, src_dir: Path, cfg, head_dim: int, arch: str,
+                    make_kernel: Callable[[], Any], smem_bytes: int, example_extra: tuple):
+    fn, cubin, seconds = build_function(make_kernel(), arch, example_extra)
+    resources = cubin_resources(cubin, smem_bytes)
+    disk = cache_root() / family / key
+    disk.mkdir(parents=True, exist_ok=True)
+    _write_atomic(disk / "kernel.cubin", cubin)
+    dump_function(fn, key, disk)
+    # Last: its presence tells other processes the entry is complete.
+    _write_atomic(disk / "meta.json", json.dumps(
+        {"config": cfg.to_dict(), "head_dim": head_dim, "arch": arch,
+         "resources": asdict(resources), "compile_seconds": seconds,
+         "dsl": dsl_version(), "src": source_hash(str(src_dir))}, indent=1).encode())
+    return fn, resources, seconds
 
 
 def cached_resources(family: str, src_dir: Path, cfg, head_dim: int,

@@ -58,8 +58,11 @@ def space(arch: str) -> dict[str, list]:
 def default(arch: str, problem=None) -> Config:
     # The seed kernel's final configuration, measured on the RTX 5080 (sm_120) at B=1, H=56,
     # S=30272, D=128: 123.6 ms vs 136.0 ms for its first version (64x64 tile, 1 stage, P through
-    # smem, chunk_elems swizzle). Not yet re-measured on sm_89/sm_90, where it is only a safe pick
-    # (no spill, 40 KB smem) until the tuner finds better.
+    # smem, chunk_elems swizzle). Kept for every arch because measurement does not say otherwise:
+    # on the H200 (sm_90, FP8 mma.sync emulated; benchmarks/mma_sync_h200.md, 2026-11-29) it is
+    # within 2% of the best of all 144 feasible configs at S=4096 (2.015 vs 1.979 ms, 64x128 x 16
+    # rows/warp) and at S=30272 (103.97 vs 102.63 ms, 64x32 x 3 stages), and the seed's ladder
+    # reproduces there (1.19x over the first kernel at S=30272). sm_89 is not measured.
     return Config(block_m=128, block_n=32, warps=4, rows_per_warp=32, kv_stages=2,
                   p_staging="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
 

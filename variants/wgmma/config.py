@@ -58,12 +58,14 @@ def space(arch: str) -> dict[str, list]:
 
 
 def default(arch: str, problem=None) -> Config:
-    # Fastest of 12 probed configs on the H200 (benchmarks/wgmma_h200.py, 2026-11-29, B=1 H=56
-    # D=128, median of 10): 1.951 ms = 986 TFLOP/s at S=8192, 28.01 ms = 938 at S=30272 (cuDNN
-    # FP8 on the same device: 972 / 818). Neighbours at S=8192: kv_stages 3/4 985/985,
-    # block_n 192 928, P through smem 920, no pingpong 917, not persistent 968, 3 consumer WGs
-    # x 64 keys 848, 1 consumer WG 698, block_n 64 729. FA3's FP8 recipe (2 consumer WGs, RS P,
-    # intra-WG overlap, pingpong) is the winner here too; 128 keys beat FA3's 224 (915).
+    # The fastest of all 288 feasible configs at S=8192 on the H200 (benchmarks/wgmma_h200.py
+    # --search, 2026-11-29, B=1 H=56 D=128, each validated, median of 10): 1.940 ms = 992
+    # TFLOP/s; next kv_stages 4: 965, not persistent: 962, 192-key strips with P through smem:
+    # 942. In the same run, at every S the best three were re-timed: this config again at 4096,
+    # 8192, 16384 (1005 TFLOP/s at 16384); at 30272 kv_stages 4 was 0.3% faster (957 vs 954),
+    # inside the run-to-run spread. cuDNN FP8 in that run: 963 / 1006 / 998 / 843 TFLOP/s.
+    # FA3's FP8 recipe (2 consumer WGs, RS P, intra-WG overlap, pingpong) wins here too; 128 keys
+    # beat FA3's 224.
     return Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                   intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
 

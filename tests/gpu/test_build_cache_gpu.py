@@ -1,0 +1,60 @@
+"""A kernel compiled in one process and loaded from the disk cache by another runs correctly.
+
+Each family's default is built in a first interpreter, then a second interpreter (empty memory
+cache) must load it from disk, not compile, and its output must pass the fp32 reference check on
+fresh random inputs with the output poisoned first."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    from tuner.problem import Problem
+    from variants import load_family
+    from variants.reference import validate
+    family = load_family(sys.argv[1])
+    problem = Problem(batch=2, heads=8, seq_len=1000, head_dim=128)
+    t0 = time.perf_counter()
+    kernel = family.compile(family.default("sm_90a", problem), problem, "sm_90a")
+    obtain_s = time.perf_counter() - t0
+    g = torch.Generator(device="cuda").manual_seed(int(time.time_ns()) % 2**31)
+    q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+               for _ in range(3))
+    prepared = kernel.prepare(q, k, v)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 8, 1000), float("nan"), device="cuda")
+    kernel.run(prepared, out, lse)
+    torch.cuda.synchronize()
+    m = validate(prepared, out, lse)
+    print(json.dumps({"from_disk": kernel.loaded_from_disk, "obtain_s": obtain_s,
+                      "passed": bool(m.passed), "reason": m.reason, "rel_rms": m.rel_rms}))
+""")
+
+
+def _child(family: str, cache_dir) -> dict:
+    env = {**os.environ, "TUNER_CACHE_DIR": str(cache_dir)}
+    done = subprocess.run([sys.executable, "-c", _CHILD, family], env=env, capture_output=True,
+                          text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("family", ["wgmma", "mma_sync"])
+def test_kernel_loaded_from_disk_is_correct(family, tmp_path):
+    built = _child(family, tmp_path)
+    loaded = _child(family, tmp_path)
+    print(f"\n{family}: compile {built['obtain_s']:.2f} s (rel RMS {built['rel_rms']:.4f}); "
+          f"load from disk {loaded['obtain_s'] * 1e3:.1f} ms (rel RMS {loaded['rel_rms']:.4f})")
+    assert not built["from_disk"] and built["passed"], built
+    assert loaded["from_disk"], loaded
+    assert loaded["passed"], loaded["reason"]

@@ -1,0 +1,86 @@
+"""The compile cache across processes (compile only, no GPU): a build one process made is loaded
+from disk by the next one, not compiled again, and a broken entry falls back to compiling."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.compile
+
+# Runs in a fresh interpreter: compile the default mma_sync config for sm_90a and report how the
+# kernel was obtained. A fresh process is the point: nothing is in its memory cache.
+_CHILD = textwrap.dedent("""
+    import json, time
+    from tuner.problem import Problem
+    from variants.mma_sync import compile, default
+    problem = Problem(batch=1, heads=2, seq_len=77, head_dim=128)
+    t0 = time.perf_counter()
+    kernel = compile(default("sm_90a", problem), problem, "sm_90a")
+    print(json.dumps({"from_disk": kernel.loaded_from_disk, "seconds": time.perf_counter() - t0,
+                      "has_fn": kernel._fn is not None, "registers": kernel.resources.registers,
+                      "compile_seconds": kernel.compile_seconds}))
+""")
+
+
+def _run_child(cache_dir, cwd=None) -> tuple[dict, str]:
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TUNER_CACHE_DIR": str(cache_dir),
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                          text=True, timeout=600, check=False, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+
+def _entry(cache_dir):
+    entries = list((cache_dir / "mma_sync").iterdir())
+    assert len(entries) == 1
+    return entries[0]
+
+
+def test_second_process_loads_the_build_from_disk(tmp_path):
+    first, _ = _run_child(tmp_path)
+    assert not first["from_disk"] and first["has_fn"]
+    entry = _entry(tmp_path)
+    assert {"kernel.cubin", "kernel.o", "meta.json"} <= {p.name for p in entry.iterdir()}
+
+    second, _ = _run_child(tmp_path)
+    assert second["from_disk"] and second["has_fn"]
+    assert second["registers"] == first["registers"]
+    # The original build's seconds travel with the entry; loading is far cheaper than building.
+    assert second["compile_seconds"] == pytest.approx(first["compile_seconds"])
+    assert second["seconds"] < first["seconds"] / 2, (first, second)
+
+
+def test_a_build_leaves_nothing_in_the_working_directory(tmp_path):
+    # CuTe DSL's --keep-cubin writes <cwd>/<entry name>.cubin unless given a dump directory: one
+    # name for every config, which parallel compiles in one directory used to read half-written.
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    _run_child(tmp_path / "cache", cwd=cwd)
+    assert list(cwd.iterdir()) == []
+
+
+def test_a_broken_object_is_compiled_again(tmp_path):
+    _run_child(tmp_path)
+    obj = _entry(tmp_path) / "kernel.o"
+    obj.write_bytes(b"not an ELF object")
+    again, stderr = _run_child(tmp_path)
+    assert not again["from_disk"] and again["has_fn"]
+    assert "compiling again" in stderr
+    # ... and the rebuilt entry is whole again for the process after.
+    assert obj.read_bytes()[:4] == b"\x7fELF"
+    assert _run_child(tmp_path)[0]["from_disk"]
+
+
+def test_an_incomplete_entry_is_not_loaded(tmp_path):
+    _run_child(tmp_path)
+    (_entry(tmp_path) / "meta.json").unlink()  # a build killed before its last write
+    again, _ = _run_child(tmp_path)
+    assert not again["from_disk"] and again["has_fn"]

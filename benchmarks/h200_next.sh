@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU work still open, in device calls that each fit the 10-minute limit. One step per call
+# The GPU runs behind benchmarks/RESULTS.md (2026-11-29, second session), in device calls that each
+# fit the 10-minute limit: re-run them to reproduce. One step per call
 # (carry [".device"]; the kit staged with --with-cudnn for step C). Compiled kernels go to
 # .tuner-cache/ in the checkout (git-ignored, so a warm device machine keeps it between calls):
 # step A compiles both sm_90a spaces there in parallel once, and every later process loads the
@@ -8,6 +9,7 @@
 #                                    # of both families against the reference (issues 3, 5, 6)
 #   bash benchmarks/h200_next.sh B   # issue 3: seed ladder at 4096 + 30272, all configs at 30272
 #   bash benchmarks/h200_next.sh D   # issue 6: the whole wgmma space timed; rest of B's table
+#   bash benchmarks/h200_next.sh E   # issue 7: --workers 1 on one GPU; the search GPU test again
 #   bash benchmarks/h200_next.sh C   # issue 4: exhaustive mma_sync search at 4096 (TPE replay and
 #                                    # the all-config 4096 table come from its DB on the CPU), the
 #                                    # 30-trial cost split (cold cache); issue 7: bench test
@@ -70,6 +72,17 @@ D)
   echo "wgmma search rc=$?"; tail -n 12 "$OUT/wgmma_search.log"
   capped 250 python3 benchmarks/mma_sync_h200.py --configs all --seq-lens 30272 --skip 68 \
     > "$OUT/mma_all_30272_rest.md" 2>&1; echo "all rest rc=$?"; grep -c "^| block" "$OUT/mma_all_30272_rest.md"
+  ;;
+E)
+  # issue 7/8: one-GPU run of the multi-worker mode; the store must hold every trial once.
+  capped 100 python3 -m tuner search --gpu h200 --workers 1 --seq-lens 2048 --heads 56 \
+    --trials 6 --db "sqlite:///$OUT/workers1.sqlite" --json > "$OUT/workers1.json" \
+    2> "$OUT/workers1.log"; echo "workers=1 rc=$?"; tail -n 3 "$OUT/workers1.log"
+  python3 -m tuner show --gpu h200 --db "sqlite:///$OUT/workers1.sqlite" --trials 2048 --json \
+    > "$OUT/workers1_trials.json" 2>&1; echo "show rc=$?"
+  capped 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_search_gpu.py \
+    > "$OUT/search_gpu.log" 2>&1; echo "search gpu test rc=$?"; tail -n 2 "$OUT/search_gpu.log"
+  rm -f "$OUT"/*.lock
   ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -10,6 +10,7 @@
 #   bash benchmarks/h200_next.sh B   # issue 3: seed ladder at 4096 + 30272, all configs at 30272
 #   bash benchmarks/h200_next.sh D   # issue 6: the whole wgmma space timed; rest of B's table
 #   bash benchmarks/h200_next.sh E   # issue 7: --workers 1 on one GPU; the search GPU test again
+#   bash benchmarks/h200_next.sh F   # issue 6 (next session): v_layout=kernel validated + timed
 #   bash benchmarks/h200_next.sh C   # issue 4: exhaustive mma_sync search at 4096 (TPE replay and
 #                                    # the all-config 4096 table come from its DB on the CPU), the
 #                                    # 30-trial cost split (cold cache); issue 7: bench test
@@ -51,8 +52,8 @@ C)
     --trials 400 --patience 0 --seed 0 --db "sqlite:///$OUT/exhaustive.sqlite" --json \
     > "$OUT/exhaustive.json" 2> "$OUT/exhaustive.log"; echo "exhaustive rc=$? (a re-run resumes)"
   tail -n 3 "$OUT/exhaustive.log"
-  # The cost of a first search: a cold compile cache.
-  TUNER_CACHE_DIR=/tmp/cold-cache capped 200 python3 -m tuner search --gpu h200 --seq-lens 4096 \
+  # The cost of a first search: a cold compile cache (a fresh one on every run).
+  TUNER_CACHE_DIR=$(mktemp -d) capped 200 python3 -m tuner search --gpu h200 --seq-lens 4096 \
     --heads 56 --trials 30 --patience 0 --seed 1 --db "sqlite:///$OUT/cost.sqlite" --json \
     > "$OUT/cost.json" 2> "$OUT/cost.log"; echo "cost search rc=$?"
   python3 benchmarks/search_cost.py --db "sqlite:///$OUT/cost.sqlite" --seq-len 4096
@@ -83,6 +84,17 @@ E)
   capped 120 python3 -m pytest -m gpu -q -p no:cacheprovider tests/gpu/test_search_gpu.py \
     > "$OUT/search_gpu.log" 2>&1; echo "search gpu test rc=$?"; tail -n 2 "$OUT/search_gpu.log"
   rm -f "$OUT"/*.lock
+  ;;
+F)
+  # issue 6, next session: v_layout=kernel on the GPU (built and CPU-checked, never run yet),
+  # then timed beside the default (v_layout=prepared) at 8192 and 30272 in one run.
+  capped 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_wgmma_gpu.py \
+    -k v_layout_kernel > "$OUT/v_kernel.log" 2>&1; echo "v_layout=kernel rc=$?"
+  tail -n 5 "$OUT/v_kernel.log"
+  capped 300 python3 benchmarks/wgmma_h200.py --seq-lens 8192,30272 --no-peers --out "$OUT" \
+    --configs '[{"consumer_wgs": 2, "block_n": 128, "kv_stages": 2, "p_source": "registers",
+      "intra_wg_overlap": true, "pingpong": true, "persistent": true, "v_layout": "kernel"}]' \
+    > "$OUT/v_kernel_time.log" 2>&1; echo "timing rc=$?"; grep -E "S=8192|^\|" "$OUT/v_kernel_time.log"
   ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -70,6 +70,8 @@ def main() -> int:
                         help="leave out the first N rows (finish a run cut off by a time limit; "
                              "the order of the rows is fixed)")
     args = parser.parse_args()
+    if args.skip and len(args.seq_lens) > 1:
+        parser.error("--skip resumes one cut-off run: give a single --seq-lens value")
     gpu = local_profile()
     print(f"# {gpu.marketing_name} ({gpu.arch}), torch {torch.__version__}")
     for seq_len in args.seq_lens:

@@ -77,15 +77,17 @@ def replay(seed: int, families, modules, problem, gpu, table, target_ms, budget)
 
 
 def random_order_expectation(modules, families, problem, gpu, feasible, table, target) -> float:
-    """The baseline TPE must beat: the default first, then the other feasible configs in a
-    uniformly random order. With k of the n others within target, the first hit among them comes
-    at (n + 1) / (k + 1) in expectation (order statistics without replacement)."""
+    """The baseline TPE must beat: the default first, then the other configs in a uniformly
+    random order, counted as the replay counts (only configs with a measured time). With k of
+    the n others within target, the first hit among them comes at (n + 1) / (k + 1) in
+    expectation (order statistics without replacement)."""
     default = config_hash(families[0], modules[families[0]].default(gpu.arch, problem).to_dict())
-    if table.get(default, float("inf")) <= target:
+    default_measured = default in table
+    if default_measured and table[default] <= target:
         return 1.0
-    others = [config_hash(*c) for c in feasible if config_hash(*c) != default]
-    hits = sum(1 for h in others if table.get(h, float("inf")) <= target)
-    return 1 + (len(others) + 1) / (hits + 1)
+    others = [h for h in (config_hash(*c) for c in feasible) if h != default and h in table]
+    hits = sum(1 for h in others if table[h] <= target)
+    return int(default_measured) + (len(others) + 1) / (hits + 1)
 
 
 def main() -> int:

@@ -110,6 +110,25 @@ def test_permuted_v_dequantizes_to_the_same_values():
         quantize_inputs(q, k, v, pad_to=8, permute_keys=True)
 
 
+def test_natural_v_layout_holds_the_same_codes():
+    # v_layout=kernel kernels read V as (batch, padded, heads, head_dim), like K.
+    q, k, v = rand_qkv(seq=50)
+    feature_major = quantize_inputs(q, k, v, pad_to=32, permute_keys=True)
+    natural = quantize_inputs(q, k, v, pad_to=32, v_feature_major=False)
+    assert natural.v.shape == natural.k.shape == (2, 64, 3, 128)
+    assert not natural.v_feature_major and not natural.key_permuted
+    assert bool((natural.v[:, 50:].float() == 0).all())  # zero padding, as for k
+    torch.testing.assert_close(natural.dequantized()[2], feature_major.dequantized()[2])
+    for b, h in ((0, 0), (1, 2)):
+        torch.testing.assert_close(natural.v_codes(b, h).float(),
+                                   feature_major.v_codes(b, h).float())
+    from variants.reference import dequantized_v_absmax
+
+    assert dequantized_v_absmax(natural) == dequantized_v_absmax(feature_major)
+    with pytest.raises(ValueError, match="feature-major V only"):
+        quantize_inputs(q, k, v, pad_to=32, permute_keys=True, v_feature_major=False)
+
+
 def test_default_softmax_scale():
     q, k, v = rand_qkv(dim=64)
     assert quantize_inputs(q, k, v).softmax_scale == pytest.approx(64**-0.5)

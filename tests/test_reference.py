@@ -23,9 +23,11 @@ def prepared_inputs(seq, batch=2, heads=3, dim=128, seed=1, **kw):
 
 
 @pytest.mark.parametrize("seq", [1, 77, 130])
-@pytest.mark.parametrize("permute", [False, True])
-def test_reference_matches_sdpa_in_fp32(seq, permute):
-    _, prepared = prepared_inputs(seq, pad_to=64 if permute else 1, permute_keys=permute)
+@pytest.mark.parametrize("layout", ["feature-major", "permuted", "natural"])
+def test_reference_matches_sdpa_in_fp32(seq, layout):
+    _, prepared = prepared_inputs(seq, pad_to=1 if layout == "feature-major" else 64,
+                                  permute_keys=layout == "permuted",
+                                  v_feature_major=layout != "natural")
     out, lse = reference_attention(prepared, score_budget_bytes=8 * seq * 16)  # force chunking
     q, k, v = (x.transpose(1, 2) for x in prepared.dequantized())
     expected = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)

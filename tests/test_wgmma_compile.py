@@ -46,6 +46,26 @@ def test_compiles_without_spills(overrides):
     assert wgmma.compile(cfg, PROBLEM, "sm_90a") is kernel
 
 
+# v_layout=kernel is not offered by the space yet (can_implement: not validated on a GPU), so
+# these build it directly: the producer's staging ring, TMA of the natural V and the transpose.
+V_IN_KERNEL = [
+    {"v_layout": "kernel"},
+    {"v_layout": "kernel", "p_source": "smem"},
+    {"v_layout": "kernel", "consumer_wgs": 1, "pingpong": False, "block_n": 64,
+     "intra_wg_overlap": False, "persistent": False},
+]
+
+
+@pytest.mark.parametrize("overrides", V_IN_KERNEL, ids=["default", "smemP", "1wg-64"])
+def test_v_layout_kernel_compiles_without_spills(overrides):
+    cfg = dataclasses.replace(_DEFAULT, **overrides)
+    kernel = wgmma.compile(cfg, PROBLEM, "sm_90a")
+    assert kernel.config == cfg
+    assert 0 < kernel.resources.registers <= 255
+    assert kernel.resources.spill_bytes == 0
+    assert kernel.resources.smem_bytes <= H200.smem_per_block
+
+
 def test_cases_cover_every_knob_value():
     space = wgmma.space("sm_90a")
     seen = {name: set() for name in space}

@@ -72,7 +72,7 @@ def test_rejects_other_archs(gpu):
         ({"block_n": 288}, "block_n"),
         ({"kv_stages": 5}, "kv_stages"),
         ({"p_source": "tmem"}, "p_source"),
-        ({"v_layout": "kernel"}, "not implemented"),
+        ({"v_layout": "kernel"}, "not yet validated"),
         ({"consumer_wgs": 3, "block_n": 256}, "register estimate"),
         ({"block_n": 256, "kv_stages": 4}, "shared memory"),
     ],
@@ -80,6 +80,20 @@ def test_rejects_other_archs(gpu):
 def test_rejections_name_the_constraint(overrides, words):
     ok, reason = wgmma.can_implement(_cfg(**overrides), PROBLEM, H200)
     assert not ok and words in reason
+
+
+def test_smem_counts_the_v_staging_ring_only_for_v_layout_kernel():
+    prepared, kernel = _cfg(v_layout="prepared"), _cfg(v_layout="kernel")
+    extra = smem_bytes(kernel, 128) - smem_bytes(prepared, 128)
+    assert extra == kernel.kv_stages * kernel.block_n * 128
+
+
+def test_v_layout_kernel_asks_prepare_for_natural_v_without_permutation():
+    for p_source in ("registers", "smem"):
+        cfg = _cfg(v_layout="kernel", p_source=p_source)
+        assert (cfg.v_feature_major, cfg.v_key_permuted) == (False, False)
+    assert (_cfg(v_layout="prepared", p_source="registers").v_key_permuted,
+            _cfg(v_layout="prepared", p_source="smem").v_key_permuted) == (True, False)
 
 
 def test_smem_counts_p_tile_only_for_smem_source():

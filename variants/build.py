@@ -68,10 +68,34 @@ def dsl_version() -> str:
         return str(getattr(cutlass, "__version__", "unknown"))
 
 
+# CuTe DSL settings that do not change generated code (the arch is a key field of its own).
+_ENV_NOT_CODEGEN = {"CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR", "CUTE_DSL_DUMP_DIR", "CUTE_DSL_KEEP",
+                    "CUTE_DSL_LOG_LEVEL", "CUTE_DSL_LOG_TO_CONSOLE", "CUTE_DSL_LOG_TO_FILE"}
+
+
+@cache
+def shared_source_hash() -> str:
+    """This module (launch argument list, compile options) and the contract it implements: the
+    cache launches what it stores, so an edit here must not reuse old objects."""
+    here = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for name in ("build.py", "base.py", "cubin.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _dsl_environment() -> dict[str, str]:
+    """CUTE_DSL_* variables that can change the build (debug, line info, assertions, compiler
+    options, TVM-FFI...): a debug build must not be timed later as the release one."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith("CUTE_DSL_") and k not in _ENV_NOT_CODEGEN}
+
+
 def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path) -> str:
     # host: kernel.o holds host code too, so a cache shared by x86 and Arm hosts keeps both.
     blob = json.dumps({"family": family, "config": cfg.to_dict(), "head_dim": head_dim,
                        "arch": arch, "src": source_hash(str(src_dir)), "dsl": dsl_version(),
+                       "shared": shared_source_hash(), "env": _dsl_environment(),
                        "host": platform.machine()},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
@@ -160,6 +184,8 @@ def _write_atomic(path: Path, data: bytes) -> None:
     """Write beside, then rename: a process loading the entry never sees half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     try:
+        # mkstemp makes 0600 files: a cache shared by a team (or a CI image) must stay readable.
+        os.fchmod(fd, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
@@ -179,6 +205,8 @@ def dump_function(fn, key: str, disk: Path) -> bool:
     except Exception as exc:  # noqa: BLE001 - a DSL without the export path only costs speed
         log.warning("could not save compiled function %s to disk (%s); other processes will "
                     "compile it again", key, str(exc).strip().splitlines()[-1][:200])
+        with contextlib.suppress(OSError):
+            (disk / _OBJECT_FILE).unlink()  # an older, unloadable object must not linger
         return False
 
 
@@ -206,24 +234,36 @@ def _load_cached(family: str, key: str, src_dir: Path):
     meta_path = disk / "meta.json"
     if not meta_path.exists():
         return None
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
+    meta = _read_meta(meta_path)
+    if meta is None or meta.get("src") != source_hash(str(src_dir)) \
+            or meta.get("dsl") != dsl_version():
         return None
-    if meta.get("src") != source_hash(str(src_dir)) or meta.get("dsl") != dsl_version():
+    try:
+        resources = ResourceUsage(**meta["resources"])
+        seconds = float(meta["compile_seconds"])
+    except (KeyError, TypeError, ValueError):  # an entry from an older layout: rebuild it
         return None
     fn = load_function(key, disk)
     if fn is None:
         return None
-    return fn, ResourceUsage(**meta["resources"]), float(meta["compile_seconds"])
+    return fn, resources, seconds
+
+
+def _read_meta(path: Path) -> dict | None:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
 
 
 @dataclass
 class CompiledKernel:
     """A compiled attention kernel of any family: the Kernel protocol of variants/base.py.
 
-    The config must provide pad_to() (the sequence multiple its tiles load) and register_p
-    (V stored in the register-P key order by prepare)."""
+    The config must provide pad_to() (the sequence multiple its tiles load) and register_p; a
+    config may also say how prepare lays out V: v_feature_major (default True) and
+    v_key_permuted (default register_p: V's keys stored in the register-P order)."""
 
     config: Any
     problem: Any
@@ -242,9 +282,15 @@ class CompiledKernel:
         """validate=False skips the input checks for a caller that has made them already."""
         from variants.prepare import quantize_inputs
 
-        return quantize_inputs(q, k, v, pad_to=self.config.pad_to(),
-                               permute_keys=self.config.register_p, softmax_scale=softmax_scale,
-                               validate=validate)
+        feature_major, permuted = self._v_layout()
+        return quantize_inputs(q, k, v, pad_to=self.config.pad_to(), permute_keys=permuted,
+                               softmax_scale=softmax_scale, validate=validate,
+                               v_feature_major=feature_major)
+
+    def _v_layout(self) -> tuple[bool, bool]:
+        cfg = self.config
+        return (getattr(cfg, "v_feature_major", True),
+                getattr(cfg, "v_key_permuted", cfg.register_p))
 
     def run(self, prepared, out=None, lse=None):
         """Launch on torch's current stream (so it orders with torch work and can be captured
@@ -257,9 +303,9 @@ class CompiledKernel:
 
         if self._fn is None:
             raise RuntimeError(f"kernel for {self.config.short()} has no compiled function")
-        if prepared.key_permuted != self.config.register_p:
-            raise ValueError("prepared inputs have the wrong V key order for this config: "
-                             "use this kernel's prepare()")
+        if (prepared.v_feature_major, prepared.key_permuted) != self._v_layout():
+            raise ValueError("prepared inputs have the wrong V layout or key order for this "
+                             "config: use this kernel's prepare()")
         if prepared.padded_len % self.config.pad_to():
             raise ValueError(f"padded length {prepared.padded_len} is not a multiple of "
                              f"{self.config.pad_to()}: use this kernel's prepare()")
@@ -340,10 +386,12 @@ def _build_and_save(family: str, key: str, src_dir: Path, cfg, head_dim: int, ar
 def cached_resources(family: str, src_dir: Path, cfg, head_dim: int,
                      arch: str) -> ResourceUsage | None:
     """Resource usage from the disk cache, without compiling (None when not cached)."""
-    meta = cache_root() / family / codegen_key(family, cfg, head_dim, arch, src_dir) / "meta.json"
-    if not meta.exists():
+    meta = _read_meta(
+        cache_root() / family / codegen_key(family, cfg, head_dim, arch, src_dir) / "meta.json")
+    try:
+        return ResourceUsage(**meta["resources"]) if meta is not None else None
+    except (KeyError, TypeError):
         return None
-    return ResourceUsage(**json.loads(meta.read_text())["resources"])
 
 
 # 1 TiB past the output buffer: no allocation of this process reaches that far, so every store

@@ -10,6 +10,8 @@ V is stored feature-major, (batch, heads, head_dim, padded_len), so the P @ V GE
 keys contiguous (K-major B operand) without a transpose in the kernel. For the register-P trick of
 the seed kernel, the key order inside every 16-key group is permuted once here, so that the
 accumulator fragment of S can be reused as the A fragment of P @ V without crossing lanes.
+A kernel that transposes V itself (wgmma with v_layout=kernel) asks for the natural layout
+instead, (batch, padded_len, heads, head_dim) like K, and applies any key order in shared memory.
 """
 
 from __future__ import annotations
@@ -32,13 +34,24 @@ class Fp8Inputs:
 
     q: torch.Tensor  # (batch, padded_len, heads, head_dim) float8_e4m3fn
     k: torch.Tensor  # (batch, padded_len, heads, head_dim) float8_e4m3fn
-    v: (
-        torch.Tensor
-    )  # (batch, heads, head_dim, padded_len) float8_e4m3fn, keys permuted if key_permuted
+    # v_feature_major: (batch, heads, head_dim, padded_len), keys permuted if key_permuted;
+    # otherwise (batch, padded_len, heads, head_dim) like k, keys in their natural order.
+    v: torch.Tensor
     descale: torch.Tensor  # (batch, heads, 3) float32: q, k, v descales (amax / 448)
     seq_len: int  # the real length; rows and keys at or past it are padding (zeros)
     key_permuted: bool
     softmax_scale: float
+    v_feature_major: bool = True
+
+    def v_codes(self, b: int, h: int) -> torch.Tensor:
+        """V's fp8 codes of one (batch, head) as (head_dim, padded_len), keys in natural order,
+        whatever layout the kernel asked for (the reference and the metrics read V through it)."""
+        if not self.v_feature_major:
+            return self.v[b, :, h].t()
+        v = self.v[b, h]
+        if self.key_permuted:
+            v = v[:, _inverse_key_order_on(v.shape[-1], v.device)]
+        return v
 
     @property
     def padded_len(self) -> int:
@@ -50,6 +63,8 @@ class Fp8Inputs:
         dq, dk, dv = (self.descale[..., i] for i in range(3))  # (batch, heads)
         q = self.q[:, :s].float() * dq[:, None, :, None]
         k = self.k[:, :s].float() * dk[:, None, :, None]
+        if not self.v_feature_major:
+            return q, k, self.v[:, :s].float() * dv[:, None, :, None]
         v = self.v.float()
         if self.key_permuted:
             v = v[..., inverse_key_order(v.shape[-1]).to(v.device)]
@@ -154,6 +169,11 @@ def _key_order_on(length: int, device: torch.device) -> torch.Tensor:
     return register_p_key_order(length).to(device)
 
 
+@functools.lru_cache(maxsize=64)
+def _inverse_key_order_on(length: int, device: torch.device) -> torch.Tensor:
+    return inverse_key_order(length).to(device)
+
+
 def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (batch, seq, heads, dim) -> (scale broadcastable to x, descale (batch, heads))."""
     amax = x.abs().amax(dim=(1, 3)).float().clamp_min(_TINY_AMAX)  # (batch, heads)
@@ -179,18 +199,24 @@ def quantize_inputs(
     permute_keys: bool = False,
     softmax_scale: float | None = None,
     validate: bool = True,
+    v_feature_major: bool = True,
 ) -> Fp8Inputs:
     """Quantize and lay out q, k, v for the FP8 kernels, on the device the inputs live on.
 
     pad_to: zero-pad seq_len up to a multiple of this (the kernel's tile), so that every tile
     load is in bounds; kernels still mask keys and skip stores past seq_len.
     permute_keys: store V's keys in register_p_key_order (pad_to must then be a multiple of 16).
+    v_feature_major: V as (batch, heads, head_dim, padded); False keeps (batch, padded, heads,
+    head_dim) for a kernel that transposes V itself (no key permutation then).
     """
     if validate:
         check_qkv(q, k, v)
     batch, seq_len, heads, head_dim = q.shape
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
+    if permute_keys and not v_feature_major:
+        raise ValueError("permute_keys applies to feature-major V only: a kernel that reads V in "
+                         "its natural layout orders the keys itself")
     if permute_keys and pad_to % 16:
         raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
     padded = round_up(seq_len, pad_to)
@@ -207,11 +233,14 @@ def quantize_inputs(
         out.append(x8)
         descales.append(descale)
     q8, k8, v8 = out
-    # Feature-major V: (batch, heads, head_dim, padded), keys contiguous.
-    v8 = v8.view(torch.uint8).permute(0, 2, 3, 1)
-    if permute_keys:
-        v8 = v8[..., _key_order_on(padded, v8.device)]
-    v8 = v8.contiguous().view(torch.float8_e4m3fn)
+    if v_feature_major:
+        # Feature-major V: (batch, heads, head_dim, padded), keys contiguous.
+        v8 = v8.view(torch.uint8).permute(0, 2, 3, 1)
+        if permute_keys:
+            v8 = v8[..., _key_order_on(padded, v8.device)]
+        v8 = v8.contiguous().view(torch.float8_e4m3fn)
+    else:
+        v8 = v8.contiguous()
     return Fp8Inputs(
         q=q8.contiguous(),
         k=k8.contiguous(),
@@ -220,4 +249,5 @@ def quantize_inputs(
         seq_len=seq_len,
         key_permuted=permute_keys,
         softmax_scale=float(softmax_scale),
+        v_feature_major=v_feature_major,
     )

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from variants.prepare import Fp8Inputs, inverse_key_order
+from variants.prepare import Fp8Inputs
 
 # ---- Acceptance thresholds: the only place they live -------------------------------------------
 # The kernel rounds P = exp(s - m) * 256 to e4m3 before P @ V. e4m3 keeps 3 mantissa bits, so a
@@ -80,19 +80,13 @@ def reference_attention(
     device = prepared.q.device
     out = torch.empty(batch, s, heads, head_dim, dtype=torch.float32, device=device)
     lse = torch.empty(batch, heads, s, dtype=torch.float32, device=device)
-    key_index = (
-        inverse_key_order(prepared.v.shape[-1]).to(device) if prepared.key_permuted else None
-    )
     rows = _chunk_rows(s, score_budget_bytes)
     for b in range(batch):
         for h in range(heads):
             dq, dk, dv = prepared.descale[b, h].tolist()
             q = prepared.q[b, :s, h].float() * (dq * prepared.softmax_scale)
             k = prepared.k[b, :s, h].float() * dk
-            v = prepared.v[b, h]
-            if key_index is not None:
-                v = v[:, key_index]
-            v = v[:, :s].float().t() * dv  # (S, D)
+            v = prepared.v_codes(b, h)[:, :s].float().t() * dv  # (S, D)
             for r0 in range(0, s, rows):
                 scores = q[r0 : r0 + rows] @ k.t()
                 row_lse = torch.logsumexp(scores, dim=-1)
@@ -135,7 +129,8 @@ def accuracy(
 def dequantized_v_absmax(prepared: Fp8Inputs) -> float:
     # The descale is amax/448 per head and the largest code is 448: max|v| = max descale * 448
     # only if a code hits 448, so take the real maximum of the stored codes instead.
-    codes = prepared.v.float().abs().amax(dim=(2, 3))  # (B, H)
+    # (B, H): over head_dim and keys, in either V layout.
+    codes = prepared.v.float().abs().amax(dim=(2, 3) if prepared.v_feature_major else (1, 3))
     return float((codes * prepared.descale[..., 2]).max())
 
 

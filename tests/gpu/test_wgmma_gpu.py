@@ -43,6 +43,24 @@ def test_feasible_space_small_shapes(cfg):
         _check(cfg, Problem(batch=1, heads=2, seq_len=seq_len))
 
 
+# v_layout=kernel: V read as (B, S, H, D) and transposed in shared memory by the producer. Not in
+# the space until these pass (config.V_LAYOUTS_VALIDATED), so they are built directly here.
+V_IN_KERNEL = [
+    dict(consumer_wgs=2, block_n=128, kv_stages=2, p_source=p_source, intra_wg_overlap=True,
+         pingpong=True, persistent=True, v_layout="kernel")
+    for p_source in ("registers", "smem")
+] + [dict(consumer_wgs=1, block_n=64, kv_stages=3, p_source="registers", intra_wg_overlap=False,
+          pingpong=False, persistent=False, v_layout="kernel")]
+
+
+@pytest.mark.parametrize("overrides", V_IN_KERNEL, ids=["default-RS", "default-SS", "1wg-64"])
+def test_v_layout_kernel_against_reference(overrides):
+    cfg = wgmma.Config.from_dict(overrides)
+    for problem in (Problem(1, 2, 1), Problem(1, 2, 77), Problem(2, 3, 4096),
+                    Problem(1, 56, 30272)):
+        _check(cfg, problem)
+
+
 @pytest.mark.parametrize("overrides", BEST, ids=["best1", "best2", "best3"])
 def test_best_configs_at_video_dit_shape(overrides):
     _check(wgmma.Config.from_dict(overrides), Problem(batch=1, heads=56, seq_len=30272))

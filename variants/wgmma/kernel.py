@@ -32,9 +32,20 @@ pingpong).
 Epilogue: O * dv / l stored as bf16 straight from registers (rows >= seq_len skipped), and
 LSE = ln 2 * (m - 8 + log2 l).
 
+v_layout=kernel: V arrives as the caller holds it, (batch, seq, heads, head_dim) like K. The
+loader warp TMA-loads each V strip, (block_n keys, head_dim), into a staging ring laid out like
+K's; warps 1-3 of the producer warpgroup copy it into the V ring the PV wgmma reads, 4 keys x 4
+features per step (four 32-bit loads, a 4x4 byte transpose in registers, four 32-bit stores),
+in the register-P key order when P comes from registers; then they fence the generic-proxy
+stores for the async proxy and arrive on the ring's full barrier (a PipelineAsync: 96 producer
+threads, every consumer thread releasing). Costs a second V ring of shared memory and
+producer-side work per strip (tests/test_wgmma_v_transpose.py checks its addressing on the CPU).
+With v_layout=prepared the kernel is byte for byte the one built before this option existed.
+
 Constraints (config.can_implement states them for the tuner): sm_90a; head_dim 64 or 128;
 block_n a multiple of 32 up to 256; q, k (batch, padded, heads, head_dim), v (batch, heads,
-head_dim, padded) fp8 e4m3, padded a multiple of lcm(block_m, block_n), zero padding;
+head_dim, padded) (v_layout=kernel: like k) fp8 e4m3, padded a multiple of lcm(block_m,
+block_n), zero padding;
 softmax_scale > 0. Batch, heads and sequence length are runtime values.
 """
 
@@ -56,6 +67,8 @@ LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
 # P = exp(s - m) * 256 before rounding to e4m3: 2^8 folded into the exponent.
 P_SHIFT_LOG2 = 8.0
+# v_layout=kernel: warps 1..3 of the producer warpgroup transpose V (warp 0 issues the TMA loads).
+TRANSPOSE_WARPS = 3
 # Named barrier ids: 0 is __syncthreads; 1.. are the pingpong turn barriers, one per consumer.
 _SCHED_BARRIER_BASE = 1
 _DEBUG = False
@@ -76,6 +89,7 @@ class WgmmaAttention:
         self.overlap = cfg.intra_wg_overlap
         self.pingpong = cfg.pingpong and cfg.consumer_wgs >= 2
         self.persistent = cfg.persistent
+        self.v_in_kernel = cfg.v_in_kernel
         self.consumer_regs, self.producer_regs = REGISTER_SPLIT[cfg.consumer_wgs]
 
     # ----------------------------------------------------------------------------------------
@@ -90,6 +104,32 @@ class WgmmaAttention:
         if stages is None:
             return cute.tile_to_shape(atom, (rows, cols), (0, 1))
         return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
+
+    def _shared_storage(self, sQ_layout, sK_layout, sV_layout, sP_layout):
+        """The CTA's shared memory as a cute.struct. v_layout=kernel adds the V staging ring and
+        its barriers; the prepared layout's fields stay exactly as they were (its kernels are
+        validated as built). Built from a field dict because this module's annotations are
+        strings (`from __future__ import annotations`), which cute.struct does not evaluate."""
+        fp8 = cutlass.Float8E4M3FN
+        stages = self.stages
+
+        def buffer(elems):
+            return cute.struct.Align[cute.struct.MemRange[fp8, elems], 1024]
+
+        fields = {
+            "mbar_q": cute.struct.MemRange[cutlass.Int64, 2],
+            "mbar_k": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+            "mbar_v": cute.struct.MemRange[cutlass.Int64, 2 * stages],
+        }
+        if self.v_in_kernel:
+            fields["mbar_vraw"] = cute.struct.MemRange[cutlass.Int64, 2 * stages]
+        fields["q"] = buffer(cute.cosize(sQ_layout))
+        fields["k"] = buffer(cute.cosize(sK_layout))
+        fields["v"] = buffer(cute.cosize(sV_layout))
+        if self.v_in_kernel:
+            fields["vraw"] = buffer(cute.cosize(sK_layout))
+        fields["p"] = buffer(1 if self.register_p else cute.cosize(sP_layout))
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     @cute.jit
     def __call__(
@@ -117,8 +157,12 @@ class WgmmaAttention:
         qk_layout = cute.select(qk_layout, mode=[1, 3, 2, 0])
         mQ = cute.make_tensor(q_ptr, qk_layout)
         mK = cute.make_tensor(k_ptr, qk_layout)
-        v_layout = cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0))
-        mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
+        if cutlass.const_expr(self.v_in_kernel):
+            # V as the caller holds it, (batch, seq, heads, head_dim): the same view as K.
+            mV = cute.make_tensor(v_ptr, qk_layout)
+        else:
+            v_layout = cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0))
+            mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
         mDescale = cute.make_tensor(
             descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
         mO = cute.make_tensor(
@@ -143,20 +187,15 @@ class WgmmaAttention:
         tma_q, tma_mQ = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (bm, d))
         tma_k, tma_mK = cpasync.make_tiled_tma_atom(
             g2s, mK, cute.select(sK_layout, mode=[0, 1]), (bn, d))
-        tma_v, tma_mV = cpasync.make_tiled_tma_atom(
-            g2s, mV, cute.select(sV_layout, mode=[0, 1]), (d, bn))
+        if cutlass.const_expr(self.v_in_kernel):
+            # Loaded like K into a staging ring of K's layout; the producer transposes it.
+            tma_v, tma_mV = cpasync.make_tiled_tma_atom(
+                g2s, mV, cute.select(sK_layout, mode=[0, 1]), (bn, d))
+        else:
+            tma_v, tma_mV = cpasync.make_tiled_tma_atom(
+                g2s, mV, cute.select(sV_layout, mode=[0, 1]), (d, bn))
 
-        p_elems = 1 if cutlass.const_expr(self.register_p) else cute.cosize(sP_layout)
-
-        @cute.struct
-        class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            mbar_v: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
-            q: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sQ_layout)], 1024]
-            k: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sK_layout)], 1024]
-            v: cute.struct.Align[cute.struct.MemRange[fp8, cute.cosize(sV_layout)], 1024]
-            p: cute.struct.Align[cute.struct.MemRange[fp8, p_elems], 1024]
+        SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout, sP_layout)
 
         m_blocks = cute.ceil_div(seq_len, bm)
         total_tiles = m_blocks * heads * batch
@@ -225,10 +264,30 @@ class WgmmaAttention:
             barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages,
             producer_group=producer, consumer_group=consumers, tx_count=bn * d,
             defer_sync=True)
-        pipe_v = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
-            producer_group=producer, consumer_group=consumers, tx_count=bn * d,
-            defer_sync=True)
+        sVraw = None
+        if cutlass.const_expr(self.v_in_kernel):
+            # TMA fills the staging ring (waited on by the transposing warps, one arrive each);
+            # the transposing threads fill the V ring (all of them arrive, then the consumers
+            # wait and release as they do for a TMA-filled ring, every consumer thread arriving).
+            sVraw = storage.vraw.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            pipe_vload = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_vraw.data_ptr(), num_stages=self.stages,
+                producer_group=producer,
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, TRANSPOSE_WARPS),
+                tx_count=bn * d, defer_sync=True)
+            pipe_v = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, 32 * TRANSPOSE_WARPS),
+                consumer_group=pipeline.CooperativeGroup(
+                    pipeline.Agent.Thread, WG_THREADS * self.wgs),
+                defer_sync=True)
+        else:
+            pipe_v = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
+                producer_group=producer, consumer_group=consumers, tx_count=bn * d,
+                defer_sync=True)
+            pipe_vload = pipe_v
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -239,8 +298,18 @@ class WgmmaAttention:
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-                          bid, grid, total_tiles, m_blocks, heads, n_blocks)
+                if cutlass.const_expr(self.v_in_kernel):
+                    self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sVraw, pipe_q, pipe_k,
+                              pipe_vload, bid, grid, total_tiles, m_blocks, heads, n_blocks)
+                else:
+                    self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k,
+                              pipe_v, bid, grid, total_tiles, m_blocks, heads, n_blocks)
+            if cutlass.const_expr(self.v_in_kernel):
+                if warp_idx > 0:
+                    # Views with the swizzle in the layout (not the pointer), for crd2idx.
+                    self.transpose_v(storage.vraw.get_tensor(sK_layout),
+                                     storage.v.get_tensor(sV_layout), pipe_vload, pipe_v,
+                                     tidx - 32, bid, grid, total_tiles, n_blocks)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             sP = None
@@ -270,8 +339,12 @@ class WgmmaAttention:
                                  (m_block, 0))
             gK = cute.local_tile(mK[None, None, head, batch], (self.block_n, self.head_dim),
                                  (None, 0))
-            gV = cute.local_tile(mV[None, None, head, batch], (self.head_dim, self.block_n),
-                                 (0, None))
+            if cutlass.const_expr(self.v_in_kernel):
+                gV = cute.local_tile(mV[None, None, head, batch],
+                                     (self.block_n, self.head_dim), (None, 0))
+            else:
+                gV = cute.local_tile(mV[None, None, head, batch],
+                                     (self.head_dim, self.block_n), (0, None))
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             tKsK, tKgK = cpasync.tma_partition(
@@ -318,6 +391,84 @@ class WgmmaAttention:
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
             tile += grid
+
+    # ---- V transpose (v_layout=kernel) ---------------------------------------------------------
+    @cute.jit
+    def transpose_v(self, sVraw, sV, pipe_vload, pipe_v, ttid, bid, grid, total_tiles, n_blocks):
+        """Warps 1-3 of the producer warpgroup: every V strip the loader put in the staging
+        ring, (block_n keys, head_dim) as in memory, is written into the V ring K-major
+        (head_dim, block_n keys contiguous) for the PV wgmma, with the register-P key order
+        applied on the way when P comes from registers. Strips in the loader's order."""
+        raw_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        tile = bid
+        while tile < total_tiles:
+            for _ in cutlass.range(n_blocks, unroll=1):
+                pipe_vload.consumer_wait(raw_state)
+                pipe_v.producer_acquire(v_state)
+                self._transpose_strip(sVraw, sV, raw_state.index, v_state.index, ttid)
+                # Generic-proxy smem writes must be visible to the async proxy (wgmma) reads.
+                cute.arch.fence_view_async_shared()
+                pipe_v.producer_commit(v_state)
+                # consumer_release arrives from lane 0 only: every lane's reads of the staging
+                # slot must be done before it (FA3 syncs its producer warpgroup at this point).
+                cute.arch.sync_warp()
+                pipe_vload.consumer_release(raw_state)
+                raw_state.advance()
+                v_state.advance()
+            tile += grid
+
+    @cute.jit
+    def _transpose_strip(self, src, dst, raw_stage, v_stage, ttid):
+        """One strip, 4 keys x 4 features per step: four 32-bit loads (a row segment of each of
+        the 4 keys that feed 4 consecutive slots), a 4x4 byte transpose in registers, four 32-bit
+        stores (4 slots of each of the 4 features). A warp takes 8 slot groups x 4 feature groups,
+        which keeps both sides at most 4-way bank-conflicted under the 128-byte swizzle. src and
+        dst are plain-pointer views with the swizzle in their composed layouts, so crd2idx gives
+        the swizzled byte offset (a 16-byte chunk moves as a whole: 4 aligned bytes stay
+        contiguous)."""
+        bn, d = self.block_n, self.head_dim
+        threads = 32 * TRANSPOSE_WARPS
+        total = bn * d // 16
+        for i in cutlass.range((total + threads - 1) // threads, unroll=1):
+            item = ttid + i * threads
+            if item < total:
+                f4, s4 = self._transpose_item(item)
+                words = cute.make_rmem_tensor((4,), cutlass.Uint32)
+                for e in cutlass.range_constexpr(4):
+                    src_word = self._word(src, (self._source_key(s4, e), 4 * f4, raw_stage))
+                    words[e] = src_word[0]
+                for j in cutlass.range_constexpr(4):
+                    dst_word = self._word(dst, (4 * f4 + j, 4 * s4, v_stage))
+                    dst_word[0] = self._byte_column(words, j)
+
+    def _transpose_item(self, item):
+        """Work item -> (feature group f4, slot group s4): 4 feature groups x 8 slot groups for
+        the 32 consecutive items of a warp, then the next slot groups, then the next features."""
+        bn = self.block_n
+        return (item // bn) * 4 + item % 4, (item // 4) % (bn // 4)
+
+    def _source_key(self, s4, e: int):
+        """The key stored at slot 4 * s4 + e of the V ring."""
+        if self.register_p:
+            # Slot 4t + e of each 16 keys holds key 8(e // 2) + 2t + e % 2
+            # (prepare.register_p_key_order, applied here instead of in prepare).
+            return (s4 // 4) * 16 + 8 * (e // 2) + 2 * (s4 % 4) + e % 2
+        return 4 * s4 + e
+
+    def _byte_column(self, words, j: int):
+        """Byte j of words[0..3], packed little-endian into one Uint32 (a 4x4 byte transpose)."""
+        out = (words[0] >> (8 * j)) & 0xFF
+        for e in range(1, 4):
+            out = out | (((words[e] >> (8 * j)) & 0xFF) << (8 * e))
+        return out
+
+    @cute.jit
+    def _word(self, tensor, coord):
+        """The 4 bytes of `tensor` from `coord` on (contiguous, 4-aligned) as one Uint32."""
+        offset = cute.assume(cute.crd2idx(coord, tensor.layout), divby=4)
+        return cute.recast_tensor(cute.make_tensor(tensor.iterator + offset, cute.make_layout(4)),
+                                  cutlass.Uint32)
 
     # ---- consumer ------------------------------------------------------------------------------
     def _sched_sync(self, wg):

@@ -1,5 +1,9 @@
+import json
 import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,3 +54,22 @@ def db_url_any(request, tmp_path):
     if request.param == "postgresql":
         return request.getfixturevalue("pg_url")
     return f"sqlite:///{tmp_path / 'any.sqlite'}"
+
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def python_child():
+    """Run `code` in a fresh interpreter (nothing in any memory cache) that imports this checkout
+    from any working directory; returns (the JSON its last stdout line holds, its stderr)."""
+
+    def run(code: str, *args: str, env: dict | None = None, cwd=None, timeout: float = 600):
+        child_env = {**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(_REPO), os.environ.get("PYTHONPATH")]))}
+        done = subprocess.run([sys.executable, "-c", code, *args], env=child_env, cwd=cwd,
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+
+    return run

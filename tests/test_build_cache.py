@@ -3,10 +3,6 @@ from disk by the next one, not compiled again, and a broken entry falls back to 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -28,14 +24,12 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _run_child(cache_dir, cwd=None) -> tuple[dict, str]:
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "TUNER_CACHE_DIR": str(cache_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
-                          text=True, timeout=600, check=False, cwd=cwd)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+@pytest.fixture
+def run_child(python_child):
+    def run(cache_dir, cwd=None) -> tuple[dict, str]:
+        return python_child(_CHILD, env={"TUNER_CACHE_DIR": str(cache_dir)}, cwd=cwd)
+
+    return run
 
 
 def _entry(cache_dir):
@@ -44,13 +38,13 @@ def _entry(cache_dir):
     return entries[0]
 
 
-def test_second_process_loads_the_build_from_disk(tmp_path):
-    first, _ = _run_child(tmp_path)
+def test_second_process_loads_the_build_from_disk(tmp_path, run_child):
+    first, _ = run_child(tmp_path)
     assert not first["from_disk"] and first["has_fn"]
     entry = _entry(tmp_path)
     assert {"kernel.cubin", "kernel.o", "meta.json"} <= {p.name for p in entry.iterdir()}
 
-    second, _ = _run_child(tmp_path)
+    second, _ = run_child(tmp_path)
     assert second["from_disk"] and second["has_fn"]
     assert second["registers"] == first["registers"]
     # The original build's seconds travel with the entry; loading is far cheaper than building.
@@ -58,29 +52,29 @@ def test_second_process_loads_the_build_from_disk(tmp_path):
     assert second["seconds"] < first["seconds"] / 2, (first, second)
 
 
-def test_a_build_leaves_nothing_in_the_working_directory(tmp_path):
+def test_a_build_leaves_nothing_in_the_working_directory(tmp_path, run_child):
     # CuTe DSL's --keep-cubin writes <cwd>/<entry name>.cubin unless given a dump directory: one
     # name for every config, which parallel compiles in one directory used to read half-written.
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    _run_child(tmp_path / "cache", cwd=cwd)
+    run_child(tmp_path / "cache", cwd=cwd)
     assert list(cwd.iterdir()) == []
 
 
-def test_a_broken_object_is_compiled_again(tmp_path):
-    _run_child(tmp_path)
+def test_a_broken_object_is_compiled_again(tmp_path, run_child):
+    run_child(tmp_path)
     obj = _entry(tmp_path) / "kernel.o"
     obj.write_bytes(b"not an ELF object")
-    again, stderr = _run_child(tmp_path)
+    again, stderr = run_child(tmp_path)
     assert not again["from_disk"] and again["has_fn"]
     assert "compiling again" in stderr
     # ... and the rebuilt entry is whole again for the process after.
     assert obj.read_bytes()[:4] == b"\x7fELF"
-    assert _run_child(tmp_path)[0]["from_disk"]
+    assert run_child(tmp_path)[0]["from_disk"]
 
 
-def test_an_incomplete_entry_is_not_loaded(tmp_path):
-    _run_child(tmp_path)
+def test_an_incomplete_entry_is_not_loaded(tmp_path, run_child):
+    run_child(tmp_path)
     (_entry(tmp_path) / "meta.json").unlink()  # a build killed before its last write
-    again, _ = _run_child(tmp_path)
+    again, _ = run_child(tmp_path)
     assert not again["from_disk"] and again["has_fn"]

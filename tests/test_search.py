@@ -64,6 +64,14 @@ def key(family_module, config: dict) -> tuple:
     return cfg.tile, cfg.stages
 
 
+@pytest.fixture
+def compile_log(tmp_path, monkeypatch) -> Path:
+    """Where the test-double families log every config they compile, in any process."""
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv("FAKE_FAMILY_COMPILE_LOG", str(log))
+    return log
+
+
 def compiled_configs(log: Path) -> list[dict]:
     if not log.exists():
         return []
@@ -123,9 +131,8 @@ def test_cpu_double_needs_no_gpu_but_real_family_does():
 # ---- searches in this process ------------------------------------------------------------------
 
 def test_exhaustive_search_records_every_outcome_and_picks_a_valid_winner(tmp_path, capsys,
-                                                                          monkeypatch):
-    log = tmp_path / "compiles.jsonl"
-    monkeypatch.setenv("FAKE_FAMILY_COMPILE_LOG", str(log))
+                                                                          compile_log):
+    log = compile_log
     db = tmp_path / "db.sqlite"
     out = run_cli(capsys, [*BASE, "--families", SMALL, "--trials", "20", "--seed", "7",
                            "--db", f"sqlite:///{db}"])
@@ -168,9 +175,8 @@ def test_exhaustive_search_records_every_outcome_and_picks_a_valid_winner(tmp_pa
 
 
 def test_tpe_search_on_a_large_space_stays_feasible_and_within_budget(tmp_path, capsys,
-                                                                      monkeypatch):
-    log = tmp_path / "compiles.jsonl"
-    monkeypatch.setenv("FAKE_FAMILY_COMPILE_LOG", str(log))
+                                                                      compile_log):
+    log = compile_log
     db = tmp_path / "db.sqlite"
     out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "10", "--seed", "3",
                            "--timeout", "1", "--db", f"sqlite:///{db}"])

@@ -51,23 +51,18 @@ def test_new_database_is_wal_and_versioned(db_url, tmp_path):
     assert con.execute("SELECT version FROM tuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
-def test_other_schema_version_is_refused_with_the_fix(db_url, tmp_path):
+@pytest.mark.parametrize(("tamper", "message"), [
+    ("UPDATE tuner_schema_version SET version = 999", r"schema version 999.*expects 1.*--db"),
+    ("DELETE FROM tuner_schema_version", "schema version None"),
+], ids=["other-version", "no-version-row"])
+def test_a_database_of_another_schema_version_is_refused_with_the_fix(db_url, tmp_path, tamper,
+                                                                      message):
     Store(db_url).close()
     con = sqlite3.connect(tmp_path / "tuner.sqlite")
-    con.execute("UPDATE tuner_schema_version SET version = 999")
+    con.execute(tamper)
     con.commit()
     con.close()
-    with pytest.raises(TunerError, match=r"schema version 999.*expects 1.*--db"):
-        Store(db_url)
-
-
-def test_tables_without_version_row_are_refused(db_url, tmp_path):
-    Store(db_url).close()
-    con = sqlite3.connect(tmp_path / "tuner.sqlite")
-    con.execute("DELETE FROM tuner_schema_version")
-    con.commit()
-    con.close()
-    with pytest.raises(TunerError, match="schema version None"):
+    with pytest.raises(TunerError, match=message):
         Store(db_url)
 
 

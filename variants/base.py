@@ -58,7 +58,18 @@ class Family(Protocol):
 
 
 class ConfigMixin:
-    """to_dict/from_dict and a short label for frozen config dataclasses."""
+    """to_dict/from_dict and a short label for frozen config dataclasses, and the V layout the
+    family's prepare() must produce (CompiledKernel.prepare/run use these two properties)."""
+
+    @property
+    def v_feature_major(self) -> bool:
+        """V stored (batch, heads, head_dim, padded), keys contiguous; False: as k is stored."""
+        return True
+
+    @property
+    def v_key_permuted(self) -> bool:
+        """V's keys stored in the register-P order (prepare.register_p_key_order)."""
+        return self.register_p
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

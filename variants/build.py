@@ -49,8 +49,12 @@ def cache_root() -> Path:
 @cache
 def source_hash(src_dir: str) -> str:
     """Hash of a family's *.py files: editing the kernel invalidates its cached builds."""
+    return _files_hash(sorted(Path(src_dir).glob("*.py")))
+
+
+def _files_hash(paths) -> str:
     h = hashlib.sha256()
-    for path in sorted(Path(src_dir).glob("*.py")):
+    for path in paths:
         h.update(path.name.encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
@@ -78,10 +82,7 @@ def shared_source_hash() -> str:
     """This module (launch argument list, compile options) and the contract it implements: the
     cache launches what it stores, so an edit here must not reuse old objects."""
     here = Path(__file__).resolve().parent
-    h = hashlib.sha256()
-    for name in ("build.py", "base.py", "cubin.py"):
-        h.update((here / name).read_bytes())
-    return h.hexdigest()[:16]
+    return _files_hash(here / name for name in ("build.py", "base.py", "cubin.py"))
 
 
 def _dsl_environment() -> dict[str, str]:
@@ -139,6 +140,22 @@ def pointer_args(*, extra: tuple = ()) -> tuple:
         cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(256),
         cutlass.Float32(1.0), *extra, make_fake_stream(),
     )
+
+
+def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:
+    """The kernels' views of the launch buffers every family shares, in the layouts
+    prepare and CompiledKernel.run give them: descale (batch, heads, 3: q, k, v), O (batch,
+    seq_len, heads, head_dim) bf16, LSE (batch, heads, seq_len) fp32. Called at trace time from
+    a kernel's @cute.jit entry point."""
+    import cutlass.cute as cute
+
+    m_descale = cute.make_tensor(
+        descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
+    m_o = cute.make_tensor(
+        o_ptr, cute.make_ordered_layout((batch, seq_len, heads, head_dim), order=(3, 2, 1, 0)))
+    m_lse = cute.make_tensor(
+        lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
+    return m_descale, m_o, m_lse
 
 
 def build_function(kernel_obj, arch: str, extra_args: tuple = ()):
@@ -261,9 +278,8 @@ def _read_meta(path: Path) -> dict | None:
 class CompiledKernel:
     """A compiled attention kernel of any family: the Kernel protocol of variants/base.py.
 
-    The config must provide pad_to() (the sequence multiple its tiles load) and register_p; a
-    config may also say how prepare lays out V: v_feature_major (default True) and
-    v_key_permuted (default register_p: V's keys stored in the register-P order)."""
+    The config must provide pad_to() (the sequence multiple its tiles load) and the V layout
+    prepare must produce (v_feature_major, v_key_permuted: base.ConfigMixin)."""
 
     config: Any
     problem: Any
@@ -288,9 +304,7 @@ class CompiledKernel:
                                v_feature_major=feature_major)
 
     def _v_layout(self) -> tuple[bool, bool]:
-        cfg = self.config
-        return (getattr(cfg, "v_feature_major", True),
-                getattr(cfg, "v_key_permuted", cfg.register_p))
+        return self.config.v_feature_major, self.config.v_key_permuted
 
     def run(self, prepared, out=None, lse=None):
         """Launch on torch's current stream (so it orders with torch work and can be captured

@@ -6,10 +6,6 @@ fresh random inputs with the output poisoned first."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -43,25 +39,16 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _child(family: str, cache_dir) -> dict:
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "TUNER_CACHE_DIR": str(cache_dir),
-           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-c", _CHILD, family], env=env, capture_output=True,
-                          text=True, timeout=900, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.parametrize("family", ["wgmma", "mma_sync"])
-def test_kernel_loaded_from_disk_is_correct(family, tmp_path):
+def test_kernel_loaded_from_disk_is_correct(family, tmp_path, python_child):
     from tuner.gpus import local_profile
     from variants import families_for_arch
 
     if family not in families_for_arch(local_profile().arch):
         pytest.skip(f"{family} does not target this GPU's arch")
-    built = _child(family, tmp_path)
-    loaded = _child(family, tmp_path)
+    env = {"TUNER_CACHE_DIR": str(tmp_path)}
+    built, _ = python_child(_CHILD, family, env=env, timeout=900)
+    loaded, _ = python_child(_CHILD, family, env=env, timeout=900)
     print(f"\n{family}: compile {built['obtain_s']:.2f} s (rel RMS {built['rel_rms']:.4f}); "
           f"load from disk {loaded['obtain_s'] * 1e3:.1f} ms (rel RMS {loaded['rel_rms']:.4f})")
     assert not built["from_disk"] and built["passed"], built

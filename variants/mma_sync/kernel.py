@@ -32,6 +32,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
+from variants.build import output_views
 from variants.mma_sync.config import Config
 
 LOG2_E = 1.4426950408889634
@@ -175,12 +176,7 @@ class MmaSyncAttention:
         # (batch, heads, head_dim, padded): keys contiguous
         mV = cute.make_tensor(
             v_ptr, cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0)))
-        mDescale = cute.make_tensor(
-            descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
-        mO = cute.make_tensor(
-            o_ptr, cute.make_ordered_layout((batch, seq_len, heads, d), order=(3, 2, 1, 0)))
-        mLSE = cute.make_tensor(
-            lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
+        mDescale, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
 
         sQ_layout = self._smem_layout(self.block_m, d, None)
         sK_layout = self._smem_layout(self.block_n, d, self.stages)

@@ -25,10 +25,6 @@ def _example_sm_count() -> tuple:
     return (cutlass.Int32(132),)
 
 
-def codegen_key(cfg: Config, head_dim: int, arch: str) -> str:
-    return build.codegen_key(FAMILY, cfg, head_dim, arch, _SRC_DIR)
-
-
 def compile(cfg: Config, problem, arch: str) -> build.CompiledKernel:  # noqa: A001 - contract
     """Build (or fetch from cache) the kernel for `cfg` on `arch`; works without a GPU."""
     from variants.wgmma.kernel import WgmmaAttention

@@ -61,6 +61,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
+from variants.build import output_views
 from variants.wgmma.config import REGISTER_SPLIT, ROWS_PER_WG, WG_THREADS, Config
 
 LOG2_E = 1.4426950408889634
@@ -163,12 +164,7 @@ class WgmmaAttention:
         else:
             v_layout = cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0))
             mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
-        mDescale = cute.make_tensor(
-            descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
-        mO = cute.make_tensor(
-            o_ptr, cute.make_ordered_layout((batch, seq_len, heads, d), order=(3, 2, 1, 0)))
-        mLSE = cute.make_tensor(
-            lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
+        mDescale, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
 
         sQ_layout = self._smem_layout(bm, d, None)
         sK_layout = self._smem_layout(bn, d, self.stages)
@@ -498,23 +494,22 @@ class WgmmaAttention:
         return c_view, a_view
 
     @cute.jit
-    def _qk(self, tiled_mma, acc, tSrQ, tSrK, stage):
+    def _gemm(self, tiled_mma, acc, tA, tB, stage, accumulate: cutlass.Constexpr):
+        """acc (+)= A B over the k-blocks of one strip as one wgmma group, committed, not
+        waited on; accumulate=False starts from zero (S = Q K^T), True adds (O += P V)."""
         warpgroup.fence()
         atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, False)
-        for k in cutlass.range_constexpr(cute.size(tSrQ.shape[2])):
-            cute.gemm(atom, acc, tSrQ[None, None, k], tSrK[None, None, k, stage], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, accumulate)
+        for k in cutlass.range_constexpr(cute.size(tA.shape[2])):
+            cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k, stage], acc)
             atom.set(warpgroup.Field.ACCUMULATE, True)
         warpgroup.commit_group()
 
-    @cute.jit
+    def _qk(self, tiled_mma, acc, tSrQ, tSrK, stage):
+        self._gemm(tiled_mma, acc, tSrQ, tSrK, stage, False)
+
     def _pv(self, tiled_mma, acc, tOrP, tOrV, stage):
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-        for k in cutlass.range_constexpr(cute.size(tOrP.shape[2])):
-            cute.gemm(atom, acc, tOrP[None, None, k], tOrV[None, None, k, stage], acc)
-        warpgroup.commit_group()
+        self._gemm(tiled_mma, acc, tOrP, tOrV, stage, True)
 
     @cute.jit
     def _softmax(self, acc_S, row_max, row_sum, qk_log2):

@@ -235,3 +235,46 @@ def test_json_keys_of_show(imported_db):
     assert set(rows[0]) == {"device", "device_id", "problem", "seq_len", "heads", "family_set",
                             "family", "config", "median_ms", "iqr_ms", "tflops", "default_ms",
                             "default_tflops", "speedup_over_default", "rel_rms", "decided_at"}
+
+
+def test_json_keys_of_show_trials(imported_db):
+    code, out, _ = run(["show", "--db", f"sqlite:///{imported_db}", "--trials", "4096",
+                        "--heads", "56", "--json"])
+    problems = json.loads(out)
+    assert code == 0 and problems
+    assert set(problems[0]) == {"problem", "outcomes", "trials"}
+    assert set(problems[0]["trials"][0]) == {"id", "family", "config", "outcome", "median_ms",
+                                             "message"}
+
+
+def test_json_keys_of_bench_and_its_peers_stored(tmp_path, monkeypatch):
+    # The timing needs a GPU; what `bench --json` prints and stores around it does not.
+    from tuner import bench, gpus
+    from tuner.bench import BenchRow
+
+    def fake_bench(problem, gpu, against, **_):
+        return [BenchRow(problem.seq_len, "tuned", "wgmma: default", 1.0, 0.01, 900.0, 45.5, 1.0),
+                BenchRow(problem.seq_len, "sdpa-cudnn", "bf16", 1.5, 0.01, 600.0, 30.3, 1.5)]
+
+    monkeypatch.setattr(bench, "bench_seq_len", fake_bench)
+    monkeypatch.setattr(gpus, "resolve_gpu", lambda name: gpus.PROFILES["h200"])
+    monkeypatch.setattr(gpus, "device_fingerprint", lambda: {
+        "name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132})
+    db = tmp_path / "bench.sqlite"
+    code, out, err = run(["bench", "--seq-lens", "4096", "--against", "sdpa-cudnn",
+                          "--db", f"sqlite:///{db}", "--json"])
+    doc = json.loads(out)
+    assert code == 0, err
+    assert set(doc) == {"device", "rows"}
+    assert set(doc["rows"][0]) == {"seq_len", "system", "detail", "median_ms", "iqr_ms", "tflops",
+                                   "pct_of_fp8_peak", "tuned_speedup", "rel_rms", "note"}
+    # The peer's row is stored for `tuner show --plot`; the tuned row is not (search owns it).
+    stored = sqlite3.connect(db).execute(
+        "SELECT family, role FROM tuner_trials").fetchall()
+    assert stored == [("sdpa-cudnn", "bench")]
+
+
+def test_bench_names_an_unknown_peer_with_the_choices():
+    code, out, err = run(["bench", "--seq-lens", "4096", "--against", "default,cudnn"])
+    assert code == 2 and one_line(err)
+    assert "unknown cudnn" in err and "cudnn-fp8" in err

@@ -98,9 +98,10 @@ def test_compiles_for_sm89(overrides):
     assert kernel.resources.smem_bytes <= PROFILES["4090"].smem_per_block
 
 
-def test_mxf8_rejected_off_sm120():
+@pytest.mark.parametrize("gpu", ["h200", "4090"])
+def test_mxf8_rejected_off_sm120(gpu):
     cfg = _cfg("sm_120a", MXF8[0])
-    ok, why = can_implement(cfg, PROBLEM, GPUS["sm_90a"])
+    ok, why = can_implement(cfg, PROBLEM, PROFILES[gpu])
     assert not ok and "mxf8" in why
 
 

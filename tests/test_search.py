@@ -3,6 +3,7 @@ feasibility before compile, the default first, mode choice, resume after a kill,
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
 import signal
@@ -18,8 +19,14 @@ import pytest
 from tests.doubles import fake_family, fake_family_large
 from tuner.cli import main
 from tuner.problem import Problem
-from tuner.search import ProblemSearch, SearchSettings, make_target, parse_duration
-from tuner.store import Store, config_hash
+from tuner.search import (
+    ProblemSearch,
+    SearchSettings,
+    make_target,
+    parse_duration,
+    pick_winner,
+)
+from tuner.store import Store, TrialRecord, config_hash
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = "tests.doubles.fake_family"
@@ -198,6 +205,83 @@ def test_tpe_search_on_a_large_space_stays_feasible_and_within_budget(tmp_path, 
     assert again["results"][0]["measured_here"] == 0
     assert again["results"][0]["seed"] == 3  # the recorded seed
     assert len(measured(db)) == 10
+
+
+def _timed(name: str, median_ms: float, iqr_ms: float) -> TrialRecord:
+    return TrialRecord(id=None, device_id="d", problem_key="p", family_set="f", family="f",
+                       config={"name": name}, config_hash=name, outcome="ok",
+                       median_ms=median_ms, iqr_ms=iqr_ms)
+
+
+def test_the_default_stays_unless_beaten_by_more_than_the_spread():
+    default = _timed("default", 2.00, 0.05)
+    close, clear = _timed("close", 1.96, 0.02), _timed("clear", 1.90, 0.02)
+    assert pick_winner([close, default], default) == (default, True)  # 0.04 <= IQR 0.05
+    assert pick_winner([clear, default], default) == (clear, False)  # 0.10 > 0.05
+    assert pick_winner([default, close], default) == (default, False)  # fastest anyway
+    assert pick_winner([close], None) == (close, False)  # the default failed its re-time
+
+
+def test_patience_stops_a_search_without_improvement(tmp_path, capsys):
+    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "60", "--patience", "3",
+                           "--seed", "5", "--timeout", "1", "--db", f"sqlite:///{tmp_path}/p.db"])
+    (result,) = out["results"]
+    assert result["stopped"] == "no improvement in 3 trials"
+    assert 4 <= result["measured_here"] < 60
+    assert result["winner"] is not None
+
+
+def test_time_budget_stops_a_search_and_leaves_it_resumable(tmp_path, capsys):
+    db = f"sqlite:///{tmp_path}/t.db"
+    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "60", "--time-budget", "3",
+                           "--patience", "0", "--timeout", "1", "--db", db])
+    (result,) = out["results"]
+    assert result["stopped"] == "time budget"
+    assert result["measured_here"] < 60
+    study = optuna.load_study(study_name=result["study"], storage=db)
+    assert not study.get_trials(states=(optuna.trial.TrialState.RUNNING,))  # all told
+    assert len(measured(tmp_path / "t.db")) == result["measured_here"]
+
+
+def test_storage_alone_is_the_results_database_too(tmp_path, capsys, monkeypatch):
+    # Hosts that share a study with `--storage URL` alone must share the results as well.
+    monkeypatch.delenv("TUNER_DB_URL", raising=False)
+    monkeypatch.setenv("TUNER_HOME", str(tmp_path / "home"))
+    shared = tmp_path / "shared.sqlite"
+    out = run_cli(capsys, [*BASE, "--families", SMALL, "--trials", "20",
+                           "--storage", f"sqlite:///{shared}"])
+    assert len(measured(shared)) == out["results"][0]["measured_here"] == 14
+    assert not (tmp_path / "home" / "tuner.sqlite").exists()
+
+
+def test_a_process_finishing_while_another_still_searches_leaves_it_the_decision(
+        tmp_path, capsys, monkeypatch):
+    """Several hosts on one study: only the process that finishes last decides."""
+    db = f"sqlite:///{tmp_path}/h.db"
+    args = [*BASE, "--families", SMALL, "--trials", "20", "--db", db]
+    first = run_cli(capsys, args)
+    study = optuna.load_study(study_name=first["results"][0]["study"], storage=db)
+
+    def retimes() -> int:
+        return len([r for r in rows(tmp_path / "h.db") if r["role"] == "retime"])
+
+    # Another host holds a trial of the study, just asked: this process leaves it the decision.
+    other = study.ask()
+    other.set_user_attr("owner", "elsewhere:4242")
+    decided = retimes()
+    (result,) = run_cli(capsys, args)["results"]
+    assert result["winner"] is None and "left to elsewhere:4242" in result["stopped"]
+    assert retimes() == decided
+    # A trial older than any candidate can take belongs to a dead host: it blocks nothing.
+    monkeypatch.setattr(ProblemSearch, "_longest_candidate", lambda self: dt.timedelta(0))
+    assert run_cli(capsys, args)["results"][0]["winner"] is not None
+    assert retimes() > decided
+    monkeypatch.undo()
+    # When the other host finishes its trial, the next process to finish decides again.
+    study.tell(other.number, state=optuna.trial.TrialState.FAIL)
+    decided = retimes()
+    assert run_cli(capsys, args)["results"][0]["winner"] is not None
+    assert retimes() > decided
 
 
 def test_resume_requires_an_existing_study(tmp_path):
@@ -384,3 +468,19 @@ def test_more_workers_than_gpus_is_a_one_line_error(tmp_path, capsys, monkeypatc
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--workers 2 needs 2 GPUs, 1 visible" in err
+
+
+def test_final_table_names_the_winner_by_what_differs_from_the_default():
+    import dataclasses
+
+    from tuner.commands.search import SearchView
+
+    def record(family, config):
+        return dataclasses.replace(_timed("x", 1.0, 0.0), family=family, config=config)
+
+    default = record("wgmma", {"block_n": 128, "kv_stages": 2})
+    assert SearchView.short_label(record("wgmma", {"block_n": 128, "kv_stages": 4}),
+                                  default) == "wgmma: kv_stages=4"
+    assert SearchView.short_label(default, default) == "wgmma: the default"
+    other = record("tests.doubles.fake_family", {"tile": 64, "stages": 3})
+    assert SearchView.short_label(other, default) == "fake_family: tile=64 stages=3"

@@ -37,6 +37,10 @@ def _time(kernel, problem, gpu, repeats: int, seed: int):
     return time_kernel(kernel, problem, torch.device("cuda"), seed, gpu.l2_bytes, repeats=repeats)
 
 
+# What --against may name: "sdpa" is both SDPA backends.
+AGAINST = ("default", "sdpa", "sdpa-cudnn", "sdpa-flash", "cudnn-fp8")
+
+
 def bench_seq_len(
     problem: Problem,
     gpu,

@@ -20,7 +20,8 @@ Several processes may search one study at once (one per GPU, DESIGN.md; `--worke
 them, tuner/multi_gpu.py): Optuna hands out the trials; each trial records its owner (host:pid),
 so a re-run on the same host fails the RUNNING trials of a dead owner at once and proposes their
 configs again. Of two trials that hold one config, the earlier keeps it. With `--workers` the
-searching processes skip the decision and their parent makes it once (ProblemSearch.decide).
+searching processes skip the decision and their parent makes it once (ProblemSearch.decide);
+hosts sharing a study through one database decide in the process that finishes last (run()).
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class ProblemResult:
     default: TrialRecord | None = None
     speedup: float | None = None
     default_kept: bool = False
+    # Another process still searching this study when this one stopped: it decides (see run()).
+    deferred_to: str = ""
 
 
 # ---- space -------------------------------------------------------------------------------------
@@ -552,6 +555,15 @@ class ProblemSearch:
             self._abandon(pipeline)
             if not decide:
                 return self._result(stopped or "trial budget")
+            others = self._others_searching()
+            if others:
+                # Several hosts on one study (--storage postgresql://...): the process that
+                # finishes last decides, once, with every host's trials stored; this one has
+                # nothing in flight any more, so the last one always sees no other.
+                result = self._result(f"{stopped or 'trial budget'}; the winner is left to "
+                                      f"{others[0]}, still searching this study")
+                result.deferred_to = others[0]
+                return result
             return self._decide(pipeline, stopped or "trial budget")
         finally:
             self._abandon(pipeline)
@@ -597,6 +609,28 @@ class ProblemSearch:
 
     # -- decision --
 
+    def _longest_candidate(self) -> dt.timedelta:
+        """How long a trial can stay RUNNING in a live process: compile, wait behind the compile
+        pool's other candidates on the GPU, evaluate, each within the per-stage timeout."""
+        s = self.settings
+        return dt.timedelta(seconds=s.timeout_s * (2 + s.compile_jobs))
+
+    def _others_searching(self) -> list[str]:
+        """Owners of the study's RUNNING trials, other than this process, that may still finish:
+        dead owners on this host are failed first; a trial older than any candidate can take
+        (a compile, a wait behind the compile pool, an evaluation, each within the timeout) is
+        taken for a dead remote owner and ignored, so a crashed host never blocks the decision."""
+        self._fail_dead_owners(self.study)
+        stale_after = self._longest_candidate()
+        now, me = dt.datetime.now(), _owner()
+        owners = []
+        for trial in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = trial.user_attrs.get("owner")
+            fresh = trial.datetime_start is None or now - trial.datetime_start < stale_after
+            if owner and owner != me and fresh and owner not in owners:
+                owners.append(owner)
+        return owners
+
     def _result(self, stopped: str) -> ProblemResult:
         return ProblemResult(self.problem, self.name, self.seed, self.mode, len(self.feasible),
                              stopped, self.outcomes, self.measured_here)
@@ -632,16 +666,25 @@ class ProblemSearch:
             return result
         default = retimed.get(self.default_hash)
         default = default if default is not None and default.outcome == "ok" else None
-        winner = valid[0]
-        if default is not None and winner is not default:
-            spread = max(winner.iqr_ms or 0.0, default.iqr_ms or 0.0)
-            if default.median_ms - winner.median_ms <= spread:
-                winner, result.default_kept = default, True
+        winner, result.default_kept = pick_winner(valid, default)
         speedup = default.median_ms / winner.median_ms if default is not None else None
         self.store.set_best(self.target.device_id, self.problem, self.family_set, winner.id,
                             default.id if default else None, speedup)
         result.winner, result.default, result.speedup = winner, default, speedup
         return result
+
+
+def pick_winner(valid: list[TrialRecord], default: TrialRecord | None
+                ) -> tuple[TrialRecord, bool]:
+    """From the re-timed valid candidates (fastest first) and the re-timed default (None if it
+    failed): the fastest, unless its lead over the default is within the measured spread (the
+    larger IQR of the two); then the default, kept. Returns (winner, default kept)."""
+    winner = valid[0]
+    if default is not None and winner is not default:
+        spread = max(winner.iqr_ms or 0.0, default.iqr_ms or 0.0)
+        if default.median_ms - winner.median_ms <= spread:
+            return default, True
+    return winner, False
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:

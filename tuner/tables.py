@@ -281,10 +281,14 @@ def build_table(store, device_id: str, gpu_name: str) -> dict:
     for w in store.winners(device_id):
         problem = Problem.from_key(w.problem_key)
         t = w.trial
-        # An imported winner carries the trial count of the search that found it elsewhere.
+        # Candidates the search measured (the default included): not the infeasible proposals
+        # it stored without compiling, nor the final re-timings. An imported winner carries the
+        # count of the search that found it elsewhere.
         trials = w.imported_trials
         if trials is None:
-            trials = len(store.trials(problem, device_id=device_id, family_set=w.family_set))
+            trials = sum(1 for t in store.trials(problem, device_id=device_id,
+                                                 family_set=w.family_set)
+                         if t.outcome != "infeasible" and t.role != "retime")
         entries.append(
             {
                 "problem": problem.to_dict(),

@@ -28,13 +28,18 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from tuner.bench import bench_seq_len, markdown_table, store_peer_rows
+    from tuner.bench import AGAINST, bench_seq_len, markdown_table, store_peer_rows
+    from tuner.errors import TunerError
     from tuner.gpus import device_fingerprint, fingerprint_id, resolve_gpu
     from tuner.problem import Problem
     from tuner.store import Store
 
-    gpu = resolve_gpu(args.gpu)
     against = [a.strip() for a in args.against.split(",") if a.strip()]
+    unknown = [a for a in against if a not in AGAINST]
+    if unknown:
+        raise TunerError(f"--against: unknown {', '.join(unknown)}; choose from "
+                         f"{', '.join(AGAINST)}")
+    gpu = resolve_gpu(args.gpu)
     fp = device_fingerprint()
     device_id = fingerprint_id(fp)
     store = Store(args.db)

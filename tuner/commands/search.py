@@ -67,7 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "~/.local/share/fp8-attn-tuner/tuner.sqlite)",
     )
     parser.add_argument(
-        "--storage", default=None, help="Optuna storage URL (default: the results database)"
+        "--storage", default=None,
+        help="Optuna storage URL (default: the results database); given alone, it is the "
+        "results database too"
     )
     parser.add_argument(
         "--seed",
@@ -167,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         resume=args.resume,
     )
-    store = Store(args.db)
+    store = Store(_results_url(args))
     storage = open_storage(args.storage or store.url)
     store.record_device(target.device_id, target.fingerprint)
 
@@ -201,6 +203,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         SearchView.table(results)
     return 0
+
+
+def _results_url(args) -> str | None:
+    """--db, else $TUNER_DB_URL, else the --storage database: hosts that share a study through
+    `--storage postgresql://...` alone must also share one results store (one winner, all
+    trials), not keep them in a local SQLite file each. None: the default SQLite file."""
+    if args.db or os.environ.get("TUNER_DB_URL"):
+        return args.db
+    return args.storage
 
 
 def _search_on_workers(args, devices, problems, families, target, store, storage, settings):
@@ -292,6 +303,16 @@ class SearchView:
             self.console.log(f"s={search.problem.seq_len}: stopped ({result.stopped})")
 
     @staticmethod
+    def short_label(winner, default) -> str:
+        """The winner as its family and the knobs where it differs from the family default
+        (all knobs when it is another family than the default's, or there is no default)."""
+        family = winner.family.rsplit(".", 1)[-1]
+        if default is None or default.family != winner.family:
+            return f"{family}: " + " ".join(f"{k}={v}" for k, v in winner.config.items())
+        changed = [f"{k}={v}" for k, v in winner.config.items() if default.config.get(k) != v]
+        return f"{family}: " + (" ".join(changed) if changed else "the default")
+
+    @staticmethod
     def table(results) -> None:
         from rich.console import Console
         from rich.table import Table
@@ -302,11 +323,11 @@ class SearchView:
         for r in results:
             w = r.winner
             if w is None:
-                table.add_row(str(r.problem.seq_len), "[red]no valid candidate", "", "", "", "")
+                why = (f"decided by {r.deferred_to} (still searching)" if r.deferred_to
+                       else "[red]no valid candidate")
+                table.add_row(str(r.problem.seq_len), why, "", "", "", "")
                 continue
-            label = f"{w.family.rsplit('.', 1)[-1]}: " + " ".join(
-                f"{k}={v}" for k, v in w.config.items()
-            )
+            label = SearchView.short_label(w, r.default)
             if r.default_kept:
                 label += " (default kept)"
             speedup = f"{r.speedup:.2f}x" if r.speedup else "-"

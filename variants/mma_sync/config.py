@@ -93,10 +93,13 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
 
 
 # Addressing, loop state and scheduling slack, fitted to ptxas 13 counts for sm_120a over the whole
-# space (`tuner space --gpu 5080 --compile`): with 28, accepted configs top out at the seed default
-# (estimate 252, ptxas 246-250 registers, no local memory) and 128-key strips with 16 rows/warp
-# (estimate 244, 250-255 registers, at most 24 B of local memory); everything rejected (resident Q
-# with 32 rows/warp or 128-key strips, 64-key strips with 32 rows/warp) spills 8 to 600 B.
+# space (`tuner space --gpu 5080 --compile`). With 28, accepted configs top out at 32 rows/warp with
+# 32-key strips (estimate 252, ptxas 246-255 registers; the seed default 246 with no local memory,
+# 10 of 48 others 8-48 B of it) and 128-key strips with 16 rows/warp (estimate 244, 230-255
+# registers, 20 of 32 with 8-104 B of local memory; benchmarks/sm120_space.md, regenerated after
+# the parallel-compile cubin race was fixed). Everything rejected (resident Q with 32 rows/warp or
+# 128-key strips, 64-key strips with 32 rows/warp) spills 8 to 600 B. The search sees each
+# candidate's spill bytes; an sm_120 GPU should decide whether small frames cost anything.
 _REGISTER_OVERHEAD = 28
 
 

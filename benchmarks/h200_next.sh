@@ -11,6 +11,9 @@
 #   bash benchmarks/h200_next.sh D   # issue 6: the whole wgmma space timed; rest of B's table
 #   bash benchmarks/h200_next.sh E   # issue 7: --workers 1 on one GPU; the search GPU test again
 #   bash benchmarks/h200_next.sh F   # issue 6 (next session): v_layout=kernel validated + timed
+#   bash benchmarks/h200_next.sh G   # issue 6 (fourth session): the whole wgmma space with
+#                                    # v_layout=kernel compiled and checked against the reference
+#   bash benchmarks/h200_next.sh H   # issue 6: prepare + kernel for both V layouts, side by side
 #   bash benchmarks/h200_next.sh C   # issue 4: exhaustive mma_sync search at 4096 (TPE replay and
 #                                    # the all-config 4096 table come from its DB on the CPU), the
 #                                    # 30-trial cost split (cold cache); issue 7: bench test
@@ -95,6 +98,17 @@ F)
     --configs '[{"consumer_wgs": 2, "block_n": 128, "kv_stages": 2, "p_source": "registers",
       "intra_wg_overlap": true, "pingpong": true, "persistent": true, "v_layout": "kernel"}]' \
     > "$OUT/v_kernel_time.log" 2>&1; echo "timing rc=$?"; grep -E "S=8192|^\|" "$OUT/v_kernel_time.log"
+  ;;
+G)
+  capped 200 python3 -m tuner space --gpu h200 --family wgmma --compile --jobs 16 \
+    > "$OUT/space_wgmma.txt" 2>&1; echo "space wgmma rc=$?"; tail -n 4 "$OUT/space_wgmma.txt"
+  capped 380 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_wgmma_gpu.py \
+    -k "kernel and not prepared" > "$OUT/gpu_wgmma_vkernel.log" 2>&1
+  echo "gpu wgmma v_layout=kernel rc=$?"; tail -n 4 "$OUT/gpu_wgmma_vkernel.log"
+  ;;
+H)
+  capped 500 python3 benchmarks/v_layout_h200.py --out "$OUT" > "$OUT/v_layout.log" 2>&1
+  echo "v_layout rc=$?"; tail -n 14 "$OUT/v_layout.log"
   ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac

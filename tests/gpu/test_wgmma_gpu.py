@@ -43,8 +43,9 @@ def test_feasible_space_small_shapes(cfg):
         _check(cfg, Problem(batch=1, heads=2, seq_len=seq_len))
 
 
-# v_layout=kernel: V read as (B, S, H, D) and transposed in shared memory by the producer. Not in
-# the space until these pass (config.V_LAYOUTS_VALIDATED), so they are built directly here.
+# v_layout=kernel: V read as (B, S, H, D) and transposed in shared memory by the producer. The
+# space test above runs every feasible one at small shapes; these also at the video-DiT shape
+# and with batch 2 / 3 heads (the staging ring's TMA coordinates).
 V_IN_KERNEL = [
     dict(consumer_wgs=2, block_n=128, kv_stages=2, p_source=p_source, intra_wg_overlap=True,
          pingpong=True, persistent=True, v_layout="kernel")

@@ -12,17 +12,21 @@ FAMILY = "wgmma"
 SUPPORTED_ARCHS = ("sm_90a",)
 P_SOURCES = ("registers", "smem")
 V_LAYOUTS = ("prepared", "kernel")
-# v_layout=kernel (V transposed in shared memory by the producer warpgroup from the (B, S, H, D)
-# V) is built and compile-checked, but has not run on a GPU yet: until it has passed the fp32
-# reference there (tests/gpu/test_wgmma_gpu.py::test_v_layout_kernel_against_reference), the
-# tuner must not offer it. Add "kernel" here and to search_spaces/wgmma.yaml after that run.
-V_LAYOUTS_VALIDATED = ("prepared",)
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
 HEAD_DIMS = (64, 128)
 # setmaxnreg split (consumer, producer) per consumer-warpgroup count, as in FA3/FA4:
 # 128 * (producer + wgs * consumer) <= 65536 registers of the SM; multiples of 8.
 REGISTER_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
+# v_layout=kernel: the transposing producer warps hold ldmatrix/stmatrix fragments and their
+# pipeline state; 24 registers spill, so two consumer warpgroups give up 8 each.
+REGISTER_SPLIT_V_IN_KERNEL = {**REGISTER_SPLIT, 2: (232, 32)}
+
+
+def register_split(cfg: Config) -> tuple[int, int]:
+    """(consumer, producer) registers per thread after setmaxnreg for this config."""
+    table = REGISTER_SPLIT_V_IN_KERNEL if cfg.v_layout == "kernel" else REGISTER_SPLIT
+    return table[cfg.consumer_wgs]
 # mbarriers (Q, K and V full/empty) and the 1024-byte alignment of each swizzled buffer.
 SMEM_ALIGN = 1024
 SMEM_BARRIER_BYTES = 1024
@@ -132,9 +136,6 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, f"p_source={cfg.p_source!r} unknown; one of {P_SOURCES}"
     if cfg.v_layout not in V_LAYOUTS:
         return False, f"v_layout={cfg.v_layout!r} unknown; one of {V_LAYOUTS}"
-    if cfg.v_layout not in V_LAYOUTS_VALIDATED:
-        return False, ("v_layout=kernel (V transposed in shared memory by the producer) is "
-                       "built but not yet validated on a GPU; use v_layout=prepared")
     if cfg.block_n % 32 or not 32 <= cfg.block_n <= 256:
         return False, (f"block_n={cfg.block_n}: a multiple of 32 (the k of the FP8 PV wgmma) "
                        "in 32..256 (the n of the QK wgmma)")
@@ -147,7 +148,7 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, (f"shared memory {smem} B per CTA > {gpu.smem_per_block} B per block on "
                        f"{gpu.name}")
     regs = register_estimate(cfg, d)
-    limit = REGISTER_SPLIT[cfg.consumer_wgs][0]
+    limit = register_split(cfg)[0]
     if regs > limit:
         return False, (f"register estimate {regs} > {limit} per consumer thread (setmaxnreg "
                        f"with {cfg.consumer_wgs} consumer warpgroups): block_n={cfg.block_n} "

@@ -34,13 +34,16 @@ LSE = ln 2 * (m - 8 + log2 l).
 
 v_layout=kernel: V arrives as the caller holds it, (batch, seq, heads, head_dim) like K. The
 loader warp TMA-loads each V strip, (block_n keys, head_dim), into a staging ring laid out like
-K's; warps 1-3 of the producer warpgroup copy it into the V ring the PV wgmma reads, 4 keys x 4
-features per step (four 32-bit loads, a 4x4 byte transpose in registers, four 32-bit stores),
-in the register-P key order when P comes from registers; then they fence the generic-proxy
-stores for the async proxy and arrive on the ring's full barrier (a PipelineAsync: 96 producer
-threads, every consumer thread releasing). Costs a second V ring of shared memory and
-producer-side work per strip (tests/test_wgmma_v_transpose.py checks its addressing on the CPU).
-With v_layout=prepared the kernel is byte for byte the one built before this option existed.
+K's; warps 1-3 of the producer warpgroup copy it into the V ring the PV wgmma reads, 16 keys x
+32 features per warp step (one ldmatrix.x4.trans, 4 byte permutes, one conflict-free
+stmatrix.x4), in the register-P key order when P comes from registers; then they fence the
+generic-proxy stores for the async proxy and arrive on the ring's full barrier (a
+PipelineAsync: 96 producer threads, every consumer thread releasing). Costs a second V ring of
+shared memory, 8 consumer registers (232/32 split with two consumer warpgroups: 24 spill the
+copy's state) and producer instructions that share issue slots with the consumers: ~5% of the
+kernel on the H200, less than prepare's V transpose saves up to S = 16384 (RESULTS.md).
+tests/test_wgmma_v_transpose.py checks its addressing on the CPU. With v_layout=prepared the
+kernel is byte for byte the one built before this option existed.
 
 Constraints (config.can_implement states them for the tuner): sm_90a; head_dim 64 or 128;
 block_n a multiple of 32 up to 256; q, k (batch, padded, heads, head_dim), v (batch, heads,
@@ -58,11 +61,13 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from variants.build import output_views
-from variants.wgmma.config import REGISTER_SPLIT, ROWS_PER_WG, WG_THREADS, Config
+from variants.wgmma.config import ROWS_PER_WG, WG_THREADS, Config, register_split
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
@@ -70,6 +75,8 @@ LN_2 = 0.6931471805599453
 P_SHIFT_LOG2 = 8.0
 # v_layout=kernel: warps 1..3 of the producer warpgroup transpose V (warp 0 issues the TMA loads).
 TRANSPOSE_WARPS = 3
+# prmt.b32 selectors (_pair_to_words): bytes 0, 2 of A then 0, 2 of B; bytes 1, 3 of each.
+TRANSPOSE_PRMT = (0x6420, 0x7531)
 # Named barrier ids: 0 is __syncthreads; 1.. are the pingpong turn barriers, one per consumer.
 _SCHED_BARRIER_BASE = 1
 _DEBUG = False
@@ -91,7 +98,7 @@ class WgmmaAttention:
         self.pingpong = cfg.pingpong and cfg.consumer_wgs >= 2
         self.persistent = cfg.persistent
         self.v_in_kernel = cfg.v_in_kernel
-        self.consumer_regs, self.producer_regs = REGISTER_SPLIT[cfg.consumer_wgs]
+        self.consumer_regs, self.producer_regs = register_split(cfg)
 
     # ----------------------------------------------------------------------------------------
     # host side
@@ -397,12 +404,16 @@ class WgmmaAttention:
         applied on the way when P comes from registers. Strips in the loader's order."""
         raw_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        lane = cutlass.Uint32(ttid) % 32
+        warp = cutlass.Uint32(ttid) // 32
+        lane_offsets = self._lane_offsets(lane)
         tile = bid
         while tile < total_tiles:
             for _ in cutlass.range(n_blocks, unroll=1):
                 pipe_vload.consumer_wait(raw_state)
                 pipe_v.producer_acquire(v_state)
-                self._transpose_strip(sVraw, sV, raw_state.index, v_state.index, ttid)
+                self._transpose_strip(sVraw, sV, raw_state.index, v_state.index, warp, lane,
+                                      lane_offsets)
                 # Generic-proxy smem writes must be visible to the async proxy (wgmma) reads.
                 cute.arch.fence_view_async_shared()
                 pipe_v.producer_commit(v_state)
@@ -415,56 +426,117 @@ class WgmmaAttention:
             tile += grid
 
     @cute.jit
-    def _transpose_strip(self, src, dst, raw_stage, v_stage, ttid):
-        """One strip, 4 keys x 4 features per step: four 32-bit loads (a row segment of each of
-        the 4 keys that feed 4 consecutive slots), a 4x4 byte transpose in registers, four 32-bit
-        stores (4 slots of each of the 4 features). A warp takes 8 slot groups x 4 feature groups,
-        which keeps both sides at most 4-way bank-conflicted under the 128-byte swizzle. src and
-        dst are plain-pointer views with the swizzle in their composed layouts, so crd2idx gives
-        the swizzled byte offset (a 16-byte chunk moves as a whole: 4 aligned bytes stay
-        contiguous)."""
-        bn, d = self.block_n, self.head_dim
-        threads = 32 * TRANSPOSE_WARPS
-        total = bn * d // 16
-        for i in cutlass.range((total + threads - 1) // threads, unroll=1):
-            item = ttid + i * threads
-            if item < total:
-                f4, s4 = self._transpose_item(item)
-                words = cute.make_rmem_tensor((4,), cutlass.Uint32)
-                for e in cutlass.range_constexpr(4):
-                    src_word = self._word(src, (self._source_key(s4, e), 4 * f4, raw_stage))
-                    words[e] = src_word[0]
-                for j in cutlass.range_constexpr(4):
-                    dst_word = self._word(dst, (4 * f4 + j, 4 * s4, v_stage))
-                    dst_word[0] = self._byte_column(words, j)
-
-    def _transpose_item(self, item):
-        """Work item -> (feature group f4, slot group s4): 4 feature groups x 8 slot groups for
-        the 32 consecutive items of a warp, then the next slot groups, then the next features."""
-        bn = self.block_n
-        return (item // bn) * 4 + item % 4, (item // 4) % (bn // 4)
-
-    def _source_key(self, s4, e: int):
-        """The key stored at slot 4 * s4 + e of the V ring."""
-        if self.register_p:
-            # Slot 4t + e of each 16 keys holds key 8(e // 2) + 2t + e % 2
-            # (prepare.register_p_key_order, applied here instead of in prepare).
-            return (s4 // 4) * 16 + 8 * (e // 2) + 2 * (s4 % 4) + e % 2
-        return 4 * s4 + e
-
-    def _byte_column(self, words, j: int):
-        """Byte j of words[0..3], packed little-endian into one Uint32 (a 4x4 byte transpose)."""
-        out = (words[0] >> (8 * j)) & 0xFF
-        for e in range(1, 4):
-            out = out | (((words[e] >> (8 * j)) & 0xFF) << (8 * e))
-        return out
+    def _transpose_strip(self, src, dst, raw_stage, v_stage, warp, lane, lane_offsets):
+        """One strip, 16 keys x 32 features per warp step: one ldmatrix.x4.trans (four 8x8
+        b16 tiles: 8 keys x 16 feature bytes each), 4 byte permutes, one stmatrix.x4 (four 8x8
+        b16 tiles: 8 features x 16 slot bytes each). The .trans load hands each lane two keys x
+        two features per tile; two tiles whose key rows are chosen in the slot order (A, B:
+        `_ldmatrix_key`) then make, per feature, one word of 4 consecutive slots (TRANSPOSE_PRMT),
+        which is the row fragment a plain stmatrix writes. Both tiles' row addresses are the
+        lane's constant offsets moved by the step (_ldmatrix_offset, _stmatrix_offset): integer
+        arithmetic on the swizzled offsets instead of crd2idx, whose generic layout algebra on
+        runtime coordinates cost ~200 instructions per 4x4-byte step. The copy shares issue
+        slots with the consumers, so its instruction count is the kernel's cost: RESULTS.md has
+        the H200 timings of each version. tests/test_wgmma_v_transpose.py replays these
+        addresses through models of the instructions against CuTe's layouts."""
+        strip = self.block_n * self.head_dim
+        src_base = src.iterator + raw_stage * strip
+        dst_base = dst.iterator + v_stage * strip
+        key_blocks = self.block_n // 16
+        # Warp w takes key blocks w, w + 3, ..., each across all feature blocks (unrolled, so
+        # the feature moves are immediates): every warp has key_blocks // 3, some one more.
+        for i in cutlass.range(key_blocks // TRANSPOSE_WARPS, unroll=1):
+            self._transpose_key_block(src_base, dst_base, warp + i * TRANSPOSE_WARPS, lane,
+                                      lane_offsets)
+        if cutlass.const_expr(key_blocks % TRANSPOSE_WARPS != 0):
+            if warp < key_blocks % TRANSPOSE_WARPS:
+                self._transpose_key_block(
+                    src_base, dst_base, warp + (key_blocks // TRANSPOSE_WARPS) * TRANSPOSE_WARPS,
+                    lane, lane_offsets)
 
     @cute.jit
-    def _word(self, tensor, coord):
-        """The 4 bytes of `tensor` from `coord` on (contiguous, 4-aligned) as one Uint32."""
-        offset = cute.assume(cute.crd2idx(coord, tensor.layout), divby=4)
-        return cute.recast_tensor(cute.make_tensor(tensor.iterator + offset, cute.make_layout(4)),
-                                  cutlass.Uint32)
+    def _transpose_key_block(self, src_base, dst_base, kb, lane, lane_offsets):
+        """16 keys x head_dim: one ldmatrix.x4.trans, 4 prmt, one stmatrix.x4 per 32 features."""
+        load_row = self._ldmatrix_row(lane_offsets[0], kb)
+        store_row = self._stmatrix_row(lane_offsets[1], kb)
+        for fb in cutlass.range_constexpr(self.head_dim // 32):
+            tiles = _ldmatrix_x4_trans(src_base + self._ldmatrix_offset(load_row, fb))
+            words = [w for pair in range(2)
+                     for w in self._pair_to_words(tiles[2 * pair], tiles[2 * pair + 1], lane)]
+            _stmatrix_x4(dst_base + self._stmatrix_offset(store_row, fb), words)
+
+    def _lane_offsets(self, lane):
+        """The byte offsets this lane's ldmatrix and stmatrix row addresses have at step
+        (kb, fb) = (0, 0); every other step moves them by _ldmatrix_offset/_stmatrix_offset."""
+        tile, row = lane // 8, lane % 8
+        load = self._staging_offset(self._ldmatrix_key(tile % 2, row), 16 * (tile // 2))
+        # Tile t of the store takes word t of _pair_to_words: row r is feature
+        # 16 pair + 2 r + half, the halves swapped for rows 4-7 so that a tile's 8 rows are 8
+        # features apart mod 8 (distinct swizzle chunks: a conflict-free store; unswapped,
+        # rows r and r + 4 share banks).
+        half = (tile % 2) ^ (row // 4)
+        store = self._ring_offset(16 * (tile // 2) + 2 * row + half, 0)
+        return load, store
+
+    def _ldmatrix_row(self, lane_load, kb):
+        """This lane's ldmatrix offset for key block kb, feature block 0: keys + 16 kb. The
+        swizzle XORs the 16-byte chunk with the key mod 8 (offset bits 7..), which 16 kb keys
+        (a multiple of 8 rows: an add above bit 9) leave alone."""
+        return lane_load + kb * (16 * self.head_dim)
+
+    def _ldmatrix_offset(self, load_row, fb):
+        """... and for feature block fb: feature bytes + 32 fb, a XOR on the chunk bits (the
+        add cannot carry: those bits of the row hold only the pair's 16 and the swizzle)."""
+        return load_row ^ (32 * fb)
+
+    def _stmatrix_row(self, lane_store, kb):
+        """This lane's stmatrix offset for key block kb, feature block 0: slots + 16 kb.
+        Within the swizzle atom (`width` slots) a XOR on the chunk bits (what the swizzle XORs
+        in is the feature mod 8, which slots do not change); across atoms an add."""
+        width = _swizzle_width(self.block_n)
+        slot = 16 * kb
+        return (lane_store ^ (slot % width)) + (slot // width) * (self.head_dim * width)
+
+    def _stmatrix_offset(self, store_row, fb):
+        """... and for feature block fb: features + 32 fb, whole swizzle atoms (8 rows) down."""
+        return store_row + fb * (32 * _swizzle_width(self.block_n))
+
+    def _ldmatrix_key(self, side, row):
+        """Key (within a 16-key block) of row `row` of tile A (side 0) or B (side 1). A .trans
+        load gives lane 4r + q rows 2q, 2q + 1 of each tile; slots 4q .. 4q + 3 must hold
+        A's two keys then B's two: with register P, keys 2q, 2q + 1, 8 + 2q, 9 + 2q
+        (prepare.register_p_key_order); otherwise 4q .. 4q + 3."""
+        if self.register_p:
+            return 8 * side + row
+        return 4 * (row // 2) + row % 2 + 2 * side
+
+    def _staging_offset(self, key, feature):
+        """Byte offset of V[key, feature] in a staging slot (block_n keys x head_dim, K's
+        layout: one swizzle atom wide)."""
+        return _swizzle(key * self.head_dim + feature, self.head_dim)
+
+    def _ring_offset(self, feature, slot):
+        """Byte offset of (feature, slot) in a V-ring slot (head_dim x block_n, keys
+        contiguous). The swizzle atom is `width` bytes of slots x 8 features; atoms run down the
+        features first, then along the slots."""
+        width = _swizzle_width(self.block_n)
+        linear = (slot // width) * (self.head_dim * width) + feature * width + slot % width
+        return _swizzle(linear, self.block_n)
+
+    @staticmethod
+    def _pair_to_words(a, b, lane, prmt=None):
+        """Tiles A and B as a .trans load leaves them in a lane: bytes (key a0: f, f + 1;
+        key a1: f, f + 1), likewise for B. Returns the words of features f and f + 1, each
+        holding keys a0, a1, b0, b1 (4 consecutive slots); in the other order in lanes 16-31
+        (rows 4-7 of the stmatrix tiles, see _stmatrix_offset). `prmt` is PTX prmt.b32 (a host
+        model in the CPU test)."""
+        if prmt is None:
+            def prmt(x, y, selector):
+                return cutlass.Uint32(cute.arch.prmt(x, y, selector))
+        swap = lane // 16
+        step = TRANSPOSE_PRMT[1] - TRANSPOSE_PRMT[0]
+        return (prmt(a, b, TRANSPOSE_PRMT[0] + step * swap),
+                prmt(a, b, TRANSPOSE_PRMT[1] - step * swap))
 
     # ---- consumer ------------------------------------------------------------------------------
     def _sched_sync(self, wg):
@@ -695,6 +767,50 @@ class WgmmaAttention:
                     for c in cutlass.range_constexpr(cute.size(r_mn, mode=[1]) // 2):
                         cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])
             tile += grid
+
+
+@dsl_user_op
+def _ldmatrix_x4_trans(ptr, *, loc=None, ip=None):
+    """ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 from the row address `ptr` (smem) of
+    this lane: lanes 8t .. 8t + 7 address rows 0-7 of tile t; returns the 4 tiles' words."""
+    words = llvm.inline_asm(
+        llvm.StructType.get_literal([T.i32()] * 4),
+        [cutlass.Int32(ptr.toint()).ir_value(loc=loc, ip=ip)],
+        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
+        "=r,=r,=r,=r,r,~{memory}", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+    return [cutlass.Uint32(llvm.extractvalue(T.i32(), words, [t], loc=loc, ip=ip))
+            for t in range(4)]
+
+
+@dsl_user_op
+def _stmatrix_x4(ptr, words, *, loc=None, ip=None):
+    """stmatrix.sync.aligned.m8n8.x4.shared.b16 of `words` (tile t = words[t]) to the row
+    address `ptr` (smem) of this lane: lanes 8t .. 8t + 7 address rows 0-7 of tile t."""
+    operands = [cutlass.Int32(ptr.toint()).ir_value(loc=loc, ip=ip)]
+    operands += [cutlass.Uint32(w).ir_value(loc=loc, ip=ip) for w in words]
+    llvm.inline_asm(
+        None, operands,
+        "stmatrix.sync.aligned.m8n8.x4.shared.b16 [$0], {$1, $2, $3, $4};",
+        "r,r,r,r,r,~{memory}", has_side_effects=True, is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT, loc=loc, ip=ip)
+
+
+def _swizzle_width(cols: int) -> int:
+    """Bytes per row of the wgmma swizzle atom for an fp8 K-major tile `cols` wide: the widest
+    of 128/64/32 dividing it, as sm90_utils.get_smem_layout_atom picks (16: no swizzle)."""
+    return next((w for w in (128, 64, 32) if cols % w == 0), 16)
+
+
+def _swizzle(offset, cols: int):
+    """The byte offset `offset` of an fp8 K-major tile `cols` wide under its wgmma swizzle:
+    Swizzle<B, 4, 3> (B = log2(width / 16)) XORs the 16-byte chunk index with the row index
+    within the 8-row atom (bits 7.. of the offset)."""
+    width = _swizzle_width(cols)
+    if width == 16:
+        return offset
+    mask = (width // 16 - 1) << 4
+    return offset ^ ((offset >> 3) & mask)
 
 
 def _acc_mn_layout(acc_layout):

@@ -168,3 +168,37 @@ def test_cpu_tensors_rejected_where_the_gpu_is_required():
     q, k, v = rand_qkv()
     with pytest.raises(TunerError, match=r"q is on cpu; .* move it with .cuda\(\)"):
         check_qkv(q, k, v, require_cuda=True)
+
+
+def _plain_codes(x: torch.Tensor, padded: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The quantization written out in the plainest torch: per-(batch, head) amax, x in fp32
+    times 448 / amax, clamped, cast to e4m3, zero rows appended. (codes as uint8, descale)."""
+    amax = x.float().abs().amax(dim=(1, 3)).clamp_min(1e-12)
+    codes = (x.float() * (E4M3_MAX / amax)[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    codes = codes.to(torch.float8_e4m3fn).view(torch.uint8)
+    tail = torch.zeros(x.shape[0], padded - x.shape[1], *x.shape[2:], dtype=torch.uint8,
+                       device=x.device)
+    return torch.cat([codes, tail], dim=1), amax / E4M3_MAX
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("seq", "pad_to", "contiguous"),
+                         [(77, 128, True), (1000, 64, True), (1, 1, True), (4096, 128, True),
+                          (300, 128, False)])
+def test_codes_are_the_plain_formula_bit_for_bit(device, dtype, seq, pad_to, contiguous):
+    """The fast paths (on a GPU the fused CuTe DSL cast for contiguous inputs, torch ops for
+    the rest and on the CPU) must give the very codes and descales of the plain formula, with
+    heads of very different ranges."""
+    g = torch.Generator().manual_seed(seq)
+    ranges = torch.tensor([1e-3, 1.0, 40.0])[None, None, :, None]
+    qkv = [(torch.randn(2, seq, 3, 128, generator=g) * ranges).to(dtype).to(device)
+           for _ in range(3)]
+    if not contiguous:  # same values, strided: (batch, heads, seq, dim) storage
+        qkv = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in qkv]
+    q, k, v = qkv
+    prepared = quantize_inputs(q, k, v, pad_to=pad_to, v_feature_major=False)
+    for i, (x, got) in enumerate(((q, prepared.q), (k, prepared.k), (v, prepared.v))):
+        codes, descale = _plain_codes(x, prepared.padded_len)
+        assert torch.equal(got.view(torch.uint8), codes), f"tensor {i}: codes differ"
+        assert torch.equal(prepared.descale[..., i], descale), f"tensor {i}: descale differs"

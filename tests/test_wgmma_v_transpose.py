@@ -6,7 +6,7 @@ register-P key order when P comes from registers: per warp step one ldmatrix.x4.
 permutes, one stmatrix.x4. Here a host-side @cute.jit function runs the kernel's own address
 helpers (_lane_offsets, _ldmatrix_row/_offset, _stmatrix_row/_offset) for every transposing
 lane and warp step on the CPU, and the copy is replayed through models of ldmatrix .trans,
-prmt.b32 (driving the kernel's own _pair_to_words) and stmatrix as the PTX ISA defines them.
+prmt.b32 (driving the kernel's own _tiles_to_words) and stmatrix as the PTX ISA defines them.
 The invariants, for every strip shape and head_dim: each V-ring byte is written exactly once,
 with the byte of V[key, feature] its slot must hold (slot s holds key register_p_key_order[s],
 or s); every row address is 16-byte aligned. The integer offset formulas are also compared with
@@ -32,7 +32,8 @@ from variants.wgmma.kernel import TRANSPOSE_WARPS, WgmmaAttention
 
 pytestmark = pytest.mark.compile
 
-SHAPES = [(bn, d, rp) for bn in (64, 128, 192, 256) for d in (64, 128) for rp in (True, False)]
+# Every block_n can_implement accepts (the space offers 64-256 in steps of 64).
+SHAPES = [(bn, d, rp) for bn in range(32, 257, 32) for d in (64, 128) for rp in (True, False)]
 IDS = [f"n{bn}-d{d}-{'rp' if rp else 'sp'}" for bn, d, rp in SHAPES]
 
 
@@ -46,7 +47,7 @@ def _kernel(block_n: int, head_dim: int, register_p: bool) -> WgmmaAttention:
 def _trace(kern: WgmmaAttention):
     """Per warp step (warp, iteration, feature block) and lane: the ldmatrix and stmatrix row
     offsets the kernel computes (-1 where the warp has no key block left)."""
-    key_blocks, feature_blocks = kern.block_n // 16, kern.head_dim // 32
+    key_blocks, feature_blocks = kern.block_n // 16, kern._feature_blocks
     iters = (key_blocks + TRANSPOSE_WARPS - 1) // TRANSPOSE_WARPS
     rec = torch.full((TRANSPOSE_WARPS, iters, feature_blocks, 32, 2), -1, dtype=torch.int32)
 
@@ -57,7 +58,7 @@ def _trace(kern: WgmmaAttention):
             warp = cutlass.Uint32(ttid) // 32
             load, store = kern._lane_offsets(lane)
             for i in cutlass.range(iters, unroll=1):
-                kb = warp + i * TRANSPOSE_WARPS  # the key blocks _transpose_strip gives a warp
+                kb = kern._warp_key_block(warp, i)  # _transpose_strip's key blocks of a warp
                 if kb < key_blocks:
                     load_row = kern._ldmatrix_row(load, kb)
                     store_row = kern._stmatrix_row(store, kb)
@@ -153,9 +154,7 @@ def test_every_v_ring_byte_gets_the_right_v_element(block_n, head_dim, register_
         store_rows = [lane[1] for lane in step]
         assert all(a % 16 == 0 for a in load_rows + store_rows), "row not 16-byte aligned"
         tiles = _ldmatrix_x4_trans(memory, load_rows)
-        words = [[w for pair in range(2) for w in
-                  kern._pair_to_words(t[2 * pair], t[2 * pair + 1], lane, prmt=_prmt)]
-                 for lane, t in enumerate(tiles)]
+        words = [kern._tiles_to_words(t, lane, prmt=_prmt) for lane, t in enumerate(tiles)]
         _stmatrix_x4(written, store_rows, words)
     assert len(written) == block_n * head_dim, "V-ring bytes left unwritten"
     order = register_p_key_order(block_n).tolist() if register_p else list(range(block_n))

@@ -103,7 +103,7 @@ def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path) -> st
 
 
 @contextlib.contextmanager
-def _arch_env(arch: str):
+def arch_env(arch: str):
     """CuTe DSL reads the target from CUTE_DSL_ARCH (arch checks of MMA ops included); restore
     the caller's value afterwards. Yields a private scratch directory for --dump-dir: without
     it --keep-cubin writes <cwd at import>/<entry name>.<arch>.cubin, one name for every config
@@ -162,7 +162,7 @@ def build_function(kernel_obj, arch: str, extra_args: tuple = ()):
     """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
     import cutlass.cute as cute
 
-    with _arch_env(arch) as scratch:
+    with arch_env(arch) as scratch:
         start = time.perf_counter()
         fn = cute.compile(kernel_obj, *pointer_args(extra=extra_args),
                           options=f"--gpu-arch={arch} --keep-cubin --dump-dir={scratch}")

@@ -176,14 +176,46 @@ def _inverse_key_order_on(length: int, device: torch.device) -> torch.Tensor:
 
 def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (batch, seq, heads, dim) -> (scale broadcastable to x, descale (batch, heads))."""
-    amax = x.abs().amax(dim=(1, 3)).float().clamp_min(_TINY_AMAX)  # (batch, heads)
+    # max |x| in one read (the inf-norm), without an |x| temporary.
+    amax = torch.linalg.vector_norm(x, float("inf"), dim=(1, 3)).float()
+    amax = amax.clamp_min(_TINY_AMAX)  # (batch, heads)
     scale = E4M3_MAX / amax
     return scale[:, None, :, None], amax / E4M3_MAX
 
 
-def _quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    # Scale in fp32 and clamp: rounding can land a hair above 448, and e4m3fn has no Inf.
-    return (x.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
+    """out[:, :seq_len] = e4m3(x * scale), the rows past seq_len zeroed.
+
+    On a GPU: one CuTe DSL kernel (variants/quantize_kernel.py) that reads x once and writes
+    out once. Elsewhere, and where that kernel does not apply, torch ops with the same
+    arithmetic: the product is fp32 (x promoted by the fp32 scale, no separate fp32 copy of x)
+    and clamped (rounding can land a hair above 448, and e4m3fn has no Inf); the cast happens in
+    the copy into the padded output, so padding costs no extra pass."""
+    if _fused_cast_applies(x) and out.numel() < 2**31:
+        from variants.quantize_kernel import scaled_cast_into
+
+        scaled_cast_into(out, x, scale.reshape(x.shape[0], x.shape[2]).contiguous())
+        return
+    seq_len = x.shape[1]
+    out[:, :seq_len].copy_(torch.mul(x, scale).clamp_(-E4M3_MAX, E4M3_MAX))
+    if out.shape[1] > seq_len:
+        out[:, seq_len:].view(torch.uint8).zero_()
+
+
+def _fused_cast_applies(x: torch.Tensor) -> bool:
+    """The fused cast handles contiguous, 16-byte aligned bf16/fp16 CUDA tensors with 32-bit
+    offsets. Inside a CUDA-graph capture it is used only if already compiled (compiling loads
+    a module, which a capture must not see); the torch path gives the same codes."""
+    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
+            and x.data_ptr() % 16 == 0 and x.shape[-1] % 8 == 0 and x.numel() < 2**31):
+        return False
+    try:
+        from variants import quantize_kernel
+    except ImportError:  # no CuTe DSL in this environment: torch ops
+        return False
+    if _capturing():
+        return quantize_kernel.is_compiled(x.dtype, x.shape[-1], x.device)
+    return quantize_kernel.available(x.dtype, x.shape[-1], x.device)
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -226,10 +258,9 @@ def quantize_inputs(
     for x in (q, k, v):
         # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
         scale, descale = _per_head_scale(x)
-        x8 = _quantize(x, scale)
-        if padded != seq_len:
-            x8 = torch.nn.functional.pad(x8.view(torch.uint8), (0, 0, 0, 0, 0, padded - seq_len))
-            x8 = x8.view(torch.float8_e4m3fn)
+        x8 = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
+                         device=x.device)
+        _quantize_into(x8, x, scale)
         out.append(x8)
         descales.append(descale)
     q8, k8, v8 = out

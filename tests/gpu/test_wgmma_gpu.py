@@ -3,8 +3,10 @@ poisoned with NaN first by tuner.measure.validate_kernel).
 
 Every feasible config of the sm_90a space at S in {1, 77, 4096} (B=1, H=2): ragged tails, a
 single key, a tile-aligned length; then the three fastest configs measured on the H200
-(benchmarks/wgmma_h200.py) at the video-DiT shape S=30272, H=56. The space has ~290 feasible
-configs at ~2 s of compile each: the first group takes ~10-12 minutes on the device.
+(benchmarks/wgmma_h200.py) at the video-DiT shape S=30272, H=56. The space has 524 feasible
+configs (288 with v_layout=prepared, 236 with kernel) at ~2 s of compile each: compile them in
+parallel first (`tuner space --gpu h200 --family wgmma --compile --jobs 16`), then the checks
+load them from disk.
 """
 
 import pytest
@@ -59,6 +61,20 @@ def test_v_layout_kernel_against_reference(overrides):
     cfg = wgmma.Config.from_dict(overrides)
     for problem in (Problem(1, 2, 1), Problem(1, 2, 77), Problem(2, 3, 4096),
                     Problem(1, 56, 30272)):
+        _check(cfg, problem)
+
+
+# head_dim 64: 64-byte rows, so the 64-byte swizzle in the staging ring and K, two feature blocks
+# per V-transpose step; with both V layouts, block_n 128 and 192 (a 64-byte V-ring swizzle).
+HEAD_DIM_64 = [dict(BEST[0], v_layout=layout, block_n=block_n)
+               for layout in ("prepared", "kernel") for block_n in (128, 192)]
+
+
+@pytest.mark.parametrize("overrides", HEAD_DIM_64, ids=lambda o: f"{o['v_layout']}-n{o['block_n']}")
+def test_head_dim_64(overrides):
+    cfg = wgmma.Config.from_dict(overrides)
+    for problem in (Problem(1, 2, 77, head_dim=64), Problem(2, 3, 4096, head_dim=64)):
+        assert wgmma.can_implement(cfg, problem, H200) == (True, None)
         _check(cfg, problem)
 
 

@@ -18,18 +18,20 @@ HEAD_DIMS = (64, 128)
 # setmaxnreg split (consumer, producer) per consumer-warpgroup count, as in FA3/FA4:
 # 128 * (producer + wgs * consumer) <= 65536 registers of the SM; multiples of 8.
 REGISTER_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
-# v_layout=kernel: the transposing producer warps hold ldmatrix/stmatrix fragments and their
-# pipeline state; 24 registers spill, so two consumer warpgroups give up 8 each.
+# v_layout=kernel: the transposing producer warps hold ldmatrix/stmatrix fragments, their row
+# offsets and two pipelines' state; with 24 registers the producer code spills, so with two
+# consumer warpgroups each consumer thread gives up 8.
 REGISTER_SPLIT_V_IN_KERNEL = {**REGISTER_SPLIT, 2: (232, 32)}
+
+# mbarriers (Q, K and V full/empty) and the 1024-byte alignment of each swizzled buffer.
+SMEM_ALIGN = 1024
+SMEM_BARRIER_BYTES = 1024
 
 
 def register_split(cfg: Config) -> tuple[int, int]:
     """(consumer, producer) registers per thread after setmaxnreg for this config."""
     table = REGISTER_SPLIT_V_IN_KERNEL if cfg.v_layout == "kernel" else REGISTER_SPLIT
     return table[cfg.consumer_wgs]
-# mbarriers (Q, K and V full/empty) and the 1024-byte alignment of each swizzled buffer.
-SMEM_ALIGN = 1024
-SMEM_BARRIER_BYTES = 1024
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,8 @@ stmatrix.x4), in the register-P key order when P comes from registers; then they
 generic-proxy stores for the async proxy and arrive on the ring's full barrier (a
 PipelineAsync: 96 producer threads, every consumer thread releasing). Costs a second V ring of
 shared memory, 8 consumer registers (232/32 split with two consumer warpgroups: 24 spill the
-copy's state) and producer instructions that share issue slots with the consumers: ~5% of the
-kernel on the H200, less than prepare's V transpose saves up to S = 16384 (RESULTS.md).
+copy's state) and producer instructions that share issue slots with the consumers: 5-11% of
+the kernel on the H200, less than prepare's V transpose saves up to S = 16384 (RESULTS.md).
 tests/test_wgmma_v_transpose.py checks its addressing on the CPU. With v_layout=prepared the
 kernel is byte for byte the one built before this option existed.
 
@@ -405,7 +405,8 @@ class WgmmaAttention:
         raw_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         v_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         lane = cutlass.Uint32(ttid) % 32
-        warp = cutlass.Uint32(ttid) // 32
+        # Warp-uniform for the compiler too: the ldmatrix/stmatrix under `if` are .sync.aligned.
+        warp = cutlass.Uint32(cute.arch.make_warp_uniform(ttid // 32))
         lane_offsets = self._lane_offsets(lane)
         tile = bid
         while tile < total_tiles:
@@ -446,59 +447,78 @@ class WgmmaAttention:
         # Warp w takes key blocks w, w + 3, ..., each across all feature blocks (unrolled, so
         # the feature moves are immediates): every warp has key_blocks // 3, some one more.
         for i in cutlass.range(key_blocks // TRANSPOSE_WARPS, unroll=1):
-            self._transpose_key_block(src_base, dst_base, warp + i * TRANSPOSE_WARPS, lane,
+            self._transpose_key_block(src_base, dst_base, self._warp_key_block(warp, i), lane,
                                       lane_offsets)
         if cutlass.const_expr(key_blocks % TRANSPOSE_WARPS != 0):
-            if warp < key_blocks % TRANSPOSE_WARPS:
-                self._transpose_key_block(
-                    src_base, dst_base, warp + (key_blocks // TRANSPOSE_WARPS) * TRANSPOSE_WARPS,
-                    lane, lane_offsets)
+            last = self._warp_key_block(warp, key_blocks // TRANSPOSE_WARPS)
+            if last < key_blocks:
+                self._transpose_key_block(src_base, dst_base, last, lane, lane_offsets)
+
+    @staticmethod
+    def _warp_key_block(warp, i):
+        """The i-th 16-key block of a strip that transposing warp `warp` copies."""
+        return warp + i * TRANSPOSE_WARPS
+
+    @property
+    def _feature_blocks(self) -> int:
+        """32-feature blocks of a V row: one ldmatrix.x4 / stmatrix.x4 pair each."""
+        return self.head_dim // 32
 
     @cute.jit
     def _transpose_key_block(self, src_base, dst_base, kb, lane, lane_offsets):
         """16 keys x head_dim: one ldmatrix.x4.trans, 4 prmt, one stmatrix.x4 per 32 features."""
         load_row = self._ldmatrix_row(lane_offsets[0], kb)
         store_row = self._stmatrix_row(lane_offsets[1], kb)
-        for fb in cutlass.range_constexpr(self.head_dim // 32):
+        for fb in cutlass.range_constexpr(self._feature_blocks):
             tiles = _ldmatrix_x4_trans(src_base + self._ldmatrix_offset(load_row, fb))
-            words = [w for pair in range(2)
-                     for w in self._pair_to_words(tiles[2 * pair], tiles[2 * pair + 1], lane)]
-            _stmatrix_x4(dst_base + self._stmatrix_offset(store_row, fb), words)
+            _stmatrix_x4(dst_base + self._stmatrix_offset(store_row, fb),
+                         self._tiles_to_words(tiles, lane))
+
+    @staticmethod
+    def _tiles_to_words(tiles, lane, prmt=None):
+        """The 4 ldmatrix tiles (pair 0: A, B; pair 1: A, B) -> the 4 stmatrix words of this
+        lane: pair 0's two features, then pair 1's (_pair_to_words)."""
+        return [w for pair in range(2) for w in
+                WgmmaAttention._pair_to_words(tiles[2 * pair], tiles[2 * pair + 1], lane, prmt)]
 
     def _lane_offsets(self, lane):
         """The byte offsets this lane's ldmatrix and stmatrix row addresses have at step
         (kb, fb) = (0, 0); every other step moves them by _ldmatrix_offset/_stmatrix_offset."""
         tile, row = lane // 8, lane % 8
         load = self._staging_offset(self._ldmatrix_key(tile % 2, row), 16 * (tile // 2))
-        # Tile t of the store takes word t of _pair_to_words: row r is feature
+        # Tile t of the store takes word t of _tiles_to_words: row r is feature
         # 16 pair + 2 r + half, the halves swapped for rows 4-7 so that a tile's 8 rows are 8
-        # features apart mod 8 (distinct swizzle chunks: a conflict-free store; unswapped,
-        # rows r and r + 4 share banks).
+        # distinct features mod 8, hence 8 distinct swizzled 16-byte chunks: a conflict-free
+        # store (unswapped, rows r and r + 4 share banks).
         half = (tile % 2) ^ (row // 4)
         store = self._ring_offset(16 * (tile // 2) + 2 * row + half, 0)
         return load, store
 
     def _ldmatrix_row(self, lane_load, kb):
         """This lane's ldmatrix offset for key block kb, feature block 0: keys + 16 kb. The
-        swizzle XORs the 16-byte chunk with the key mod 8 (offset bits 7..), which 16 kb keys
-        (a multiple of 8 rows: an add above bit 9) leave alone."""
+        swizzle XORs the 16-byte chunk bits (4..) with bits 7.. of the offset; 16 kb keys add a
+        multiple of 16 * head_dim >= 1024 bytes, above every swizzle source bit, so the move
+        commutes with the swizzle."""
         return lane_load + kb * (16 * self.head_dim)
 
     def _ldmatrix_offset(self, load_row, fb):
-        """... and for feature block fb: feature bytes + 32 fb, a XOR on the chunk bits (the
-        add cannot carry: those bits of the row hold only the pair's 16 and the swizzle)."""
+        """... and for feature block fb: feature bytes + 32 fb. Bits 5-6 of the unswizzled
+        offset are zero at fb = 0 (the feature is 0 or 16) and are no swizzle source bits, so
+        the add is a XOR on the swizzled offset."""
         return load_row ^ (32 * fb)
 
     def _stmatrix_row(self, lane_store, kb):
         """This lane's stmatrix offset for key block kb, feature block 0: slots + 16 kb.
-        Within the swizzle atom (`width` slots) a XOR on the chunk bits (what the swizzle XORs
-        in is the feature mod 8, which slots do not change); across atoms an add."""
+        Within the swizzle atom (`width` slots) the move sets chunk bits that are zero at
+        slot 0 and feeds no swizzle source bit (those come from the feature row), so it is a
+        XOR on the swizzled offset; across atoms an add of whole atom columns."""
         width = _swizzle_width(self.block_n)
         slot = 16 * kb
         return (lane_store ^ (slot % width)) + (slot // width) * (self.head_dim * width)
 
     def _stmatrix_offset(self, store_row, fb):
-        """... and for feature block fb: features + 32 fb, whole swizzle atoms (8 rows) down."""
+        """... and for feature block fb: features + 32 fb, a multiple of the swizzle period
+        (8 rows of `width` bytes) down, so an add."""
         return store_row + fb * (32 * _swizzle_width(self.block_n))
 
     def _ldmatrix_key(self, side, row):
@@ -528,7 +548,7 @@ class WgmmaAttention:
         """Tiles A and B as a .trans load leaves them in a lane: bytes (key a0: f, f + 1;
         key a1: f, f + 1), likewise for B. Returns the words of features f and f + 1, each
         holding keys a0, a1, b0, b1 (4 consecutive slots); in the other order in lanes 16-31
-        (rows 4-7 of the stmatrix tiles, see _stmatrix_offset). `prmt` is PTX prmt.b32 (a host
+        (rows 4-7 of the stmatrix tiles, see _lane_offsets). `prmt` is PTX prmt.b32 (a host
         model in the CPU test)."""
         if prmt is None:
             def prmt(x, y, selector):
@@ -804,8 +824,9 @@ def _swizzle_width(cols: int) -> int:
 
 def _swizzle(offset, cols: int):
     """The byte offset `offset` of an fp8 K-major tile `cols` wide under its wgmma swizzle:
-    Swizzle<B, 4, 3> (B = log2(width / 16)) XORs the 16-byte chunk index with the row index
-    within the 8-row atom (bits 7.. of the offset)."""
+    Swizzle<B, 4, 3> (B = log2(width / 16)) XORs the B chunk-index bits (4 ..) with offset bits
+    7 .. 7 + B - 1: the row within the 8-row atom for 128-byte rows, (row / 2) mod 4 for 64-byte
+    rows, (row / 4) mod 2 for 32-byte rows."""
     width = _swizzle_width(cols)
     if width == 16:
         return offset

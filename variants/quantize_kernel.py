@@ -1,0 +1,147 @@
+"""The e4m3 cast of prepare as one CuTe DSL kernel: read bf16/fp16 once, write fp8 once.
+
+out[b, s, h, :] = e4m3(x[b, s, h, :] * scale[b, h]) for s < seq_len, 0 for seq_len <= s < padded.
+
+In torch ops the same cast is a promoted multiply to an fp32 temporary, a clamp of it and a
+cast of it into the padded buffer: ~17 bytes of memory traffic per element instead of 3, and
+prepare took longer than the attention kernel itself up to S = 8192 on the H200
+(benchmarks/RESULTS.md). The arithmetic is the same (x converted to fp32, one fp32 multiply,
+round to nearest even), and the clamp to +-448 is the saturation every PTX f32 -> e4m3 cvt
+performs (.satfinite is mandatory there), so the codes are bit for bit those of the torch path:
+tests/test_prepare.py checks that on the GPU.
+
+Each thread casts 8 consecutive features (one 16-byte load, one 8-byte store); one compiled
+function per (input dtype, head_dim, arch) and process, compiled on first use (~0.1 s) and
+then only launched, on torch's current stream. Where it cannot compile, prepare falls back to
+the torch ops (available()).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+
+VEC = 8  # features per thread: 16 bytes of bf16 in, 8 bytes of e4m3 out
+THREADS = 256
+
+# (dtype, head_dim, arch) -> compiled function, or None where compiling failed.
+_COMPILED: dict[tuple, object] = {}
+log = logging.getLogger(__name__)
+_LOCK = threading.Lock()
+
+
+def _dsl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+
+
+class ScaledCast:
+    """The kernel for one input dtype and head_dim; batch, lengths and heads are runtime."""
+
+    def __init__(self, in_dtype, head_dim: int):
+        self.in_dtype = in_dtype
+        self.head_dim = head_dim
+
+    def compile_args(self):
+        """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
+        import cutlass
+        import cutlass.cute as cute
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        gmem = cute.AddressSpace.gmem
+        return (make_ptr(self.in_dtype, 0, gmem, assumed_align=16),
+                make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
+                make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=8),
+                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
+                make_fake_stream())
+
+    @cute.jit
+    def __call__(self, x_ptr: cute.Pointer, scale_ptr: cute.Pointer, out_ptr: cute.Pointer,
+                 batch: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
+                 heads: cutlass.Int32, stream: cuda.CUstream):
+        groups = batch * padded * heads * (self.head_dim // VEC)
+        self.kernel(x_ptr, scale_ptr, out_ptr, seq_len, padded, heads, groups).launch(
+            grid=[(groups + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
+            stream=stream)
+
+    @cute.kernel
+    def kernel(self, x_ptr: cute.Pointer, scale_ptr: cute.Pointer, out_ptr: cute.Pointer,
+               seq_len: cutlass.Int32, padded: cutlass.Int32, heads: cutlass.Int32,
+               groups: cutlass.Int32):
+        d = self.head_dim
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        group = bidx * THREADS + tidx
+        if group < groups:
+            row = group // (d // VEC)  # (b, s, h) of the padded output, row-major
+            col = (group % (d // VEC)) * VEC
+            h = row % heads
+            s = (row // heads) % padded
+            b = row // (heads * padded)
+            dst = cute.make_tensor(out_ptr + row * d + col, cute.make_layout(VEC))
+            values = cute.full((VEC,), 0.0, cutlass.Float32)
+            if s < seq_len:
+                src = cute.make_tensor(x_ptr + ((b * seq_len + s) * heads + h) * d + col,
+                                       cute.make_layout(VEC))
+                values = src.load().to(cutlass.Float32) * scale_ptr[b * heads + h]
+            # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
+            dst.store(values.to(cutlass.Float8E4M3FN))
+
+
+def compile_scaled_cast(in_dtype: torch.dtype, head_dim: int, arch: str, *,
+                        keep_ptx_in: str | None = None):
+    """cute.compile the cast for `arch` (no GPU needed, like the attention kernels);
+    keep_ptx_in: a directory to leave the PTX in (the CPU test reads it)."""
+    from variants.build import arch_env
+
+    kernel = ScaledCast(_dsl_dtype(in_dtype), head_dim)
+    with arch_env(arch) as scratch:
+        keep = f" --keep-ptx --dump-dir={keep_ptx_in}" if keep_ptx_in else f" --dump-dir={scratch}"
+        return cute.compile(kernel, *kernel.compile_args(), options=f"--gpu-arch={arch}{keep}")
+
+
+def _device_arch(device: torch.device) -> str:
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+def is_compiled(in_dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    return _COMPILED.get((in_dtype, head_dim, _device_arch(device))) is not None
+
+
+def available(in_dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
+    """Whether the cast can run here, compiling it on first use. A compile failure (an arch
+    this DSL build cannot target, say) is logged once and remembered: prepare then uses torch
+    ops, which give the same codes, instead of failing."""
+    key = (in_dtype, head_dim, _device_arch(device))
+    with _LOCK:
+        if key not in _COMPILED:
+            try:
+                _COMPILED[key] = compile_scaled_cast(*key)
+            except Exception as exc:  # noqa: BLE001 - any DSL failure: fall back, loudly
+                log.warning("fused e4m3 cast unavailable for %s (%s); prepare uses torch ops",
+                            key, str(exc).strip().splitlines()[-1][:200] if str(exc) else exc)
+                _COMPILED[key] = None
+        return _COMPILED[key] is not None
+
+
+def scaled_cast_into(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
+    """out (batch, padded, heads, head_dim) e4m3 <- x (batch, seq_len, heads, head_dim) times
+    scale (batch, heads) fp32, zero rows past seq_len; on x's device and torch's current
+    stream. x must be contiguous and 16-byte aligned, head_dim a multiple of 8, and
+    available() true for its dtype, head_dim and device."""
+    from cutlass.cute.runtime import make_ptr
+
+    batch, seq_len, heads, head_dim = x.shape
+    fn = _COMPILED[(x.dtype, head_dim, _device_arch(x.device))]
+    gmem = cute.AddressSpace.gmem
+    stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
+    fn(make_ptr(_dsl_dtype(x.dtype), x.data_ptr(), gmem, assumed_align=16),
+       make_ptr(cutlass.Float32, scale.data_ptr(), gmem, assumed_align=4),
+       make_ptr(cutlass.Float8E4M3FN, out.data_ptr(), gmem, assumed_align=8),
+       cutlass.Int32(batch), cutlass.Int32(seq_len), cutlass.Int32(out.shape[1]),
+       cutlass.Int32(heads), stream)

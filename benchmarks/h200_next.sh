@@ -14,6 +14,7 @@
 #   bash benchmarks/h200_next.sh G   # issue 6 (fourth session): the whole wgmma space with
 #                                    # v_layout=kernel compiled and checked against the reference
 #   bash benchmarks/h200_next.sh H   # issue 6: prepare + kernel for both V layouts, side by side
+#   bash benchmarks/h200_next.sh I   # issue 8, on nvidia-h200-x2: --workers 2 vs 1, warm cache
 #   bash benchmarks/h200_next.sh C   # issue 4: exhaustive mma_sync search at 4096 (TPE replay and
 #                                    # the all-config 4096 table come from its DB on the CPU), the
 #                                    # 30-trial cost split (cold cache); issue 7: bench test
@@ -109,6 +110,21 @@ G)
 H)
   capped 500 python3 benchmarks/v_layout_h200.py --out "$OUT" > "$OUT/v_layout.log" 2>&1
   echo "v_layout rc=$?"; tail -n 14 "$OUT/v_layout.log"
+  ;;
+I)
+  # issue 8 on the two-GPU machine: the same search with --workers 2 and --workers 1, both
+  # after the compile cache is warm (so neither pays the compiles the other skips).
+  nvidia-smi -L
+  capped 100 python3 -m tuner space --gpu h200 --compile --jobs 32 > "$OUT/space.txt" 2>&1
+  echo "space rc=$?"; tail -n 1 "$OUT/space.txt" | cut -c1-200
+  for w in 2 1; do
+    t0=$(date +%s)
+    capped 150 python3 -m tuner search --gpu h200 --workers "$w" --seq-lens "${SEQ_LENS:-4096,8192}" \
+      --heads 56 --trials "${TRIALS:-8}" --patience 0 --seed 1 --db "sqlite:///$OUT/w$w.sqlite" \
+      --json > "$OUT/w$w.json" 2> "$OUT/w$w.log"
+    echo "workers=$w rc=$? wall=$(( $(date +%s) - t0 )) s"; tail -n 2 "$OUT/w$w.log"
+  done
+  rm -f "$OUT"/*.lock
   ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac

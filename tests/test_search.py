@@ -484,3 +484,30 @@ def test_final_table_names_the_winner_by_what_differs_from_the_default():
     assert SearchView.short_label(default, default) == "wgmma: the default"
     other = record("tests.doubles.fake_family", {"tile": 64, "stages": 3})
     assert SearchView.short_label(other, default) == "fake_family: tile=64 stages=3"
+
+
+def test_decisions_of_several_problems_share_one_gpu_worker(tmp_path):
+    """--workers N decides every problem in the parent: one GPU worker for all of them (a fresh
+    one per problem cost 7-8 s each on the two-H200 machine), one winner per problem."""
+    from tuner.search import decision_pipeline
+
+    modules = {SMALL: fake_family}
+    target = make_target("h200", modules)
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    storage = optuna.storages.InMemoryStorage()
+    problems = [PROBLEM, Problem(1, 2, 96, 64)]
+    settings = SearchSettings(trials=4, compile_jobs=1, timeout_s=5, repeats=10)
+    store.record_device(target.device_id, target.fingerprint)
+    try:
+        searched = []
+        for problem in problems:  # the children's part: search, no decision
+            search = ProblemSearch(problem, [SMALL], target, store, storage, settings)
+            searched.append((search, search.run(decide=False).stopped))
+        with decision_pipeline() as pipeline:
+            results = [search.decide(stopped, pipeline) for search, stopped in searched]
+            assert pipeline.gpu.starts == 1
+        assert all(r.winner is not None for r in results)
+        assert [w.problem_key for w in store.winners(target.device_id)] == \
+            [p.key() for p in problems]
+    finally:
+        store.close()

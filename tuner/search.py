@@ -635,14 +635,14 @@ class ProblemSearch:
         return ProblemResult(self.problem, self.name, self.seed, self.mode, len(self.feasible),
                              stopped, self.outcomes, self.measured_here)
 
-    def decide(self, stopped: str) -> ProblemResult:
+    def decide(self, stopped: str, pipeline: _Pipeline | None = None) -> ProblemResult:
         """The decision alone, on a GPU worker of this process: for `--workers N`, whose searching
-        processes skip it, so that the winner of a study is decided once, after all of them."""
-        pipeline = _Pipeline(compile_jobs=1)  # workers start on first use: only the GPU one does
-        try:
+        processes skip it, so that the winner of a study is decided once, after all of them.
+        `pipeline` (decision_pipeline()) lets one GPU worker decide every problem of a run."""
+        if pipeline is not None:
             return self._decide(pipeline, stopped)
-        finally:
-            pipeline.close()
+        with decision_pipeline() as own:
+            return self._decide(own, stopped)
 
     def _decide(self, pipeline: _Pipeline, stopped: str) -> ProblemResult:
         """Re-time the top 3 and the default side by side on the GPU worker; the default stays
@@ -672,6 +672,19 @@ class ProblemSearch:
                             default.id if default else None, speedup)
         result.winner, result.default, result.speedup = winner, default, speedup
         return result
+
+
+@contextlib.contextmanager
+def decision_pipeline():
+    """A GPU worker for a run of decisions (ProblemSearch.decide): `--workers N` decides every
+    problem in the parent process, and a worker of its own per problem cost a process start,
+    imports and a CUDA context each time (7-8 s per problem on the two-H200 machine, serially
+    after the children's parallel search: benchmarks/RESULTS.md)."""
+    pipeline = _Pipeline(compile_jobs=1)  # workers start on first use: only the GPU one does
+    try:
+        yield pipeline
+    finally:
+        pipeline.close()
 
 
 def pick_winner(valid: list[TrialRecord], default: TrialRecord | None

@@ -219,7 +219,7 @@ def _search_on_workers(args, devices, problems, families, target, store, storage
     the first of their GPUs."""
     from tuner.dburl import display_url
     from tuner.multi_gpu import merged, pinned, run_children
-    from tuner.search import ProblemSearch
+    from tuner.search import ProblemSearch, decision_pipeline
 
     if not args.json:
         print(f"tuner search: {len(devices)} workers (CUDA_VISIBLE_DEVICES "
@@ -227,11 +227,11 @@ def _search_on_workers(args, devices, problems, families, target, store, storage
               f"{display_url(storage.url)}", file=sys.stderr)
     docs = run_children(args.argv, devices, args.seed)
     results = []
-    with pinned(devices[0]):
+    with pinned(devices[0]), decision_pipeline() as pipeline:
         for i, problem in enumerate(problems):
             search = ProblemSearch(problem, families, target, store, storage, settings)
             stopped, search.outcomes, search.measured_here = merged(docs, i)
-            results.append(search.decide(stopped))
+            results.append(search.decide(stopped, pipeline))
     return results
 
 

@@ -113,13 +113,19 @@ H)
   ;;
 I)
   # issue 8 on the two-GPU machine: the same search with --workers 2 and --workers 1, both
-  # after the compile cache is warm (so neither pays the compiles the other skips).
+  # after the compile cache is warm (so neither pays the compiles the other skips). Fourth
+  # session (reduced, 281 s of device time left): BUDGET_S=215 TRIALS=6 (both in one call).
+  # The issue's run needs two calls on one warm machine, e.g.
+  #   SEQ_LENS=4096,8192,16384,30272 TRIALS=24 WORKERS=2 bash benchmarks/h200_next.sh I
+  #   SKIP_WARM=1 SEQ_LENS=4096,8192,16384,30272 TRIALS=24 WORKERS=1 bash benchmarks/h200_next.sh I
   nvidia-smi -L
-  capped 100 python3 -m tuner space --gpu h200 --compile --jobs 32 > "$OUT/space.txt" 2>&1
-  echo "space rc=$?"; tail -n 1 "$OUT/space.txt" | cut -c1-200
-  for w in 2 1; do
+  if [ -z "${SKIP_WARM:-}" ]; then
+    capped 100 python3 -m tuner space --gpu h200 --compile --jobs 32 > "$OUT/space.txt" 2>&1
+    echo "space rc=$?"; tail -n 1 "$OUT/space.txt" | cut -c1-200
+  fi
+  for w in ${WORKERS:-2 1}; do
     t0=$(date +%s)
-    capped 150 python3 -m tuner search --gpu h200 --workers "$w" --seq-lens "${SEQ_LENS:-4096,8192}" \
+    capped 560 python3 -m tuner search --gpu h200 --workers "$w" --seq-lens "${SEQ_LENS:-4096,8192}" \
       --heads 56 --trials "${TRIALS:-8}" --patience 0 --seed 1 --db "sqlite:///$OUT/w$w.sqlite" \
       --json > "$OUT/w$w.json" 2> "$OUT/w$w.log"
     echo "workers=$w rc=$? wall=$(( $(date +%s) - t0 )) s"; tail -n 2 "$OUT/w$w.log"

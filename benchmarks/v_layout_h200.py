@@ -30,7 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from tuner.gpus import PROFILES  # noqa: E402
-from tuner.measure import random_inputs, time_kernel, validate_kernel  # noqa: E402
+from tuner.measure import (  # noqa: E402
+    cuda_event_samples,
+    random_inputs,
+    time_kernel,
+    validate_kernel,
+)
 from tuner.problem import Problem  # noqa: E402
 from variants import wgmma  # noqa: E402
 
@@ -43,14 +48,7 @@ def events_median_ms(fn, repeats: int = REPEATS, warmup: int = 3) -> float:
     """Median GPU time of fn() between two CUDA events on the current stream."""
     for _ in range(warmup):
         fn()
-    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-             for _ in range(repeats)]
-    for start, end in pairs:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in pairs)
+    return statistics.median(cuda_event_samples(lambda _i: fn(), repeats))
 
 
 def measure(cfg, seq_len: int) -> dict:

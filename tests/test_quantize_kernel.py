@@ -25,7 +25,7 @@ def test_ptx_casts_with_saturation_and_wide_accesses(arch, dtype, tmp_path):
 
 
 def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
-    """An arch the DSL cannot target must not break prepare: available() is False, the failure
+    """An arch the DSL cannot target must not break prepare: compiled() is None, the failure
     is logged and remembered (one compile attempt), and the torch path is used instead."""
     from variants import quantize_kernel
 
@@ -40,8 +40,8 @@ def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
     monkeypatch.setattr(quantize_kernel, "compile_scaled_cast", failing_compile)
     device = torch.device("cpu")
     with caplog.at_level("WARNING"):
-        assert not quantize_kernel.available(torch.bfloat16, 128, device)
-        assert not quantize_kernel.available(torch.bfloat16, 128, device)
+        assert quantize_kernel.compiled(torch.bfloat16, 128, device) is None
+        assert quantize_kernel.compiled(torch.bfloat16, 128, device) is None
     assert calls == [(torch.bfloat16, 128, "sm_999")]
     assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
-    assert not quantize_kernel.is_compiled(torch.bfloat16, 128, device)
+    assert quantize_kernel.compiled(torch.bfloat16, 128, device, compile_now=False) is None

@@ -362,15 +362,6 @@ def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path
     assert result["winner"]["config"] == {"tile": 64, "stages": 3}, err[-2000:]
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shared_db(request, tmp_path) -> str:
-    """One results database (and study storage) that several processes search at once: a SQLite
-    file, or a PostgreSQL database as several hosts would share (skips without a server)."""
-    if request.param == "postgresql":
-        return request.getfixturevalue("pg_url")
-    return f"sqlite:///{tmp_path / 'db.sqlite'}"
-
-
 def _check_shared_study(url: str, docs: list[dict]) -> list:
     """Every trial a process measured is stored exactly once and is a COMPLETE trial of the
     study with the same config; one winner per problem. Returns the measured rows."""
@@ -403,17 +394,17 @@ def _check_shared_study(url: str, docs: list[dict]) -> list:
     return done
 
 
-def test_two_concurrent_searches_on_one_database_lose_nothing(shared_db):
-    procs = [_spawn(_cli(shared_db, "--families", LARGE, "--trials", "12", "--seed", str(seed),
+def test_two_concurrent_searches_on_one_database_lose_nothing(db_url_any):
+    procs = [_spawn(_cli(db_url_any, "--families", LARGE, "--trials", "12", "--seed", str(seed),
                          "--timeout", "1")) for seed in (1, 2)]
     docs = [json.loads(_finish(p)[0]) for p in procs]
-    done = _check_shared_study(shared_db, docs)
+    done = _check_shared_study(db_url_any, docs)
     assert 12 <= len(done) <= 14  # the shared budget, give or take the other's in-flight one
 
 
-def test_workers_share_one_study_and_decide_once(shared_db):
+def test_workers_share_one_study_and_decide_once(db_url_any):
     """--workers 2: two child searches (CPU doubles need no GPU), one decision by the parent."""
-    proc = _spawn(_cli(shared_db, "--families", SMALL, "--trials", "20", "--workers", "2"))
+    proc = _spawn(_cli(db_url_any, "--families", SMALL, "--trials", "20", "--workers", "2"))
     doc = json.loads(_finish(proc)[0])
     (result,) = doc["results"]
     # The --json keys of `tuner search` (README, Usage), as with one process.
@@ -421,13 +412,13 @@ def test_workers_share_one_study_and_decide_once(shared_db):
     assert set(result) == {"problem", "seq_len", "study", "seed", "mode", "feasible", "stopped",
                            "measured_here", "outcomes", "winner", "default",
                            "speedup_over_default", "default_kept"}
-    done = _check_shared_study(shared_db, [doc])
+    done = _check_shared_study(db_url_any, [doc])
     # Exhaustive over 14 feasible configs: each measured once, by one process or the other.
     assert len({r["config_hash"] for r in done}) == len(done) == 14
     assert len({r["study_name"] for r in done}) == 1
     # Decided once: the top 3 and the default re-timed once each (3 rows if the default is in
     # the top 3); the children re-timed nothing.
-    retimes = [r for r in rows(shared_db) if r["role"] == "retime"]
+    retimes = [r for r in rows(db_url_any) if r["role"] == "retime"]
     assert len({r["config_hash"] for r in retimes}) == len(retimes) in (3, 4)
     assert result["winner"]["config"] == {"tile": 64, "stages": 3}
     assert result["measured_here"] == 14

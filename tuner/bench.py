@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from tuner.peers import PEERS
 from tuner.problem import Problem
 
 
@@ -38,7 +39,7 @@ def _time(kernel, problem, gpu, repeats: int, seed: int):
 
 
 # What --against may name: "sdpa" is both SDPA backends.
-AGAINST = ("default", "sdpa", "sdpa-cudnn", "sdpa-flash", "cudnn-fp8")
+AGAINST = ("default", "sdpa", *PEERS)
 
 
 def bench_seq_len(
@@ -86,10 +87,8 @@ def bench_seq_len(
         rows.append(row)
     peers = []
     if "sdpa" in against:
-        peers += ["sdpa-cudnn", "sdpa-flash"]
-    peers += [
-        p for p in against if p in ("sdpa-cudnn", "sdpa-flash", "cudnn-fp8") and p not in peers
-    ]
+        peers += [p for p in PEERS if p.startswith("sdpa-")]
+    peers += [p for p in against if p in PEERS and p not in peers]
     for name in peers:
         row = BenchRow(problem.seq_len, name, "bf16" if name.startswith("sdpa") else "fp8 in/out")
         try:

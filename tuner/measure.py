@@ -203,10 +203,25 @@ def _tensor_bytes(obj, _seen: set[int] | None = None) -> int:
     return sum(_tensor_bytes(v, seen) for v in values)
 
 
+def cuda_event_samples(fn: Callable[[int], Any], repeats: int, sync: Callable[[], Any] | None = None
+                       ) -> list[float]:
+    """ms of fn(0) .. fn(repeats - 1), each between two CUDA events on the current stream,
+    all queued back to back and read after one synchronization (sync, else the device's)."""
+    import torch
+
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(repeats)]
+    for i, (start, end) in enumerate(events):
+        start.record()
+        fn(i)
+        end.record()
+    (sync or torch.cuda.synchronize)()
+    return [start.elapsed_time(end) for start, end in events]
+
+
 def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: int = 20,
                 warmup: int = 3) -> Timing:
     """Median/IQR of `repeats` launches of the kernel alone, L2-cold through input rotation."""
-    import torch
 
     repeats = max(MIN_REPEATS, repeats)
     sync = _synchronizer(device)
@@ -235,22 +250,17 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
     if sync:
         guarded("run", sync)
 
+    def launch(i: int) -> None:
+        prepared, out, lse = sets[i % n_sets]
+        guarded("run", kernel.run, prepared, out=out, lse=lse)
+
     samples: list[float] = []
     if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(repeats)]
-        for i, (start, end) in enumerate(events):
-            prepared, out, lse = sets[i % n_sets]
-            start.record()
-            guarded("run", kernel.run, prepared, out=out, lse=lse)
-            end.record()
-        guarded("run", sync)
-        samples = [start.elapsed_time(end) for start, end in events]
+        samples = cuda_event_samples(launch, repeats, sync=lambda: guarded("run", sync))
     else:
         for i in range(repeats):
-            prepared, out, lse = sets[i % n_sets]
             t0 = time.perf_counter()
-            guarded("run", kernel.run, prepared, out=out, lse=lse)
+            launch(i)
             samples.append((time.perf_counter() - t0) * 1e3)
     clock, temp = read_clocks(device)
     med, q1, q3, low = summarize(samples)

@@ -39,7 +39,6 @@ import warnings
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from multiprocessing.connection import wait
 from pathlib import Path
 
 import optuna
@@ -47,7 +46,7 @@ from optuna.trial import TrialState
 
 from tuner.problem import Problem
 from tuner.store import Store, TrialRecord, config_hash
-from tuner.worker import CandidateResult, Task, Worker
+from tuner.worker import CandidateResult, Task, Worker, poll
 from variants import load_family
 from variants.base import enumerate_space
 
@@ -227,12 +226,7 @@ class _Pipeline:
             return finished
         now = time.monotonic()
         timeout = max(0.0, min(poll_s, min(w.deadline for w in busy) - now))
-        readable = wait([w.connection for w in busy], timeout=timeout)
-        for worker in busy:
-            got = worker.collect() if worker.connection in readable else worker.expire()
-            if got is None:
-                continue
-            (cand, task), result = got
+        for worker, ((cand, task), result) in poll(busy, timeout):
             if worker is self.gpu:
                 result.compile_s = cand.compile_result.compile_s
                 finished.append((cand, result))
@@ -258,10 +252,8 @@ class _Pipeline:
         """Blocking evaluation on the GPU worker (the final re-time), with its deadline."""
         self.gpu.submit(task, None)
         while True:
-            readable = wait([self.gpu.connection], timeout=1.0)
-            got = self.gpu.collect() if readable else self.gpu.expire()
-            if got is not None:
-                return got[1]
+            for _, (_, result) in poll([self.gpu], 1.0):
+                return result
 
     def close(self) -> None:
         for w in (*self.compilers, self.gpu):
@@ -549,7 +541,6 @@ class ProblemSearch:
                 for cand, result in pipeline.step():
                     with self._atomic():  # stored and told, or neither
                         self._finish(cand, result)
-                    stored = self._stored()
             # Ctrl-C or a budget: whatever is still in flight is not measured; FAIL frees the
             # trial in the study (a re-run proposes it again), and the Store never saw it.
             self._abandon(pipeline)
@@ -635,14 +626,11 @@ class ProblemSearch:
         return ProblemResult(self.problem, self.name, self.seed, self.mode, len(self.feasible),
                              stopped, self.outcomes, self.measured_here)
 
-    def decide(self, stopped: str, pipeline: _Pipeline | None = None) -> ProblemResult:
-        """The decision alone, on a GPU worker of this process: for `--workers N`, whose searching
-        processes skip it, so that the winner of a study is decided once, after all of them.
-        `pipeline` (decision_pipeline()) lets one GPU worker decide every problem of a run."""
-        if pipeline is not None:
-            return self._decide(pipeline, stopped)
-        with decision_pipeline() as own:
-            return self._decide(own, stopped)
+    def decide(self, stopped: str, pipeline: _Pipeline) -> ProblemResult:
+        """The decision alone, on the GPU worker of `pipeline` (decision_pipeline(): one for every
+        problem of a run): for `--workers N`, whose searching processes skip it, so that the
+        winner of a study is decided once, after all of them."""
+        return self._decide(pipeline, stopped)
 
     def _decide(self, pipeline: _Pipeline, stopped: str) -> ProblemResult:
         """Re-time the top 3 and the default side by side on the GPU worker; the default stays
@@ -703,20 +691,13 @@ def pick_winner(valid: list[TrialRecord], default: TrialRecord | None
 def open_storage(url: str) -> optuna.storages.RDBStorage:
     """Optuna's RDB storage; on SQLite with the same busy timeout as the Store, and created under
     the same file lock, so that two searches starting together do not race on CREATE TABLE."""
-    from sqlalchemy.exc import ArgumentError, DBAPIError
-
-    from tuner.dburl import connection_error, engine_url
-    from tuner.store import configure_sqlite, creation_lock, sqlite_engine_kwargs, sqlite_path
+    from tuner.dburl import engine_url
+    from tuner.store import configure_sqlite, engine_kwargs, is_sqlite, opening
 
     url = engine_url(url)
-    sqlite = url.startswith("sqlite")
-    try:
-        with creation_lock(url):
-            if sqlite_path(url) is not None:
-                sqlite_path(url).parent.mkdir(parents=True, exist_ok=True)
-            storage = optuna.storages.RDBStorage(
-                url, engine_kwargs=sqlite_engine_kwargs() if sqlite else None)
-        if sqlite:
+    with opening("Optuna storage", url):
+        storage = optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs(url) or None)
+        if is_sqlite(url):
             # Optuna pops a WAITING trial with SELECT ... FOR UPDATE, then UPDATE; SQLite has no
             # row locks and the sqlite3 driver runs that SELECT outside any transaction, so two
             # processes could both pop one enqueued trial (seen: 9 of 150 in a two-process
@@ -724,9 +705,12 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
             # emptied so that every later connection gets it.
             configure_sqlite(storage.engine)
             storage.engine.dispose()
-        return storage
-    except (DBAPIError, ArgumentError, ImportError) as exc:  # unreachable, refused, no driver
-        raise connection_error("Optuna storage", url, exc) from None
+    return storage
+
+
+def runs_on_cpu(modules: dict) -> bool:
+    """Whether every family runs on the CPU (test doubles declare DEVICE = "cpu")."""
+    return all(getattr(m, "DEVICE", "cuda") == "cpu" for m in modules.values())
 
 
 def make_target(gpu_name: str, modules: dict) -> Target:
@@ -734,7 +718,7 @@ def make_target(gpu_name: str, modules: dict) -> Target:
     DEVICE = "cpu") take the profile by name without a local GPU, under a CPU fingerprint."""
     from tuner import gpus
 
-    if all(getattr(m, "DEVICE", "cuda") == "cpu" for m in modules.values()):
+    if runs_on_cpu(modules):
         profile = gpus.resolve_gpu("h200" if gpu_name == "auto" else gpu_name, require_local=False)
         fingerprint = {"name": f"cpu-double-{profile.name}", "compute_capability": "cpu",
                        "sm_count": os.cpu_count() or 1}

@@ -60,9 +60,7 @@ def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: 
     """Compile the feasible rows in `jobs` isolated compile workers (the search's own
     tuner.worker.Worker: spawned, killed on a hang, restarted after a crash), filling the rows
     in place. A build that fails, crashes or hangs becomes that row's error."""
-    from multiprocessing.connection import wait
-
-    from tuner.worker import Task, Worker
+    from tuner.worker import Task, Worker, poll
 
     todo = [r for r in rows if r.feasible]
     workers = [Worker(f"space-{i}", preload=("variants",)) for i in range(max(1, jobs))]
@@ -74,13 +72,7 @@ def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: 
                     worker.submit(Task(kind="compile", family=row.family, config=row.config,
                                        problem=problem.to_dict(), arch=gpu.arch,
                                        timeout_s=COMPILE_TIMEOUT_S), row)
-            busy = [w for w in workers if w.busy]
-            readable = wait([w.connection for w in busy], timeout=1.0)
-            for worker in busy:
-                got = worker.collect() if worker.connection in readable else worker.expire()
-                if got is None:
-                    continue
-                row, result = got
+            for _, (row, result) in poll(workers, 1.0):
                 if result.outcome == "ok":
                     row.registers = result.resources["registers"]
                     row.spill_bytes = result.resources["spill_bytes"]

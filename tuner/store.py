@@ -225,7 +225,7 @@ _PLAIN = [f.name for f in fields(TrialRecord)
           if f.name not in ("id", "device_id", "problem_key", "config", "timing")]
 
 
-def _is_sqlite(url: str) -> bool:
+def is_sqlite(url: str) -> bool:
     return make_url(url).get_backend_name() == "sqlite"
 
 
@@ -272,9 +272,22 @@ def creation_lock(url: str) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def sqlite_engine_kwargs() -> dict[str, Any]:
-    # Wait for a concurrent writer instead of failing at once ("database is locked").
-    return {"connect_args": {"timeout": 60}}
+@contextmanager
+def opening(what: str, url: str) -> Iterator[None]:
+    """Create or open the database at `url` (ours or Optuna's): under creation_lock, with an
+    unreachable server, a refused connection or a missing driver reported as one
+    connection_error naming `what`."""
+    try:
+        with creation_lock(url):
+            yield
+    except (DBAPIError, ArgumentError, ImportError) as exc:
+        raise connection_error(what, url, exc) from None
+
+
+def engine_kwargs(url: str) -> dict[str, Any]:
+    """create_engine keyword arguments for `url`: on SQLite, wait for a concurrent writer
+    instead of failing at once ("database is locked")."""
+    return {"connect_args": {"timeout": 60}} if is_sqlite(url) else {}
 
 
 def configure_sqlite(engine: Engine) -> None:
@@ -305,18 +318,12 @@ class Store:
 
     def __init__(self, url: str | None = None) -> None:
         self.url = engine_url(url or default_db_url())
-        kwargs: dict[str, Any] = {}
-        if _is_sqlite(self.url):
-            kwargs = sqlite_engine_kwargs()
-        try:
-            self.engine = create_engine(self.url, **kwargs)
-            if _is_sqlite(self.url):
+        with opening("results database", self.url):
+            self.engine = create_engine(self.url, **engine_kwargs(self.url))
+            if is_sqlite(self.url):
                 configure_sqlite(self.engine)
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-            with creation_lock(self.url):
-                self._open_schema()
-        except (DBAPIError, ArgumentError, ImportError) as exc:  # unreachable, refused, no driver
-            raise connection_error("results database", self.url, exc) from None
+            self._open_schema()
 
     def _open_schema(self) -> None:
         names = set(inspect(self.engine).get_table_names())

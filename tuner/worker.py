@@ -328,3 +328,21 @@ class Worker:
                 pass
         self.kill()
         self.task = self.payload = None
+
+
+def poll(workers, timeout_s: float) -> list[tuple[Worker, tuple[Any, CandidateResult]]]:
+    """Wait up to timeout_s for the busy ones of `workers`; returns (worker, (payload, result))
+    for each that finished: answered, died (a crash result) or ran past its deadline (killed,
+    a timeout result). The one scheduling loop of the search's pipeline and `tuner space`."""
+    from multiprocessing.connection import wait
+
+    busy = [w for w in workers if w.busy]
+    if not busy:
+        return []
+    readable = wait([w.connection for w in busy], timeout=timeout_s)
+    finished = []
+    for worker in busy:
+        got = worker.collect() if worker.connection in readable else worker.expire()
+        if got is not None:
+            finished.append((worker, got))
+    return finished

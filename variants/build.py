@@ -158,18 +158,32 @@ def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: i
     return m_descale, m_o, m_lse
 
 
-def build_function(kernel_obj, arch: str, extra_args: tuple = ()):
-    """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
+def compile_for_arch(kernel_obj, arch: str, args: tuple, *, keep: str = "",
+                     dump_dir: str | None = None):
+    """cute.compile any kernel object for `arch` (no GPU needed) with its launch stand-ins
+    `args`. keep: extra --keep-* options; their files go to dump_dir, else to a private scratch
+    directory (arch_env says why never the working directory). Returns (function, seconds,
+    cubin bytes with --keep-cubin, else None: read before the scratch directory goes)."""
     import cutlass.cute as cute
 
     with arch_env(arch) as scratch:
         start = time.perf_counter()
-        fn = cute.compile(kernel_obj, *pointer_args(extra=extra_args),
-                          options=f"--gpu-arch={arch} --keep-cubin --dump-dir={scratch}")
+        fn = cute.compile(kernel_obj, *args,
+                          options=f"--gpu-arch={arch} {keep} --dump-dir={dump_dir or scratch}")
         seconds = time.perf_counter() - start
-        cubin = fn.__cubin__
-        if isinstance(cubin, str):
-            cubin = Path(cubin).read_bytes() if os.path.exists(cubin) else cubin.encode("latin1")
+        cubin = None
+        if "--keep-cubin" in keep:
+            cubin = fn.__cubin__
+            if isinstance(cubin, str):
+                cubin = (Path(cubin).read_bytes() if os.path.exists(cubin)
+                         else cubin.encode("latin1"))
+    return fn, seconds, cubin
+
+
+def build_function(kernel_obj, arch: str, extra_args: tuple = ()):
+    """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
+    fn, seconds, cubin = compile_for_arch(kernel_obj, arch, pointer_args(extra=extra_args),
+                                          keep="--keep-cubin")
     return fn, cubin, seconds
 
 
@@ -248,22 +262,30 @@ def _load_cached(family: str, key: str, src_dir: Path):
     meta.json is written last, so its presence means the entry is complete; its source hash and
     DSL version are in the key already and are re-checked as a guard against a hand-copied entry."""
     disk = cache_root() / family / key
-    meta_path = disk / "meta.json"
-    if not meta_path.exists():
-        return None
-    meta = _read_meta(meta_path)
+    meta = _read_meta(disk / "meta.json")
     if meta is None or meta.get("src") != source_hash(str(src_dir)) \
             or meta.get("dsl") != dsl_version():
         return None
+    resources = _meta_resources(meta)
     try:
-        resources = ResourceUsage(**meta["resources"])
         seconds = float(meta["compile_seconds"])
     except (KeyError, TypeError, ValueError):  # an entry from an older layout: rebuild it
+        return None
+    if resources is None:
         return None
     fn = load_function(key, disk)
     if fn is None:
         return None
     return fn, resources, seconds
+
+
+def _meta_resources(meta: dict | None) -> ResourceUsage | None:
+    """The resource usage an entry's meta.json records, None when absent or malformed (an
+    entry from an older layout)."""
+    try:
+        return ResourceUsage(**meta["resources"]) if meta is not None else None
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _read_meta(path: Path) -> dict | None:
@@ -400,12 +422,8 @@ def _build_and_save(family: str, key: str, src_dir: Path, cfg, head_dim: int, ar
 def cached_resources(family: str, src_dir: Path, cfg, head_dim: int,
                      arch: str) -> ResourceUsage | None:
     """Resource usage from the disk cache, without compiling (None when not cached)."""
-    meta = _read_meta(
-        cache_root() / family / codegen_key(family, cfg, head_dim, arch, src_dir) / "meta.json")
-    try:
-        return ResourceUsage(**meta["resources"]) if meta is not None else None
-    except (KeyError, TypeError):
-        return None
+    return _meta_resources(_read_meta(
+        cache_root() / family / codegen_key(family, cfg, head_dim, arch, src_dir) / "meta.json"))
 
 
 # 1 TiB past the output buffer: no allocation of this process reaches that far, so every store

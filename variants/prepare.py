@@ -67,7 +67,7 @@ class Fp8Inputs:
             return q, k, self.v[:, :s].float() * dv[:, None, :, None]
         v = self.v.float()
         if self.key_permuted:
-            v = v[..., inverse_key_order(v.shape[-1]).to(v.device)]
+            v = v[..., _inverse_key_order_on(v.shape[-1], v.device)]
         v = v[..., :s].permute(0, 3, 1, 2) * dv[:, None, :, None]
         return q, k, v
 
@@ -191,10 +191,11 @@ def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> N
     arithmetic: the product is fp32 (x promoted by the fp32 scale, no separate fp32 copy of x)
     and clamped (rounding can land a hair above 448, and e4m3fn has no Inf); the cast happens in
     the copy into the padded output, so padding costs no extra pass."""
-    if _fused_cast_applies(x) and out.numel() < 2**31:
+    fused = _fused_cast(x, out)
+    if fused is not None:
         from variants.quantize_kernel import scaled_cast_into
 
-        scaled_cast_into(out, x, scale.reshape(x.shape[0], x.shape[2]).contiguous())
+        scaled_cast_into(fused, out, x, scale.reshape(x.shape[0], x.shape[2]).contiguous())
         return
     seq_len = x.shape[1]
     out[:, :seq_len].copy_(torch.mul(x, scale).clamp_(-E4M3_MAX, E4M3_MAX))
@@ -202,20 +203,19 @@ def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> N
         out[:, seq_len:].view(torch.uint8).zero_()
 
 
-def _fused_cast_applies(x: torch.Tensor) -> bool:
-    """The fused cast handles contiguous, 16-byte aligned bf16/fp16 CUDA tensors with 32-bit
-    offsets. Inside a CUDA-graph capture it is used only if already compiled (compiling loads
-    a module, which a capture must not see); the torch path gives the same codes."""
+def _fused_cast(x: torch.Tensor, out: torch.Tensor):
+    """The compiled fused cast for x, or None where it does not apply: it handles contiguous,
+    16-byte aligned bf16/fp16 CUDA tensors with 32-bit offsets into the padded output. Inside a
+    CUDA-graph capture it is used only if already compiled (compiling loads a module, which a
+    capture must not see); the torch path gives the same codes."""
     if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
-            and x.data_ptr() % 16 == 0 and x.shape[-1] % 8 == 0 and x.numel() < 2**31):
-        return False
+            and x.data_ptr() % 16 == 0 and x.shape[-1] % 8 == 0 and out.numel() < 2**31):
+        return None
     try:
         from variants import quantize_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops
-        return False
-    if _capturing():
-        return quantize_kernel.is_compiled(x.dtype, x.shape[-1], x.device)
-    return quantize_kernel.available(x.dtype, x.shape[-1], x.device)
+        return None
+    return quantize_kernel.compiled(x.dtype, x.shape[-1], x.device, compile_now=not _capturing())
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -13,7 +13,7 @@ tests/test_prepare.py checks that on the GPU.
 Each thread casts 8 consecutive features (one 16-byte load, one 8-byte store); one compiled
 function per (input dtype, head_dim, arch) and process, compiled on first use (~0.1 s) and
 then only launched, on torch's current stream. Where it cannot compile, prepare falls back to
-the torch ops (available()).
+the torch ops (compiled() is None).
 """
 
 from __future__ import annotations
@@ -48,8 +48,6 @@ class ScaledCast:
 
     def compile_args(self):
         """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
-        import cutlass
-        import cutlass.cute as cute
         from cutlass.cute.runtime import make_fake_stream, make_ptr
 
         gmem = cute.AddressSpace.gmem
@@ -96,12 +94,12 @@ def compile_scaled_cast(in_dtype: torch.dtype, head_dim: int, arch: str, *,
                         keep_ptx_in: str | None = None):
     """cute.compile the cast for `arch` (no GPU needed, like the attention kernels);
     keep_ptx_in: a directory to leave the PTX in (the CPU test reads it)."""
-    from variants.build import arch_env
+    from variants.build import compile_for_arch
 
     kernel = ScaledCast(_dsl_dtype(in_dtype), head_dim)
-    with arch_env(arch) as scratch:
-        keep = f" --keep-ptx --dump-dir={keep_ptx_in}" if keep_ptx_in else f" --dump-dir={scratch}"
-        return cute.compile(kernel, *kernel.compile_args(), options=f"--gpu-arch={arch}{keep}")
+    fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
+                                keep="--keep-ptx" if keep_ptx_in else "", dump_dir=keep_ptx_in)
+    return fn
 
 
 def _device_arch(device: torch.device) -> str:
@@ -109,35 +107,33 @@ def _device_arch(device: torch.device) -> str:
     return f"sm_{major}{minor}"
 
 
-def is_compiled(in_dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
-    return _COMPILED.get((in_dtype, head_dim, _device_arch(device))) is not None
-
-
-def available(in_dtype: torch.dtype, head_dim: int, device: torch.device) -> bool:
-    """Whether the cast can run here, compiling it on first use. A compile failure (an arch
-    this DSL build cannot target, say) is logged once and remembered: prepare then uses torch
-    ops, which give the same codes, instead of failing."""
+def compiled(in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
+             compile_now: bool = True):
+    """The launchable cast for this dtype, head_dim and GPU, or None where there is none:
+    compiled on first use (compile_now=False: only if compiled already, as inside a CUDA-graph
+    capture, which must not see a module load). A compile failure (an arch this DSL build
+    cannot target, say) is logged once and remembered: prepare then uses torch ops, which give
+    the same codes, instead of failing."""
     key = (in_dtype, head_dim, _device_arch(device))
     with _LOCK:
-        if key not in _COMPILED:
+        if key not in _COMPILED and compile_now:
             try:
                 _COMPILED[key] = compile_scaled_cast(*key)
             except Exception as exc:  # noqa: BLE001 - any DSL failure: fall back, loudly
                 log.warning("fused e4m3 cast unavailable for %s (%s); prepare uses torch ops",
                             key, str(exc).strip().splitlines()[-1][:200] if str(exc) else exc)
                 _COMPILED[key] = None
-        return _COMPILED[key] is not None
+        return _COMPILED.get(key)
 
 
-def scaled_cast_into(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
+def scaled_cast_into(fn, out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
     """out (batch, padded, heads, head_dim) e4m3 <- x (batch, seq_len, heads, head_dim) times
-    scale (batch, heads) fp32, zero rows past seq_len; on x's device and torch's current
-    stream. x must be contiguous and 16-byte aligned, head_dim a multiple of 8, and
-    available() true for its dtype, head_dim and device."""
+    scale (batch, heads) fp32, zero rows past seq_len, with fn = compiled(...) for x; on x's
+    device and torch's current stream. x must be contiguous and 16-byte aligned, head_dim a
+    multiple of 8."""
     from cutlass.cute.runtime import make_ptr
 
     batch, seq_len, heads, head_dim = x.shape
-    fn = _COMPILED[(x.dtype, head_dim, _device_arch(x.device))]
     gmem = cute.AddressSpace.gmem
     stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
     fn(make_ptr(_dsl_dtype(x.dtype), x.data_ptr(), gmem, assumed_align=16),

@@ -16,24 +16,16 @@ _CHILD = textwrap.dedent("""
     import json, sys, time
     import torch
     from tuner.gpus import local_profile
+    from tuner.measure import validate_kernel
     from tuner.problem import Problem
     from variants import load_family
-    from variants.reference import validate
     family = load_family(sys.argv[1])
     arch = local_profile().arch
     problem = Problem(batch=2, heads=8, seq_len=1000, head_dim=128)
     t0 = time.perf_counter()
     kernel = family.compile(family.default(arch, problem), problem, arch)
     obtain_s = time.perf_counter() - t0
-    g = torch.Generator(device="cuda").manual_seed(int(time.time_ns()) % 2**31)
-    q, k, v = (torch.randn(2, 1000, 8, 128, device="cuda", dtype=torch.bfloat16, generator=g)
-               for _ in range(3))
-    prepared = kernel.prepare(q, k, v)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full((2, 8, 1000), float("nan"), device="cuda")
-    kernel.run(prepared, out, lse)
-    torch.cuda.synchronize()
-    m = validate(prepared, out, lse)
+    m = validate_kernel(kernel, problem, torch.device("cuda"), seed=int(time.time_ns()) % 2**31)
     print(json.dumps({"from_disk": kernel.loaded_from_disk, "obtain_s": obtain_s,
                       "passed": bool(m.passed), "reason": m.reason, "rel_rms": m.rel_rms}))
 """)

@@ -121,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             make_target,
             open_storage,
             parse_duration,
+            runs_on_cpu,
             summary,
         )
     except ModuleNotFoundError as exc:
@@ -155,8 +156,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Families that run on the CPU (test doubles) take --workers without GPUs, as make_target
     # takes them without a local GPU.
-    on_cpu = all(getattr(m, "DEVICE", "cuda") == "cpu" for m in modules.values())
-    devices = visible_devices(args.workers, on_cpu) if args.workers != 1 else []
+    devices = visible_devices(args.workers, runs_on_cpu(modules)) if args.workers != 1 else []
     target = make_target(args.gpu, modules)
     problems = [Problem(args.batch, args.heads, s, args.head_dim) for s in args.seq_lens]
     settings = SearchSettings(
@@ -209,9 +209,7 @@ def _results_url(args) -> str | None:
     """--db, else $TUNER_DB_URL, else the --storage database: hosts that share a study through
     `--storage postgresql://...` alone must also share one results store (one winner, all
     trials), not keep them in a local SQLite file each. None: the default SQLite file."""
-    if args.db or os.environ.get("TUNER_DB_URL"):
-        return args.db
-    return args.storage
+    return args.db or os.environ.get("TUNER_DB_URL") or args.storage
 
 
 def _search_on_workers(args, devices, problems, families, target, store, storage, settings):

@@ -267,12 +267,11 @@ class WgmmaAttention:
             barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages,
             producer_group=producer, consumer_group=consumers, tx_count=bn * d,
             defer_sync=True)
-        sVraw = None
         if cutlass.const_expr(self.v_in_kernel):
             # TMA fills the staging ring (waited on by the transposing warps, one arrive each);
             # the transposing threads fill the V ring (all of them arrive, then the consumers
             # wait and release as they do for a TMA-filled ring, every consumer thread arriving).
-            sVraw = storage.vraw.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+            sV_load = storage.vraw.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
             pipe_vload = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_vraw.data_ptr(), num_stages=self.stages,
                 producer_group=producer,
@@ -290,7 +289,7 @@ class WgmmaAttention:
                 barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
                 producer_group=producer, consumer_group=consumers, tx_count=bn * d,
                 defer_sync=True)
-            pipe_vload = pipe_v
+            sV_load, pipe_vload = sV, pipe_v  # TMA fills the ring the wgmma reads
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -301,15 +300,12 @@ class WgmmaAttention:
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                if cutlass.const_expr(self.v_in_kernel):
-                    self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sVraw, pipe_q, pipe_k,
-                              pipe_vload, bid, grid, total_tiles, m_blocks, heads, n_blocks)
-                else:
-                    self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k,
-                              pipe_v, bid, grid, total_tiles, m_blocks, heads, n_blocks)
+                self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV_load, pipe_q, pipe_k,
+                          pipe_vload, bid, grid, total_tiles, m_blocks, heads, n_blocks)
             if cutlass.const_expr(self.v_in_kernel):
                 if warp_idx > 0:
-                    # Views with the swizzle in the layout (not the pointer), for crd2idx.
+                    # Views with the swizzle in the layout, not in the pointer: the copy adds
+                    # the swizzled byte offsets it computes to their plain base pointers.
                     self.transpose_v(storage.vraw.get_tensor(sK_layout),
                                      storage.v.get_tensor(sV_layout), pipe_vload, pipe_v,
                                      tidx - 32, bid, grid, total_tiles, n_blocks)

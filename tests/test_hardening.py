@@ -49,7 +49,8 @@ OPTIONAL = ("iqr_ms", "tflops", "speedup_over_default", "default_median_ms", "re
 # Values no field of a table takes: every field they replace makes the table invalid. (None is
 # valid for the optional fields, so it only replaces required ones.)
 ALIEN = st.one_of(
-    st.lists(st.integers(), max_size=2),
+    # Not empty: `entries: []` is a valid (empty) table, so an empty list is no alien value.
+    st.lists(st.integers(), min_size=1, max_size=2),
     st.dictionaries(st.text("xyz", min_size=1, max_size=3), st.integers(), max_size=2),
     st.dates(),
     st.just(float("nan")),

@@ -15,6 +15,8 @@
 #                                    # v_layout=kernel compiled and checked against the reference
 #   bash benchmarks/h200_next.sh H   # issue 6: prepare + kernel for both V layouts, side by side
 #   bash benchmarks/h200_next.sh I   # issue 8, on nvidia-h200-x2: --workers 2 vs 1, warm cache
+#   bash benchmarks/h200_next.sh J   # fma_exp2: the space compiled, its fma_exp2 > 0 configs
+#                                    # against the reference
 #   bash benchmarks/h200_next.sh C   # issue 4: exhaustive mma_sync search at 4096 (TPE replay and
 #                                    # the all-config 4096 table come from its DB on the CPU), the
 #                                    # 30-trial cost split (cold cache); issue 7: bench test
@@ -131,6 +133,19 @@ I)
     echo "workers=$w rc=$? wall=$(( $(date +%s) - t0 )) s"; tail -n 2 "$OUT/w$w.log"
   done
   rm -f "$OUT"/*.lock
+  ;;
+J)
+  # fifth session: fma_exp2 (exponentials on the FMA pipe). The whole space compiled (spills
+  # counted), then every feasible config with fma_exp2 1 or 2 against the reference (fma_exp2=0
+  # builds the kernels of step G byte for byte) and the targeted shapes.
+  capped 260 python3 -m tuner space --gpu h200 --family wgmma --compile --jobs 16 \
+    > "$OUT/space_wgmma.txt" 2>&1; echo "space wgmma rc=$?"; tail -n 2 "$OUT/space_wgmma.txt" | cut -c1-400
+  python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider tests/gpu/test_wgmma_gpu.py \
+    2>/dev/null | grep -E "^tests/.*fma_exp2=[12]" > "$OUT/fma_ids.txt"; echo "$(wc -l < "$OUT/fma_ids.txt") space ids"
+  capped 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE $(cat "$OUT/fma_ids.txt") \
+    "tests/gpu/test_wgmma_gpu.py::test_fma_exp2_against_reference" \
+    "tests/gpu/test_wgmma_gpu.py::test_head_dim_64" > "$OUT/gpu_wgmma_fma.log" 2>&1
+  echo "gpu wgmma fma_exp2 rc=$?"; tail -n 4 "$OUT/gpu_wgmma_fma.log"
   ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -36,6 +36,7 @@ from variants.base import enumerate_space  # noqa: E402
 
 SEQ_LENS = (4096, 8192, 16384, 30272)
 HEADS = 56
+HEAD_DIM = 128  # --head-dim
 GPU = PROFILES["h200"]
 # One knob away from the default each (the default is the best of these, see its comment).
 CANDIDATES = [
@@ -55,6 +56,10 @@ def log(msg: str, fh=None) -> None:
         fh.flush()
 
 
+def problem_at(seq_len: int, heads: int = HEADS) -> Problem:
+    return Problem(1, heads, seq_len, HEAD_DIM)
+
+
 def feasible_configs(problem: Problem):
     return [c for c in enumerate_space(wgmma.Config, wgmma.space(GPU.arch))
             if wgmma.can_implement(c, problem, GPU)[0]]
@@ -63,7 +68,7 @@ def feasible_configs(problem: Problem):
 def check(cfg, seq_lens=(1, 77, 4096), heads=2, fh=None) -> bool:
     device = torch.device("cuda")
     for s in seq_lens:
-        problem = Problem(1, heads, s)
+        problem = problem_at(s, heads)
         try:
             kernel = wgmma.compile(cfg, problem, GPU.arch)
             metrics = validate_kernel(kernel, problem, device, seed=s)
@@ -79,7 +84,7 @@ def check(cfg, seq_lens=(1, 77, 4096), heads=2, fh=None) -> bool:
 
 
 def timed(kernel, s: int, repeats: int = 10) -> float:
-    problem = Problem(1, HEADS, s)
+    problem = problem_at(s)
     t = time_kernel(kernel, problem, torch.device("cuda"), seed=1, l2_bytes=GPU.l2_bytes,
                     repeats=repeats)
     return t.median_ms
@@ -98,6 +103,7 @@ def peer_ms(name: str, s: int) -> float | None:
 
 
 def main() -> None:
+    global HEAD_DIM
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--search", action="store_true", help="every feasible config of the space")
@@ -105,12 +111,14 @@ def main() -> None:
     ap.add_argument("--seq-lens", default=",".join(map(str, SEQ_LENS)))
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--validate-only", action="store_true")
+    ap.add_argument("--head-dim", type=int, default=HEAD_DIM)
     args = ap.parse_args()
+    HEAD_DIM = args.head_dim
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     fh = (out / "wgmma_log.txt").open("w")
     seq_lens = [int(s) for s in args.seq_lens.split(",")]
-    default = wgmma.default(GPU.arch, Problem(1, HEADS, seq_lens[-1]))
+    default = wgmma.default(GPU.arch, problem_at(seq_lens[-1]))
 
     candidates = [default]
     if not args.configs and not args.search:
@@ -121,7 +129,7 @@ def main() -> None:
             text = Path(text[1:]).read_text()
         candidates += [wgmma.Config.from_dict(d) for d in json.loads(text)]
     if args.search:
-        candidates += feasible_configs(Problem(1, HEADS, 8192))
+        candidates += feasible_configs(problem_at(8192))
     seen, uniq = set(), []
     for c in candidates:
         if c not in seen:
@@ -139,12 +147,12 @@ def main() -> None:
         scores = []
         for c in good:
             try:
-                ms = timed(wgmma.compile(c, Problem(1, HEADS, probe), GPU.arch), probe)
+                ms = timed(wgmma.compile(c, problem_at(probe), GPU.arch), probe)
             except Exception as exc:  # noqa: BLE001
                 log(f"time FAIL {c.short()}: {exc}", fh)
                 continue
             scores.append((ms, c))
-            log(f"S={probe} {ms:8.3f} ms {Problem(1, HEADS, probe).tflops(ms):7.1f} TFLOP/s "
+            log(f"S={probe} {ms:8.3f} ms {problem_at(probe).tflops(ms):7.1f} TFLOP/s "
                 f"{c.short()}", fh)
         scores.sort(key=lambda x: x[0])
         ranked = [c for _, c in scores[:3]]
@@ -153,7 +161,7 @@ def main() -> None:
 
     rows = []
     for s in seq_lens:
-        problem = Problem(1, HEADS, s)
+        problem = problem_at(s)
         row = {"S": s}
         best = None
         for c in ranked:
@@ -176,11 +184,11 @@ def main() -> None:
         log(json.dumps(row), fh)
 
     lines = [f"## wgmma on {torch.cuda.get_device_name()} ({time.strftime('%Y-%m-%d')}), "
-             f"B=1 H={HEADS} D=128, ms (TFLOP/s)", "",
+             f"B=1 H={HEADS} D={HEAD_DIM}, ms (TFLOP/s)", "",
              "| S | wgmma best | wgmma default | SDPA cuDNN bf16 | cuDNN FP8 | best / cuDNN FP8 "
              "| best config |", "|---|---|---|---|---|---|---|"]
     for row in rows:
-        problem = Problem(1, HEADS, row["S"])
+        problem = problem_at(row["S"])
 
         def cell(key, row=row, problem=problem):
             ms = row.get(key)

@@ -29,6 +29,9 @@ CASES = [
     {"v_layout": "kernel", "p_source": "smem", "kv_stages": 3},
     {"v_layout": "kernel", "consumer_wgs": 1, "pingpong": False, "block_n": 64,
      "intra_wg_overlap": False, "persistent": False},
+    # Exponentials on the FMA pipe (an inline-PTX cubic), with P from registers and from smem.
+    {"fma_exp2": 1},
+    {"fma_exp2": 2, "p_source": "smem"},
 ]
 
 

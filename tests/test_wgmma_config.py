@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from tuner.errors import TunerError
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
@@ -45,6 +46,23 @@ def test_config_round_trip_and_hash():
     assert cfg.pad_to() == 384
 
 
+def test_a_config_written_before_fma_exp2_existed_loads_as_fma_exp2_0():
+    # Tables and database rows from before the knob: the kernel they measured is fma_exp2=0.
+    old = {k: v for k, v in _cfg().to_dict().items() if k != "fma_exp2"}
+    assert wgmma.Config.from_dict(old) == _cfg(fma_exp2=0)
+    # A knob without a default is still required, and unknown ones are refused.
+    with pytest.raises(TunerError, match="missing knobs \\['block_n'\\]"):
+        wgmma.Config.from_dict({k: v for k, v in old.items() if k != "block_n"})
+    with pytest.raises(TunerError, match="unknown knobs \\['exp2'\\]"):
+        wgmma.Config.from_dict({**old, "exp2": 1})
+
+
+def test_default_moves_exponentials_to_fma_only_for_head_dim_64():
+    assert wgmma.default("sm_90a", Problem(1, 56, 8192, 64)).fma_exp2 == 2
+    assert wgmma.default("sm_90a", Problem(1, 56, 8192, 128)).fma_exp2 == 0
+    assert wgmma.default("sm_90a").fma_exp2 == 0
+
+
 def test_every_space_config_is_judged_with_a_reason():
     ok = 0
     for cfg in enumerate_space(wgmma.Config, wgmma.space("sm_90a")):
@@ -73,6 +91,8 @@ def test_rejects_other_archs(gpu):
         ({"kv_stages": 5}, "kv_stages"),
         ({"p_source": "tmem"}, "p_source"),
         ({"v_layout": "transposed"}, "v_layout"),
+        ({"fma_exp2": 9}, "fma_exp2"),
+        ({"fma_exp2": -1}, "fma_exp2"),
         ({"consumer_wgs": 3, "block_n": 256}, "register estimate"),
         ({"block_n": 256, "kv_stages": 4}, "shared memory"),
     ],

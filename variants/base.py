@@ -76,9 +76,13 @@ class ConfigMixin:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):
-        names = {f.name for f in dataclasses.fields(cls)}
+        fields = dataclasses.fields(cls)
+        names = {f.name for f in fields}
         unknown = sorted(set(data) - names)
-        missing = sorted(names - set(data))
+        # A knob added after a table or database row was written has a default: the kernel
+        # built before the knob existed. Every other knob must be given.
+        missing = sorted(f.name for f in fields if f.name not in data
+                         and f.default is dataclasses.MISSING)
         if unknown or missing:
             from tuner.errors import TunerError
 

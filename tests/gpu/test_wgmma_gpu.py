@@ -3,8 +3,9 @@ poisoned with NaN first by tuner.measure.validate_kernel).
 
 Every feasible config of the sm_90a space at S in {1, 77, 4096} (B=1, H=2): ragged tails, a
 single key, a tile-aligned length; then the three fastest configs measured on the H200
-(benchmarks/wgmma_h200.py) at the video-DiT shape S=30272, H=56. The space has 524 feasible
-configs (288 with v_layout=prepared, 236 with kernel) at ~2 s of compile each: compile them in
+(benchmarks/wgmma_h200.py) at the video-DiT shape S=30272, H=56. The space has 1572 feasible
+configs (524 layouts x fma_exp2 0, 1, 2; 288 x 3 with v_layout=prepared, 236 x 3 with kernel)
+at ~2 s of compile each: compile them in
 parallel first (`tuner space --gpu h200 --family wgmma --compile --jobs 16`), then the checks
 load them from disk.
 """
@@ -70,11 +71,26 @@ HEAD_DIM_64 = [dict(BEST[0], v_layout=layout, block_n=block_n)
                for layout in ("prepared", "kernel") for block_n in (128, 192)]
 
 
-@pytest.mark.parametrize("overrides", HEAD_DIM_64, ids=lambda o: f"{o['v_layout']}-n{o['block_n']}")
+HEAD_DIM_64 += [dict(BEST[0], fma_exp2=2)]  # the head_dim-64 default
+
+
+@pytest.mark.parametrize("overrides", HEAD_DIM_64,
+                         ids=lambda o: f"{o['v_layout']}-n{o['block_n']}-e{o.get('fma_exp2', 0)}")
 def test_head_dim_64(overrides):
     cfg = wgmma.Config.from_dict(overrides)
     for problem in (Problem(1, 2, 77, head_dim=64), Problem(2, 3, 4096, head_dim=64)):
         assert wgmma.can_implement(cfg, problem, H200) == (True, None)
+        _check(cfg, problem)
+
+
+# Exponentials on the FMA pipe (fma_exp2): the space test runs every value at small shapes;
+# here at the video-DiT shape and with batch 2 / 3 heads, both P sources.
+@pytest.mark.parametrize("overrides", [dict(BEST[0], fma_exp2=2),
+                                       dict(BEST[0], fma_exp2=1, p_source="smem")],
+                         ids=["RS-e2", "SS-e1"])
+def test_fma_exp2_against_reference(overrides):
+    cfg = wgmma.Config.from_dict(overrides)
+    for problem in (Problem(2, 3, 4096), Problem(1, 56, 30272)):
         _check(cfg, problem)
 
 

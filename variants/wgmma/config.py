@@ -23,6 +23,8 @@ REGISTER_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 # consumer warpgroups each consumer thread gives up 8.
 REGISTER_SPLIT_V_IN_KERNEL = {**REGISTER_SPLIT, 2: (232, 32)}
 
+# fma_exp2 counts exponentials per group of this many consecutive values of a softmax row.
+FMA_EXP2_GROUP = 8
 # mbarriers (Q, K and V full/empty) and the 1024-byte alignment of each swizzled buffer.
 SMEM_ALIGN = 1024
 SMEM_BARRIER_BYTES = 1024
@@ -44,6 +46,9 @@ class Config(ConfigMixin):
     pingpong: bool
     persistent: bool
     v_layout: str
+    # Of every FMA_EXP2_GROUP exponentials of a softmax row, how many a cubic on the FMA pipe
+    # computes instead of MUFU ex2 (0: all on MUFU, the kernel built before this knob existed).
+    fma_exp2: int = 0
 
     @property
     def block_m(self) -> int:
@@ -89,8 +94,13 @@ def default(arch: str, problem=None) -> Config:
     # inside the run-to-run spread. cuDNN FP8 in that run: 963 / 1006 / 998 / 843 TFLOP/s.
     # FA3's FP8 recipe (2 consumer WGs, RS P, intra-WG overlap, pingpong) wins here too; 128 keys
     # beat FA3's 224.
+    # head_dim 64 halves the MMA work per exponential, so MUFU binds: 2 of 8 exponentials on the
+    # FMA pipe, 1.844 -> 1.712 ms at S=8192 H=56 (558 TFLOP/s, 2026-12-01, same run; cuDNN FP8
+    # 1.644 ms there). At head_dim 128 it costs 5-8% (the FMA/issue slots bind), so 0.
+    fma_exp2 = 2 if problem is not None and problem.head_dim == 64 else 0
     return Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
-                  intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
+                  intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared",
+                  fma_exp2=fma_exp2)
 
 
 def smem_bytes(cfg: Config, head_dim: int) -> int:
@@ -141,6 +151,9 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     if cfg.block_n % 32 or not 32 <= cfg.block_n <= 256:
         return False, (f"block_n={cfg.block_n}: a multiple of 32 (the k of the FP8 PV wgmma) "
                        "in 32..256 (the n of the QK wgmma)")
+    if not 0 <= cfg.fma_exp2 <= FMA_EXP2_GROUP:
+        return False, (f"fma_exp2={cfg.fma_exp2}: how many of every {FMA_EXP2_GROUP} exponentials "
+                       f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")
     if cfg.kv_stages not in (2, 3, 4):
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:

@@ -29,6 +29,11 @@ pipelining). pingpong: consumer warpgroups take turns issuing their GEMMs throug
 barriers, so one warpgroup's softmax overlaps the other's GEMMs (FA3's inter-warpgroup
 pingpong).
 
+fma_exp2 = k: k of every 8 exponentials of a softmax row are computed by a cubic on the FMA and
+integer pipes (_exp2_polynomial) instead of MUFU ex2, which at 16 a clock per SM is about as
+busy as the FP8 tensor cores; it pays at head_dim 64 (7% on the H200), not at 128, where the
+consumers' issue slots bind (RESULTS.md).
+
 Epilogue: O * dv / l stored as bf16 straight from registers (rows >= seq_len skipped), and
 LSE = ln 2 * (m - 8 + log2 l).
 
@@ -55,6 +60,7 @@ softmax_scale > 0. Batch, heads and sequence length are runtime values.
 from __future__ import annotations
 
 import math
+import struct
 
 import cuda.bindings.driver as cuda
 import cutlass
@@ -67,7 +73,7 @@ from cutlass.cutlass_dsl import T, dsl_user_op
 from cutlass.tensor_utils import LayoutEnum
 
 from variants.build import output_views
-from variants.wgmma.config import ROWS_PER_WG, WG_THREADS, Config, register_split
+from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
@@ -98,6 +104,7 @@ class WgmmaAttention:
         self.pingpong = cfg.pingpong and cfg.consumer_wgs >= 2
         self.persistent = cfg.persistent
         self.v_in_kernel = cfg.v_in_kernel
+        self.fma_exp2 = cfg.fma_exp2
         self.consumer_regs, self.producer_regs = register_split(cfg)
 
     # ----------------------------------------------------------------------------------------
@@ -615,7 +622,19 @@ class WgmmaAttention:
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
             m_new = cute.arch.fmax(row_max[r], tile_max * qk_log2)
             alpha[r] = cute.math.exp2(row_max[r] - m_new, fastmath=True)
-            p = cute.math.exp2(raw * qk_log2 - (m_new - P_SHIFT_LOG2), fastmath=True)
+            x = raw * qk_log2 - (m_new - P_SHIFT_LOG2)
+            if cutlass.const_expr(self.fma_exp2 == 0):
+                p = cute.math.exp2(x, fastmath=True)
+            else:
+                # Some of the row's exponentials on the FMA pipe: the MUFU pipe (16 ex2 a clock
+                # per SM) is as busy as the FP8 tensor cores at head_dim 128.
+                s_mn[r, None].store(x)
+                for i in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    if cutlass.const_expr(i % FMA_EXP2_GROUP < self.fma_exp2):
+                        s_mn[r, i] = _exp2_polynomial(s_mn[r, i])
+                    else:
+                        s_mn[r, i] = cute.math.exp2(s_mn[r, i], fastmath=True)
+                p = s_mn[r, None].load()
             row_sum[r] = row_sum[r] * alpha[r] + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
             row_max[r] = m_new
             s_mn[r, None].store(p)
@@ -783,6 +802,54 @@ class WgmmaAttention:
                     for c in cutlass.range_constexpr(cute.size(r_mn, mode=[1]) // 2):
                         cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])
             tile += grid
+
+
+def _f32_hex(value: float) -> str:
+    """A PTX f32 immediate (0fXXXXXXXX) holding `value` rounded to f32."""
+    bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    return f"0f{bits:08X}"
+
+
+# 2^f on [0, 1) by a cubic with p(0) = 1 and minimax relative error 8.6e-5 (fitted by iteratively
+# reweighted least squares; far below e4m3's 2^-4 step, and P is rounded to e4m3 right after).
+# p stays in [1, 2), so its f32 exponent is 127 and adding floor(x) << 23 cannot wrap.
+EXP2_CUBIC = (1.0, 0.6951167204170259, 0.2276452835588959, 0.0770667753608423)
+# 1.5 * 2^23: adding it rounds to an integer (f32 spacing 1 there) and leaves that integer in the
+# low mantissa bits, two's complement, for |x| < 2^22.
+_ROUND_MAGIC = 12582912.0
+# Clamp: below it the exponent field would underflow. 2^-127 comes out as a denormal (~6e-39;
+# masked keys, -inf, give that, which rounds to e4m3 zero and vanishes in the row sum).
+_EXP2_FLOOR = -127.0
+
+_EXP2_POLYNOMIAL_PTX = (
+    "{\n"
+    ".reg .f32 x, t, j, f, p;\n"
+    ".reg .b32 e, b;\n"
+    f"max.f32 x, $1, {_f32_hex(_EXP2_FLOOR)};\n"
+    f"add.rm.f32 t, x, {_f32_hex(_ROUND_MAGIC)};\n"   # floor(x) in t's low bits
+    f"sub.rn.f32 j, t, {_f32_hex(_ROUND_MAGIC)};\n"   # floor(x), exact
+    "sub.rn.f32 f, x, j;\n"                            # fraction in [0, 1)
+    f"fma.rn.f32 p, f, {_f32_hex(EXP2_CUBIC[3])}, {_f32_hex(EXP2_CUBIC[2])};\n"
+    f"fma.rn.f32 p, p, f, {_f32_hex(EXP2_CUBIC[1])};\n"
+    f"fma.rn.f32 p, p, f, {_f32_hex(EXP2_CUBIC[0])};\n"
+    "mov.b32 e, t;\n"
+    "shl.b32 e, e, 23;\n"                              # floor(x) << 23: the exponent step
+    "mov.b32 b, p;\n"
+    "add.s32 b, b, e;\n"
+    "mov.b32 $0, b;\n"
+    "}"
+)
+
+
+@dsl_user_op
+def _exp2_polynomial(x, *, loc=None, ip=None):
+    """2^x on the FMA and integer pipes (no MUFU): 2^floor(x) * cubic(x - floor(x)), the power of
+    two added to the f32 exponent bits. Relative error <= 1.5e-4 for x >= -126 (the cubic's
+    8.6e-5 plus f32 rounding)."""
+    return cutlass.Float32(llvm.inline_asm(
+        T.f32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLYNOMIAL_PTX, "=f,f",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+        loc=loc, ip=ip))
 
 
 @dsl_user_op

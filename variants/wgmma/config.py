@@ -25,9 +25,6 @@ REGISTER_SPLIT_V_IN_KERNEL = {**REGISTER_SPLIT, 2: (232, 32)}
 
 # fma_exp2 counts exponentials per group of this many consecutive values of a softmax row.
 FMA_EXP2_GROUP = 8
-# rescale_slack: P = 2^(s - m + 8 - slack) stays <= 256 whatever the slack, so at most 8 (then
-# P's scale is 1 and its small values fall below e4m3's subnormals sooner).
-RESCALE_SLACKS = tuple(range(9))
 # mbarriers (Q, K and V full/empty) and the 1024-byte alignment of each swizzled buffer.
 SMEM_ALIGN = 1024
 SMEM_BARRIER_BYTES = 1024
@@ -52,9 +49,6 @@ class Config(ConfigMixin):
     # Of every FMA_EXP2_GROUP exponentials of a softmax row, how many a cubic on the FMA pipe
     # computes instead of MUFU ex2 (0: all on MUFU, the kernel built before this knob existed).
     fma_exp2: int = 0
-    # The running row max is raised only when a row of the warp grew by more than
-    # 2^rescale_slack; otherwise O is not rescaled (0: every strip rescales, as before the knob).
-    rescale_slack: int = 0
 
     @property
     def block_m(self) -> int:
@@ -160,9 +154,6 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     if not 0 <= cfg.fma_exp2 <= FMA_EXP2_GROUP:
         return False, (f"fma_exp2={cfg.fma_exp2}: how many of every {FMA_EXP2_GROUP} exponentials "
                        f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")
-    if cfg.rescale_slack not in RESCALE_SLACKS:
-        return False, (f"rescale_slack={cfg.rescale_slack}: one of {RESCALE_SLACKS} (powers of two "
-                       "the running max may lag; P keeps e4m3's range by a smaller 2^p_shift)")
     if cfg.kv_stages not in (2, 3, 4):
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:

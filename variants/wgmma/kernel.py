@@ -105,9 +105,6 @@ class WgmmaAttention:
         self.persistent = cfg.persistent
         self.v_in_kernel = cfg.v_in_kernel
         self.fma_exp2 = cfg.fma_exp2
-        self.rescale_slack = cfg.rescale_slack
-        # P = 2^(x - m + p_shift) <= 2^(p_shift + slack) = 256: e4m3's range (max 448) used.
-        self.p_shift = P_SHIFT_LOG2 - cfg.rescale_slack
         self.consumer_regs, self.producer_regs = register_split(cfg)
 
     # ----------------------------------------------------------------------------------------
@@ -611,33 +608,21 @@ class WgmmaAttention:
 
     @cute.jit
     def _softmax(self, acc_S, row_max, row_sum, qk_log2):
-        """Online softmax of one strip in place: S -> 2^p_shift * 2^(s*qk_log2 - m).
+        """Online softmax of one strip in place: S -> 256 * 2^(s*qk_log2 - m).
 
-        Returns (alpha, rescale): alpha = 2^(m_old - m_new) per row; the caller rescales O with
-        it when `rescale` (with intra-WG overlap only after the in-flight PV wgmma that still
-        accumulates into O has finished). With rescale_slack > 0 the running max m is only
-        raised when some row of the warp grew by more than 2^rescale_slack; otherwise m stays,
-        alpha is 1 and the warp skips the rescale (P may then reach 2^(p_shift + slack), which
-        p_shift keeps inside e4m3's range).
+        Returns alpha = 2^(m_old - m_new) per row; the caller rescales O with it (with intra-WG
+        overlap only after the in-flight PV wgmma that still accumulates into O has finished).
         """
         s_mn = cute.make_tensor(acc_S.iterator, _acc_mn_layout(acc_S.layout))
         alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
-        m_new = cute.make_rmem_tensor((2,), cutlass.Float32)
-        rescale = True
-        if cutlass.const_expr(self.rescale_slack > 0):
-            for r in cutlass.range_constexpr(2):
-                m_new[r] = self._raised_max(s_mn, r, row_max, qk_log2)
-            # Warp-uniform, so the skipped rescale never diverges. The first strip always
-            # rescales (m_old = -inf: the growth is +inf).
-            growth = cute.arch.fmax(m_new[0] - row_max[0], m_new[1] - row_max[1])
-            rescale = cute.arch.vote_any_sync(growth > self.rescale_slack)
-            if not rescale:
-                m_new.store(row_max.load())
         for r in cutlass.range_constexpr(2):
-            if cutlass.const_expr(self.rescale_slack == 0):
-                m_new[r] = self._raised_max(s_mn, r, row_max, qk_log2)
-            alpha[r] = cute.math.exp2(row_max[r] - m_new[r], fastmath=True)
-            x = s_mn[r, None].load() * qk_log2 - (m_new[r] - self.p_shift)
+            raw = s_mn[r, None].load()
+            tile_max = raw.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
+            tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
+            tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+            m_new = cute.arch.fmax(row_max[r], tile_max * qk_log2)
+            alpha[r] = cute.math.exp2(row_max[r] - m_new, fastmath=True)
+            x = raw * qk_log2 - (m_new - P_SHIFT_LOG2)
             if cutlass.const_expr(self.fma_exp2 == 0):
                 p = cute.math.exp2(x, fastmath=True)
             else:
@@ -651,28 +636,15 @@ class WgmmaAttention:
                         s_mn[r, i] = cute.math.exp2(s_mn[r, i], fastmath=True)
                 p = s_mn[r, None].load()
             row_sum[r] = row_sum[r] * alpha[r] + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
-            row_max[r] = m_new[r]
+            row_max[r] = m_new
             s_mn[r, None].store(p)
-        return alpha, rescale
+        return alpha
 
     @cute.jit
-    def _raised_max(self, s_mn, r, row_max, qk_log2):
-        """max(m_old, this strip's max of row r * qk_log2), reduced over the row's quad."""
-        tile_max = s_mn[r, None].load().reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
-        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
-        tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
-        return cute.arch.fmax(row_max[r], tile_max * qk_log2)
-
-    @cute.jit
-    def _rescale(self, acc_O, alpha, rescale):
+    def _rescale(self, acc_O, alpha):
         o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))
-        if cutlass.const_expr(self.rescale_slack == 0):
-            for r in cutlass.range_constexpr(2):
-                o_mn[r, None].store(o_mn[r, None].load() * alpha[r])
-        else:
-            if rescale:
-                for r in cutlass.range_constexpr(2):
-                    o_mn[r, None].store(o_mn[r, None].load() * alpha[r])
+        for r in cutlass.range_constexpr(2):
+            o_mn[r, None].store(o_mn[r, None].load() * alpha[r])
 
     @cute.jit
     def _mask(self, acc_S, tScS, key_base, seq_len):
@@ -769,11 +741,11 @@ class WgmmaAttention:
                     self._sched_arrive(wg)
                     warpgroup.wait_group(1)
                     pipe_k.consumer_release(kv_state)
-                    alpha, rescale = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
-                    self._rescale(acc_O, alpha, rescale)
+                    self._rescale(acc_O, alpha)
                 pipe_q.consumer_release(q_state)
                 pipe_v.consumer_wait(kv_state)
                 self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, kv_state.index)
@@ -791,8 +763,8 @@ class WgmmaAttention:
                     if i == 0:
                         if ragged:
                             self._mask(acc_S, tScS, last * bn, seq_len)
-                    alpha, rescale = self._softmax(acc_S, row_max, row_sum, qk_log2)
-                    self._rescale(acc_O, alpha, rescale)
+                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    self._rescale(acc_O, alpha)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                     pipe_v.consumer_wait(kv_state)
                     self._sched_sync(wg)
@@ -825,7 +797,7 @@ class WgmmaAttention:
                 row = row_base + c_mn[r, 0][0]
                 if row < seq_len:
                     if lane % 4 == 0:
-                        lse = row_max[r] - self.p_shift + cute.math.log2(totals[r], fastmath=True)
+                        lse = row_max[r] - P_SHIFT_LOG2 + cute.math.log2(totals[r], fastmath=True)
                         mLSE[batch, head, row] = lse * LN_2
                     for c in cutlass.range_constexpr(cute.size(r_mn, mode=[1]) // 2):
                         cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])

@@ -120,12 +120,15 @@ I)
   # The run needs two calls on one warm machine, e.g.
   #   SEQ_LENS=4096,8192,16384,30272 TRIALS=24 WORKERS=2 bash benchmarks/h200_next.sh I
   #   SKIP_WARM=1 SEQ_LENS=4096,8192,16384,30272 TRIALS=24 WORKERS=1 bash benchmarks/h200_next.sh I
+  # Fifth session: the wgmma space is 3x larger (fma_exp2), so warming takes ~160 s on 16
+  # cores; WORKERS=none warms only, e.g. three calls: warm, --workers 2, --workers 1.
   nvidia-smi -L
   if [ -z "${SKIP_WARM:-}" ]; then
-    capped 100 python3 -m tuner space --gpu h200 --compile --jobs 32 > "$OUT/space.txt" 2>&1
+    capped 300 python3 -m tuner space --gpu h200 --compile --jobs 32 > "$OUT/space.txt" 2>&1
     echo "space rc=$?"; tail -n 1 "$OUT/space.txt" | cut -c1-200
   fi
   for w in ${WORKERS:-2 1}; do
+    [ "$w" = none ] && continue
     t0=$(date +%s)
     capped 560 python3 -m tuner search --gpu h200 --workers "$w" --seq-lens "${SEQ_LENS:-4096,8192}" \
       --heads 56 --trials "${TRIALS:-8}" --patience 0 --seed 1 --db "sqlite:///$OUT/w$w.sqlite" \

@@ -96,7 +96,8 @@ def default(arch: str, problem=None) -> Config:
     # beat FA3's 224.
     # head_dim 64 halves the MMA work per exponential, so MUFU binds: 2 of 8 exponentials on the
     # FMA pipe, 1.844 -> 1.712 ms at S=8192 H=56 (558 TFLOP/s, 2026-12-01, same run; cuDNN FP8
-    # 1.644 ms there). At head_dim 128 it costs 5-8% (the FMA/issue slots bind), so 0.
+    # 1.644 ms there). At head_dim 128 it costs 5-8% (the softmax's issue slots and latency bind
+    # there, not MUFU), so 0.
     fma_exp2 = 2 if problem is not None and problem.head_dim == 64 else 0
     return Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                   intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared",

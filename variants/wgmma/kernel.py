@@ -32,7 +32,7 @@ pingpong).
 fma_exp2 = k: k of every 8 exponentials of a softmax row are computed by a cubic on the FMA and
 integer pipes (_exp2_polynomial) instead of MUFU ex2, which at 16 a clock per SM is about as
 busy as the FP8 tensor cores; it pays at head_dim 64 (7% on the H200), not at 128, where the
-consumers' issue slots bind (RESULTS.md).
+softmax's issue slots and latency bind instead (RESULTS.md).
 
 Epilogue: O * dv / l stored as bf16 straight from registers (rows >= seq_len skipped), and
 LSE = ln 2 * (m - 8 + log2 l).
@@ -627,7 +627,7 @@ class WgmmaAttention:
                 p = cute.math.exp2(x, fastmath=True)
             else:
                 # Some of the row's exponentials on the FMA pipe: the MUFU pipe (16 ex2 a clock
-                # per SM) is as busy as the FP8 tensor cores at head_dim 128.
+                # per SM) has as much work as the FP8 tensor cores at head_dim 128, more at 64.
                 s_mn[r, None].store(x)
                 for i in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     if cutlass.const_expr(i % FMA_EXP2_GROUP < self.fma_exp2):

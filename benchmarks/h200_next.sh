@@ -17,6 +17,8 @@
 #   bash benchmarks/h200_next.sh I   # issue 8, on nvidia-h200-x2: --workers 2 vs 1, warm cache
 #   bash benchmarks/h200_next.sh J   # fma_exp2: the space compiled, its fma_exp2 > 0 configs
 #                                    # against the reference
+#   bash benchmarks/h200_next.sh K   # head_dim 64 searched, exported beside the shipped table,
+#                                    # benched against the peers
 #   bash benchmarks/h200_next.sh C   # issue 4: exhaustive mma_sync search at 4096 (TPE replay and
 #                                    # the all-config 4096 table come from its DB on the CPU), the
 #                                    # 30-trial cost split (cold cache); issue 7: bench test
@@ -149,6 +151,20 @@ J)
     "tests/gpu/test_wgmma_gpu.py::test_fma_exp2_against_reference" \
     "tests/gpu/test_wgmma_gpu.py::test_head_dim_64" > "$OUT/gpu_wgmma_fma.log" 2>&1
   echo "gpu wgmma fma_exp2 rc=$?"; tail -n 4 "$OUT/gpu_wgmma_fma.log"
+  ;;
+K)
+  # fifth session: a tuned head_dim-64 table (where fma_exp2 pays), merged into the shipped one:
+  # import db/tables/h200.yaml, search head_dim 64, export both, bench tuned vs default vs peers.
+  DB="sqlite:///$OUT/table.sqlite"
+  python3 -m tuner import db/tables/h200.yaml --db "$DB"; echo "import rc=$?"
+  capped 420 python3 -m tuner search --gpu h200 --head-dim 64 --heads 56 \
+    --seq-lens "${SEQ_LENS:-4096,8192,16384,30272}" --trials "${TRIALS:-24}" \
+    --time-budget "${LEN_BUDGET:-90}" --seed 1 --db "$DB" --json > "$OUT/hd64.json" 2> "$OUT/hd64.log"
+  echo "search rc=$?"; tail -n 3 "$OUT/hd64.log"
+  python3 -m tuner export --gpu h200 --db "$DB" --out "$OUT/h200.yaml"; echo "export rc=$?"
+  capped 120 python3 -m tuner bench --gpu h200 --head-dim 64 --heads 56 \
+    --seq-lens "${SEQ_LENS:-4096,8192,16384,30272}" --db "$DB" > "$OUT/bench_hd64.md" 2>&1
+  echo "bench rc=$?"; cat "$OUT/bench_hd64.md" | tail -n 12
   ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -122,8 +122,9 @@ I)
   # The issue's run needs two calls on one warm machine, e.g.
   #   SEQ_LENS=4096,8192,16384,30272 TRIALS=24 WORKERS=2 bash benchmarks/h200_next.sh I
   #   SKIP_WARM=1 SEQ_LENS=4096,8192,16384,30272 TRIALS=24 WORKERS=1 bash benchmarks/h200_next.sh I
-  # Fifth session: the wgmma space is 3x larger (fma_exp2), so warming takes ~160 s on 16
-  # cores; WORKERS=none warms only, e.g. three calls: warm, --workers 2, --workers 1.
+  # Fifth session: the wgmma space is 3x larger (fma_exp2): warming both spaces took ~160 s
+  # with 16 jobs on the one-GPU machine; WORKERS=none warms only, e.g. three calls: warm,
+  # --workers 2, --workers 1.
   nvidia-smi -L
   if [ -z "${SKIP_WARM:-}" ]; then
     capped 300 python3 -m tuner space --gpu h200 --compile --jobs 32 > "$OUT/space.txt" 2>&1
@@ -146,8 +147,10 @@ J)
   capped 260 python3 -m tuner space --gpu h200 --family wgmma --compile --jobs 16 \
     > "$OUT/space_wgmma.txt" 2>&1; echo "space wgmma rc=$?"; tail -n 2 "$OUT/space_wgmma.txt" | cut -c1-400
   python3 -m pytest -m gpu -q --collect-only -p no:cacheprovider tests/gpu/test_wgmma_gpu.py \
-    2>/dev/null | grep -E "^tests/.*fma_exp2=[12]" > "$OUT/fma_ids.txt"; echo "$(wc -l < "$OUT/fma_ids.txt") space ids"
-  capped 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE $(cat "$OUT/fma_ids.txt") \
+    2> "$OUT/collect.err" | grep -E "^tests/.*fma_exp2=[12]" > "$OUT/fma_ids.txt"
+  mapfile -t ids < "$OUT/fma_ids.txt"; echo "${#ids[@]} space ids"
+  (( ${#ids[@]} > 0 )) || { echo "no fma_exp2 test ids collected:"; tail -n 5 "$OUT/collect.err"; exit 1; }
+  capped 300 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE "${ids[@]}" \
     "tests/gpu/test_wgmma_gpu.py::test_fma_exp2_against_reference" \
     "tests/gpu/test_wgmma_gpu.py::test_head_dim_64" > "$OUT/gpu_wgmma_fma.log" 2>&1
   echo "gpu wgmma fma_exp2 rc=$?"; tail -n 4 "$OUT/gpu_wgmma_fma.log"
@@ -162,7 +165,7 @@ K)
     --time-budget "${LEN_BUDGET:-90}" --seed 1 --db "$DB" --json > "$OUT/hd64.json" 2> "$OUT/hd64.log"
   echo "search rc=$?"; tail -n 3 "$OUT/hd64.log"
   python3 -m tuner export --gpu h200 --db "$DB" --out "$OUT/h200.yaml"; echo "export rc=$?"
-  capped 120 python3 -m tuner bench --gpu h200 --head-dim 64 --heads 56 \
+  capped 120 python3 -m tuner bench --gpu h200 --head-dim 64 --heads 56 --against default,sdpa,cudnn-fp8 \
     --seq-lens "${SEQ_LENS:-4096,8192,16384,30272}" --db "$DB" > "$OUT/bench_hd64.md" 2>&1
   echo "bench rc=$?"; cat "$OUT/bench_hd64.md" | tail -n 12
   ;;

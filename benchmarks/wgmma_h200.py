@@ -1,7 +1,7 @@
 """wgmma family on the H200: validate configs, time them beside the peers, write a markdown table.
 
-B=1, H=56, D=128, S in {4096, 8192, 16384, 30272}; side by side in one run: the best wgmma
-config found (of the candidates below), the wgmma default, torch SDPA bf16 (cuDNN
+B=1, H=56, D=128 (--head-dim), S in {4096, 8192, 16384, 30272}; side by side in one run: the
+best wgmma config found (of the candidates below), the wgmma default, torch SDPA bf16 (cuDNN
 backend) and cuDNN FP8 (cudnn-frontend, when importable). TFLOP/s = 4*S*S*D*H / time. Timing:
 ours and the peers alike through tuner.measure.time_kernel (CUDA events around the kernel alone,
 warm-up, median of >= 10, inputs rotated past 2x L2 when one set fits in it).
@@ -11,7 +11,7 @@ warm-up, median of >= 10, inputs rotated past 2x L2 when one set fits in it).
 Every candidate is validated at S=1, 77 and 4096 (H=2) first, then timed at S=8192; the three
 fastest are timed at every S. Candidates: the default and CANDIDATES (the neighbours of the
 default, one knob at a time, as probed on 2026-11-29), or --configs, or with --search the whole
-feasible space (~290 configs, ~15 minutes: more than one device call allows).
+feasible space (1572 configs: more than one device call allows).
 """
 
 from __future__ import annotations

@@ -93,6 +93,8 @@ def test_rejects_other_archs(gpu):
         ({"v_layout": "transposed"}, "v_layout"),
         ({"fma_exp2": 9}, "fma_exp2"),
         ({"fma_exp2": -1}, "fma_exp2"),
+        ({"fma_exp2": 2.5}, "fma_exp2"),
+        ({"fma_exp2": True}, "fma_exp2"),
         ({"consumer_wgs": 3, "block_n": 256}, "register estimate"),
         ({"block_n": 256, "kv_stages": 4}, "shared memory"),
     ],

@@ -1,8 +1,9 @@
 """The FMA-pipe exp2 of the wgmma softmax (knob fma_exp2), checked on the CPU.
 
 The PTX string the kernel inlines is executed here by a small interpreter of the instructions it
-uses, with f32 semantics (numpy float32; add.rm rounded toward -inf from the exact sum), so a
-wrong constant, rounding mode or bit trick in the string fails here and not only on a GPU.
+uses, with f32 semantics (numpy float32; add.rm rounded toward -inf from the exact sum; fma
+through f64, whose rare double rounding is at most one f32 ulp), so a wrong constant, rounding
+mode or bit trick in the string fails here and not only on a GPU.
 """
 
 import numpy as np
@@ -15,10 +16,16 @@ def _f32(token: str) -> np.float32:
     return np.array([int(token[2:], 16)], dtype=np.uint32).view(np.float32)[0]
 
 
-def _round_down(exact: np.ndarray) -> np.ndarray:
-    """float64 values rounded to f32 toward -inf (PTX .rm)."""
-    nearest = exact.astype(np.float32)
-    above = nearest.astype(np.float64) > exact
+def _add_round_down(a: np.ndarray, b: np.float32) -> np.ndarray:
+    """a + b (f32) rounded toward -inf (PTX add.rm), from the exact sum: the f64 sum s plus its
+    rounding error e (TwoSum), so that a sum just below an f32 value still rounds down."""
+    a64, b64 = a.astype(np.float64), np.float64(b)
+    s = a64 + b64
+    bb = s - a64
+    e = (a64 - (s - bb)) + (b64 - bb)
+    nearest = s.astype(np.float32)
+    n64 = nearest.astype(np.float64)
+    above = (n64 > s) | ((n64 == s) & (e < 0))
     return np.where(above, np.nextafter(nearest, np.float32(-np.inf)), nearest)
 
 
@@ -38,10 +45,10 @@ def run_ptx(x: np.ndarray) -> np.ndarray:
         op, rest = line.split(None, 1)
         dst, *src = [t.strip() for t in rest.split(",")]
         a = [val(t) for t in src]
-        if op == "max.f32":
+        if op == "max.NaN.f32":  # NaN if either operand is NaN (np.maximum's rule too)
             out = np.maximum(a[0], a[1]).astype(np.float32)
         elif op == "add.rm.f32":
-            out = _round_down(a[0].astype(np.float64) + np.float64(a[1]))
+            out = _add_round_down(a[0], a[1])
         elif op == "sub.rn.f32":
             out = (a[0] - a[1]).astype(np.float32)
         elif op == "fma.rn.f32":
@@ -68,7 +75,10 @@ def test_cubic_is_one_at_zero_and_below_two_at_one():
 def test_matches_exp2_across_the_softmax_range():
     # x = s * log2(e) * scale - m + 8: at most 8 (the row max), down to far below e4m3's range.
     x = np.concatenate([np.linspace(-126.0, 8.5, 400_001, dtype=np.float32),
-                        np.arange(-126, 9, dtype=np.float32)])  # integers: f = 0 exactly
+                        np.arange(-126, 9, dtype=np.float32),  # integers: f = 0 exactly
+                        # just below an integer: floor is one less and f rounds up to 1.0
+                        np.float32(-2.0) ** -np.arange(20, 40, dtype=np.float32),
+                        np.nextafter(np.arange(-125, 9, dtype=np.float32), np.float32(-200))])
     got = run_ptx(x).astype(np.float64)
     rel = np.abs(got / np.exp2(x.astype(np.float64)) - 1.0)
     assert rel.max() < 1.6e-4, f"max relative error {rel.max():.2e} at x={x[rel.argmax()]}"
@@ -78,3 +88,12 @@ def test_matches_exp2_across_the_softmax_range():
 def test_masked_and_tiny_inputs_give_a_tiny_nonnegative_number(x):
     got = run_ptx(np.array([x], dtype=np.float32))[0]
     assert np.isfinite(got) and 0.0 <= got < 2.0 ** -125, got
+
+
+def test_masked_keys_give_exactly_zero():
+    assert run_ptx(np.array([-np.inf], dtype=np.float32))[0] == 0.0
+
+
+def test_nan_stays_nan_like_mufu_ex2():
+    # A NaN score (a NaN in q or k) must reach the output whichever pipe its exponential took.
+    assert np.isnan(run_ptx(np.array([np.nan], dtype=np.float32))[0])

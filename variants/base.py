@@ -89,7 +89,7 @@ class ConfigMixin:
             raise TunerError(
                 f"{cls.__module__}.{cls.__name__}: unknown knobs {unknown}, "
                 f"missing knobs {missing}; "
-                f"expected exactly {sorted(names)}"
+                f"expected {sorted(names)} (knobs with a default may be omitted)"
             )
         return cls(**data)
 

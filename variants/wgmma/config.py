@@ -23,7 +23,8 @@ REGISTER_SPLIT = {1: (256, 56), 2: (240, 24), 3: (160, 32)}
 # consumer warpgroups each consumer thread gives up 8.
 REGISTER_SPLIT_V_IN_KERNEL = {**REGISTER_SPLIT, 2: (232, 32)}
 
-# fma_exp2 counts exponentials per group of this many consecutive values of a softmax row.
+# fma_exp2 counts exponentials per group of this many of a thread's values of a softmax row (in
+# register order: keys 8j + 2t + e of quad lane t, e in {0, 1}, four blocks j a group).
 FMA_EXP2_GROUP = 8
 # mbarriers (Q, K and V full/empty) and the 1024-byte alignment of each swizzled buffer.
 SMEM_ALIGN = 1024
@@ -95,7 +96,7 @@ def default(arch: str, problem=None) -> Config:
     # FA3's FP8 recipe (2 consumer WGs, RS P, intra-WG overlap, pingpong) wins here too; 128 keys
     # beat FA3's 224.
     # head_dim 64 halves the MMA work per exponential, so MUFU binds: 2 of 8 exponentials on the
-    # FMA pipe, 1.844 -> 1.712 ms at S=8192 H=56 (558 TFLOP/s, 2026-12-01, same run; cuDNN FP8
+    # FMA pipe, 1.844 -> 1.712 ms at S=8192 H=56 (562 TFLOP/s, 2026-12-01, same run; cuDNN FP8
     # 1.644 ms there). At head_dim 128 it costs 5-8% (the softmax's issue slots and latency bind
     # there, not MUFU), so 0.
     fma_exp2 = 2 if problem is not None and problem.head_dim == 64 else 0
@@ -152,7 +153,7 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     if cfg.block_n % 32 or not 32 <= cfg.block_n <= 256:
         return False, (f"block_n={cfg.block_n}: a multiple of 32 (the k of the FP8 PV wgmma) "
                        "in 32..256 (the n of the QK wgmma)")
-    if not 0 <= cfg.fma_exp2 <= FMA_EXP2_GROUP:
+    if type(cfg.fma_exp2) is not int or not 0 <= cfg.fma_exp2 <= FMA_EXP2_GROUP:
         return False, (f"fma_exp2={cfg.fma_exp2}: how many of every {FMA_EXP2_GROUP} exponentials "
                        f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")
     if cfg.kv_stages not in (2, 3, 4):

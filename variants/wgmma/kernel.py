@@ -817,15 +817,16 @@ EXP2_CUBIC = (1.0, 0.6951167204170259, 0.2276452835588959, 0.0770667753608423)
 # 1.5 * 2^23: adding it rounds to an integer (f32 spacing 1 there) and leaves that integer in the
 # low mantissa bits, two's complement, for |x| < 2^22.
 _ROUND_MAGIC = 12582912.0
-# Clamp: below it the exponent field would underflow. 2^-127 comes out as a denormal (~6e-39;
-# masked keys, -inf, give that, which rounds to e4m3 zero and vanishes in the row sum).
+# Clamp: below it the exponent field would underflow. -127 (masked keys: -inf) gives exactly +0;
+# (-127, -126) gives a denormal up to 2x off, which rounds to e4m3 zero like the true value.
+# Valid range [-126, 128); the kernel's arguments are <= 8 (the row max minus itself plus 8).
 _EXP2_FLOOR = -127.0
 
 _EXP2_POLYNOMIAL_PTX = (
     "{\n"
     ".reg .f32 x, t, j, f, p;\n"
     ".reg .b32 e, b;\n"
-    f"max.f32 x, $1, {_f32_hex(_EXP2_FLOOR)};\n"
+    f"max.NaN.f32 x, $1, {_f32_hex(_EXP2_FLOOR)};\n"   # NaN stays NaN, as ex2 keeps it
     f"add.rm.f32 t, x, {_f32_hex(_ROUND_MAGIC)};\n"   # floor(x) in t's low bits
     f"sub.rn.f32 j, t, {_f32_hex(_ROUND_MAGIC)};\n"   # floor(x), exact
     "sub.rn.f32 f, x, j;\n"                            # fraction in [0, 1)
@@ -844,8 +845,8 @@ _EXP2_POLYNOMIAL_PTX = (
 @dsl_user_op
 def _exp2_polynomial(x, *, loc=None, ip=None):
     """2^x on the FMA and integer pipes (no MUFU): 2^floor(x) * cubic(x - floor(x)), the power of
-    two added to the f32 exponent bits. Relative error <= 1.5e-4 for x >= -126 (the cubic's
-    8.6e-5 plus f32 rounding)."""
+    two added to the f32 exponent bits. Relative error <= 1.5e-4 on [-126, 128) (the cubic's
+    8.6e-5 plus f32 rounding); -inf gives +0 and NaN gives NaN, as MUFU ex2 does."""
     return cutlass.Float32(llvm.inline_asm(
         T.f32(), [cutlass.Float32(x).ir_value(loc=loc, ip=ip)], _EXP2_POLYNOMIAL_PTX, "=f,f",
         has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,

@@ -202,3 +202,12 @@ def test_codes_are_the_plain_formula_bit_for_bit(device, dtype, seq, pad_to, con
         codes, descale = _plain_codes(x, prepared.padded_len)
         assert torch.equal(got.view(torch.uint8), codes), f"tensor {i}: codes differ"
         assert torch.equal(prepared.descale[..., i], descale), f"tensor {i}: descale differs"
+    # V written feature-major (on a GPU by the cast itself), keys permuted or not.
+    codes, _ = _plain_codes(v, prepared.padded_len)
+    codes = codes.permute(0, 2, 3, 1)
+    for permute in ([False, True] if pad_to % 16 == 0 else [False]):
+        fm = quantize_inputs(q, k, v, pad_to=pad_to, v_feature_major=True, permute_keys=permute)
+        want = codes[..., register_p_key_order(fm.padded_len).to(codes.device)] if permute \
+            else codes
+        assert fm.v.is_contiguous() and fm.v.shape == want.shape
+        assert torch.equal(fm.v.view(torch.uint8), want), f"feature-major V (permute={permute})"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from variants.quantize_kernel import compile_scaled_cast
+from variants.prepare import register_p_key_order
+from variants.quantize_kernel import compile_scaled_cast, key_slot
 
 pytestmark = pytest.mark.compile
 
@@ -22,6 +23,23 @@ def test_ptx_casts_with_saturation_and_wide_accesses(arch, dtype, tmp_path):
     assert "ld.global.v4.b32" in ptx  # 8 x 16-bit in
     assert "st.global.v2.b32" in ptx  # 8 x e4m3 out
     assert "mul.f32" in ptx and "fma" not in ptx  # one rounding: the product, as in torch
+
+
+@pytest.mark.parametrize("permute_keys", [False, True])
+def test_feature_major_ptx_stores_one_byte_per_feature_row(permute_keys, tmp_path):
+    """V written (batch, heads, head_dim, padded) by the cast itself: one 16-byte load, the same
+    saturating cvt, then 8 one-byte stores (one per feature row)."""
+    compile_scaled_cast(torch.bfloat16, 128, "sm_90a", True, permute_keys,
+                        keep_ptx_in=str(tmp_path))
+    ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4
+    assert "ld.global.v4.b32" in ptx
+    assert ptx.count("st.global.b8") == 8
+
+
+def test_key_slot_is_the_inverse_of_the_register_p_key_order():
+    order = register_p_key_order(256)
+    assert [key_slot(int(key)) for key in order] == list(range(256))
 
 
 def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
@@ -42,6 +60,6 @@ def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         assert quantize_kernel.compiled(torch.bfloat16, 128, device) is None
         assert quantize_kernel.compiled(torch.bfloat16, 128, device) is None
-    assert calls == [(torch.bfloat16, 128, "sm_999")]
+    assert calls == [(torch.bfloat16, 128, "sm_999", False, False)]
     assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
     assert quantize_kernel.compiled(torch.bfloat16, 128, device, compile_now=False) is None

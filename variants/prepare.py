@@ -10,6 +10,7 @@ V is stored feature-major, (batch, heads, head_dim, padded_len), so the P @ V GE
 keys contiguous (K-major B operand) without a transpose in the kernel. For the register-P trick of
 the seed kernel, the key order inside every 16-key group is permuted once here, so that the
 accumulator fragment of S can be reused as the A fragment of P @ V without crossing lanes.
+On a GPU the fused cast (variants/quantize_kernel.py) writes that layout and order itself.
 A kernel that transposes V itself (wgmma with v_layout=kernel) asks for the natural layout
 instead, (batch, padded_len, heads, head_dim) like K, and applies any key order in shared memory.
 """
@@ -203,7 +204,8 @@ def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> N
         out[:, seq_len:].view(torch.uint8).zero_()
 
 
-def _fused_cast(x: torch.Tensor, out: torch.Tensor):
+def _fused_cast(x: torch.Tensor, out: torch.Tensor, *, feature_major: bool = False,
+                permute_keys: bool = False):
     """The compiled fused cast for x, or None where it does not apply: it handles contiguous,
     16-byte aligned bf16/fp16 CUDA tensors with 32-bit offsets into the padded output. Inside a
     CUDA-graph capture it is used only if already compiled (compiling loads a module, which a
@@ -215,7 +217,33 @@ def _fused_cast(x: torch.Tensor, out: torch.Tensor):
         from variants import quantize_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops
         return None
-    return quantize_kernel.compiled(x.dtype, x.shape[-1], x.device, compile_now=not _capturing())
+    return quantize_kernel.compiled(x.dtype, x.shape[-1], x.device, feature_major=feature_major,
+                                    permute_keys=permute_keys, compile_now=not _capturing())
+
+
+def _quantize_v_feature_major(x: torch.Tensor, scale: torch.Tensor, padded: int,
+                              permute_keys: bool) -> torch.Tensor:
+    """V as (batch, heads, head_dim, padded) e4m3, keys contiguous (permuted if permute_keys),
+    zero keys past seq_len. On a GPU the fused cast writes that layout directly; elsewhere the
+    natural layout is cast first and then transposed (and permuted) by torch: the same codes."""
+    batch, seq_len, heads, head_dim = x.shape
+    out = torch.empty((batch, heads, head_dim, padded), dtype=torch.float8_e4m3fn,
+                      device=x.device)
+    fused = _fused_cast(x, out, feature_major=True, permute_keys=permute_keys)
+    if fused is not None:
+        from variants.quantize_kernel import scaled_cast_into
+
+        scaled_cast_into(fused, out, x, scale.reshape(batch, heads).contiguous(),
+                         feature_major=True)
+        return out
+    natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
+                          device=x.device)
+    _quantize_into(natural, x, scale)
+    codes = natural.view(torch.uint8).permute(0, 2, 3, 1)
+    if permute_keys:
+        codes = codes[..., _key_order_on(padded, codes.device)]
+    out.view(torch.uint8).copy_(codes)
+    return out
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -255,26 +283,22 @@ def quantize_inputs(
 
     descales = []
     out = []
-    for x in (q, k, v):
+    for index, x in enumerate((q, k, v)):
         # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
         scale, descale = _per_head_scale(x)
+        descales.append(descale)
+        if index == 2 and v_feature_major:
+            # Feature-major V: (batch, heads, head_dim, padded), keys contiguous.
+            out.append(_quantize_v_feature_major(x, scale, padded, permute_keys))
+            continue
         x8 = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
                          device=x.device)
         _quantize_into(x8, x, scale)
         out.append(x8)
-        descales.append(descale)
     q8, k8, v8 = out
-    if v_feature_major:
-        # Feature-major V: (batch, heads, head_dim, padded), keys contiguous.
-        v8 = v8.view(torch.uint8).permute(0, 2, 3, 1)
-        if permute_keys:
-            v8 = v8[..., _key_order_on(padded, v8.device)]
-        v8 = v8.contiguous().view(torch.float8_e4m3fn)
-    else:
-        v8 = v8.contiguous()
     return Fp8Inputs(
-        q=q8.contiguous(),
-        k=k8.contiguous(),
+        q=q8,
+        k=k8,
         v=v8,
         descale=torch.stack(descales, dim=-1).contiguous(),
         seq_len=seq_len,

@@ -46,7 +46,8 @@ generic-proxy stores for the async proxy and arrive on the ring's full barrier (
 PipelineAsync: 96 producer threads, every consumer thread releasing). Costs a second V ring of
 shared memory, 8 consumer registers (232/32 split with two consumer warpgroups: 24 spill the
 copy's state) and producer instructions that share issue slots with the consumers: 5-11% of
-the kernel on the H200, less than prepare's V transpose saves up to S = 16384 (RESULTS.md).
+the kernel on the H200; prepare writes V's layout inside its cast, so little is saved there
+(RESULTS.md).
 tests/test_wgmma_v_transpose.py checks its addressing on the CPU. With v_layout=prepared the
 kernel is byte for byte the one built before this option existed.
 

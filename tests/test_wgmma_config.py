@@ -57,10 +57,12 @@ def test_a_config_written_before_fma_exp2_existed_loads_as_fma_exp2_0():
         wgmma.Config.from_dict({**old, "exp2": 1})
 
 
-def test_default_moves_exponentials_to_fma_only_for_head_dim_64():
-    assert wgmma.default("sm_90a", Problem(1, 56, 8192, 64)).fma_exp2 == 2
-    assert wgmma.default("sm_90a", Problem(1, 56, 8192, 128)).fma_exp2 == 0
-    assert wgmma.default("sm_90a").fma_exp2 == 0
+def test_head_dim_64_has_its_own_feasible_default():
+    small = Problem(1, 56, 8192, 64)
+    cfg = wgmma.default("sm_90a", small)
+    assert cfg.consumer_wgs == 3 and cfg != wgmma.default("sm_90a", Problem(1, 56, 8192, 128))
+    assert wgmma.can_implement(cfg, small, H200) == (True, None)
+    assert wgmma.default("sm_90a") == wgmma.default("sm_90a", PROBLEM)
 
 
 def test_every_space_config_is_judged_with_a_reason():

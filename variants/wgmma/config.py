@@ -95,14 +95,22 @@ def default(arch: str, problem=None) -> Config:
     # inside the run-to-run spread. cuDNN FP8 in that run: 963 / 1006 / 998 / 843 TFLOP/s.
     # FA3's FP8 recipe (2 consumer WGs, RS P, intra-WG overlap, pingpong) wins here too; 128 keys
     # beat FA3's 224.
-    # head_dim 64 halves the MMA work per exponential, so MUFU binds: 2 of 8 exponentials on the
-    # FMA pipe, 1.844 -> 1.712 ms at S=8192 H=56 (562 TFLOP/s, 2026-12-01, same run; cuDNN FP8
-    # 1.644 ms there). At head_dim 128 it costs 5-8% (the softmax's issue slots and latency bind
-    # there, not MUFU), so 0.
-    fma_exp2 = 2 if problem is not None and problem.head_dim == 64 else 0
+    if problem is not None and problem.head_dim == 64:
+        return _DEFAULT_HEAD_DIM_64
     return Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
-                  intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared",
-                  fma_exp2=fma_exp2)
+                  intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
+
+
+# head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)
+# fit with 128-key strips. `tuner search --head-dim 64` on the H200 (2026-12-01, H=56, 24 trials
+# a length, benchmarks/h200_next.sh K) picked this config at S = 4096, 8192 and 16384 and had it
+# within 0.5% of the winner at 30272: re-timed 0.441 / 1.542 / 5.974 / 20.10 ms against
+# 0.447 / 1.711 / 6.664 / 22.47 for the head_dim-128 recipe with 2 of 8 exponentials on the FMA
+# pipe (itself 7% faster than with none, 1.712 vs 1.844 ms at 8192), and cuDNN FP8 at 0.443 /
+# 1.644 / 6.507 / 25.65 ms in the bench run after it.
+_DEFAULT_HEAD_DIM_64 = Config(consumer_wgs=3, block_n=128, kv_stages=4, p_source="smem",
+                              intra_wg_overlap=True, pingpong=False, persistent=True,
+                              v_layout="prepared")
 
 
 def smem_bytes(cfg: Config, head_dim: int) -> int:

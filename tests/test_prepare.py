@@ -8,6 +8,7 @@ from variants.prepare import (
     E4M3_MAX,
     check_qkv,
     inverse_key_order,
+    key_slot,
     quantize_inputs,
     register_p_key_order,
 )
@@ -97,6 +98,12 @@ def test_key_order_matches_the_mma_fragments():
     assert torch.equal(inverse[order], torch.arange(32))
     with pytest.raises(ValueError, match="multiple of 16"):
         register_p_key_order(40)
+
+
+def test_key_slot_is_the_inverse_of_the_register_p_key_order():
+    # key_slot is also what the fused cast computes per key on the GPU (Python ints here).
+    order = register_p_key_order(256)
+    assert [key_slot(int(key)) for key in order] == list(range(256))
 
 
 def test_permuted_v_dequantizes_to_the_same_values():

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from variants.prepare import register_p_key_order
-from variants.quantize_kernel import compile_scaled_cast, key_slot
+from variants.quantize_kernel import compile_scaled_cast
 
 pytestmark = pytest.mark.compile
 
@@ -35,11 +34,6 @@ def test_feature_major_ptx_stores_one_byte_per_feature_row(permute_keys, tmp_pat
     assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4
     assert "ld.global.v4.b32" in ptx
     assert ptx.count("st.global.b8") == 8
-
-
-def test_key_slot_is_the_inverse_of_the_register_p_key_order():
-    order = register_p_key_order(256)
-    assert [key_slot(int(key)) for key in order] == list(range(256))
 
 
 def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):

@@ -88,11 +88,18 @@ def register_p_key_order(length: int) -> torch.Tensor:
     return group + 8 * (element // 2) + 2 * quad + element % 2
 
 
+def key_slot(key):
+    """The stored position of `key` under register_p_key_order (its inverse): within each 16
+    keys, key 8a + 2t + c sits in slot 4t + 2a + c. Integer arithmetic only, so it serves torch
+    tensors, Python ints and the fused cast's DSL integers alike."""
+    k = key % 16
+    return key - k + 4 * ((k % 8) // 2) + 2 * (k // 8) + k % 2
+
+
 def inverse_key_order(length: int) -> torch.Tensor:
-    order = register_p_key_order(length)
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(length)
-    return inverse
+    if length % 16:
+        raise ValueError(f"key-order permutation needs a multiple of 16 keys, got {length}")
+    return key_slot(torch.arange(length))
 
 
 def check_qkv(
@@ -184,24 +191,40 @@ def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return scale[:, None, :, None], amax / E4M3_MAX
 
 
-def _quantize_into(out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor) -> None:
-    """out[:, :seq_len] = e4m3(x * scale), the rows past seq_len zeroed.
+def _quantize(x: torch.Tensor, scale: torch.Tensor, padded: int, *, feature_major: bool = False,
+              permute_keys: bool = False) -> torch.Tensor:
+    """e4m3(x * scale) padded with zero keys up to `padded`: (batch, padded, heads, head_dim),
+    or with feature_major (batch, heads, head_dim, padded), keys contiguous and, with
+    permute_keys, in register_p_key_order.
 
     On a GPU: one CuTe DSL kernel (variants/quantize_kernel.py) that reads x once and writes
-    out once. Elsewhere, and where that kernel does not apply, torch ops with the same
-    arithmetic: the product is fp32 (x promoted by the fp32 scale, no separate fp32 copy of x)
-    and clamped (rounding can land a hair above 448, and e4m3fn has no Inf); the cast happens in
-    the copy into the padded output, so padding costs no extra pass."""
-    fused = _fused_cast(x, out)
+    the output once, in either layout. Elsewhere, and where that kernel does not apply, torch
+    ops with the same arithmetic: the product is fp32 (x promoted by the fp32 scale, no separate
+    fp32 copy of x) and clamped (rounding can land a hair above 448, and e4m3fn has no Inf); the
+    cast happens in the copy into the padded output, so padding costs no extra pass; a
+    feature-major output is then a transposing (and permuting) copy of that."""
+    batch, seq_len, heads, head_dim = x.shape
+    natural_shape = (batch, padded, heads, head_dim)
+    shape = (batch, heads, head_dim, padded) if feature_major else natural_shape
+    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
+    fused = _fused_cast(x, out, feature_major=feature_major, permute_keys=permute_keys)
     if fused is not None:
         from variants.quantize_kernel import scaled_cast_into
 
-        scaled_cast_into(fused, out, x, scale.reshape(x.shape[0], x.shape[2]).contiguous())
-        return
-    seq_len = x.shape[1]
-    out[:, :seq_len].copy_(torch.mul(x, scale).clamp_(-E4M3_MAX, E4M3_MAX))
-    if out.shape[1] > seq_len:
-        out[:, seq_len:].view(torch.uint8).zero_()
+        scaled_cast_into(fused, out, x, scale.reshape(batch, heads).contiguous(),
+                         feature_major=feature_major)
+        return out
+    natural = torch.empty(natural_shape, dtype=torch.float8_e4m3fn,
+                          device=x.device) if feature_major else out
+    natural[:, :seq_len].copy_(torch.mul(x, scale).clamp_(-E4M3_MAX, E4M3_MAX))
+    if padded > seq_len:
+        natural[:, seq_len:].view(torch.uint8).zero_()
+    if feature_major:
+        codes = natural.view(torch.uint8).permute(0, 2, 3, 1)
+        if permute_keys:
+            codes = codes[..., _key_order_on(padded, codes.device)]
+        out.view(torch.uint8).copy_(codes)
+    return out
 
 
 def _fused_cast(x: torch.Tensor, out: torch.Tensor, *, feature_major: bool = False,
@@ -219,31 +242,6 @@ def _fused_cast(x: torch.Tensor, out: torch.Tensor, *, feature_major: bool = Fal
         return None
     return quantize_kernel.compiled(x.dtype, x.shape[-1], x.device, feature_major=feature_major,
                                     permute_keys=permute_keys, compile_now=not _capturing())
-
-
-def _quantize_v_feature_major(x: torch.Tensor, scale: torch.Tensor, padded: int,
-                              permute_keys: bool) -> torch.Tensor:
-    """V as (batch, heads, head_dim, padded) e4m3, keys contiguous (permuted if permute_keys),
-    zero keys past seq_len. On a GPU the fused cast writes that layout directly; elsewhere the
-    natural layout is cast first and then transposed (and permuted) by torch: the same codes."""
-    batch, seq_len, heads, head_dim = x.shape
-    out = torch.empty((batch, heads, head_dim, padded), dtype=torch.float8_e4m3fn,
-                      device=x.device)
-    fused = _fused_cast(x, out, feature_major=True, permute_keys=permute_keys)
-    if fused is not None:
-        from variants.quantize_kernel import scaled_cast_into
-
-        scaled_cast_into(fused, out, x, scale.reshape(batch, heads).contiguous(),
-                         feature_major=True)
-        return out
-    natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
-                          device=x.device)
-    _quantize_into(natural, x, scale)
-    codes = natural.view(torch.uint8).permute(0, 2, 3, 1)
-    if permute_keys:
-        codes = codes[..., _key_order_on(padded, codes.device)]
-    out.view(torch.uint8).copy_(codes)
-    return out
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -287,14 +285,10 @@ def quantize_inputs(
         # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
         scale, descale = _per_head_scale(x)
         descales.append(descale)
-        if index == 2 and v_feature_major:
-            # Feature-major V: (batch, heads, head_dim, padded), keys contiguous.
-            out.append(_quantize_v_feature_major(x, scale, padded, permute_keys))
-            continue
-        x8 = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
-                         device=x.device)
-        _quantize_into(x8, x, scale)
-        out.append(x8)
+        is_v = index == 2
+        # V feature-major: (batch, heads, head_dim, padded), keys contiguous.
+        out.append(_quantize(x, scale, padded, feature_major=is_v and v_feature_major,
+                             permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
     return Fp8Inputs(
         q=q8,

@@ -31,6 +31,8 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
+from variants.prepare import key_slot
+
 VEC = 8  # features per thread: 16 bytes of bf16 in, 8 bytes of e4m3 out
 THREADS = 256
 
@@ -42,14 +44,6 @@ _LOCK = threading.Lock()
 
 def _dsl_dtype(dtype: torch.dtype):
     return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
-
-
-def key_slot(key, *, loc=None, ip=None):
-    """The stored position of `key` under prepare.register_p_key_order (its inverse): within
-    each 16 keys, key 8a + 2t + c sits in slot 4t + 2a + c. Plain integer arithmetic, so it
-    serves DSL integers and Python ints (tests/test_quantize_kernel.py checks it)."""
-    k = key % 16
-    return key - k + 4 * ((k % 8) // 2) + 2 * (k // 8) + k % 2
 
 
 class ScaledCast:
@@ -87,28 +81,35 @@ class ScaledCast:
     def kernel(self, x_ptr: cute.Pointer, scale_ptr: cute.Pointer, out_ptr: cute.Pointer,
                seq_len: cutlass.Int32, padded: cutlass.Int32, heads: cutlass.Int32,
                groups: cutlass.Int32):
-        d = self.head_dim
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         group = bidx * THREADS + tidx
-        if cutlass.const_expr(self.feature_major):
-            if group < groups:
+        if group < groups:
+            if cutlass.const_expr(self.feature_major):
                 self._cast_feature_major(x_ptr, scale_ptr, out_ptr, seq_len, padded, heads,
                                          group)
-        elif group < groups:
-            row = group // (d // VEC)  # (b, s, h) of the padded output, row-major
-            col = (group % (d // VEC)) * VEC
-            h = row % heads
-            s = (row // heads) % padded
-            b = row // (heads * padded)
-            dst = cute.make_tensor(out_ptr + row * d + col, cute.make_layout(VEC))
-            values = cute.full((VEC,), 0.0, cutlass.Float32)
-            if s < seq_len:
-                src = cute.make_tensor(x_ptr + ((b * seq_len + s) * heads + h) * d + col,
-                                       cute.make_layout(VEC))
-                values = src.load().to(cutlass.Float32) * scale_ptr[b * heads + h]
-            # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
-            dst.store(values.to(cutlass.Float8E4M3FN))
+            else:
+                self._cast_token_major(x_ptr, scale_ptr, out_ptr, seq_len, padded, heads,
+                                       group)
+
+    @cute.jit
+    def _cast_token_major(self, x_ptr, scale_ptr, out_ptr, seq_len, padded, heads, group):
+        """Group = ((b * padded + s) * heads + h) * (d / 8) + feature block: the output's own
+        order, so a thread's 8 codes are one 8-byte store."""
+        d = self.head_dim
+        row = group // (d // VEC)  # (b, s, h) of the padded output, row-major
+        col = (group % (d // VEC)) * VEC
+        h = row % heads
+        s = (row // heads) % padded
+        b = row // (heads * padded)
+        dst = cute.make_tensor(out_ptr + row * d + col, cute.make_layout(VEC))
+        values = cute.full((VEC,), 0.0, cutlass.Float32)
+        if s < seq_len:
+            src = cute.make_tensor(x_ptr + ((b * seq_len + s) * heads + h) * d + col,
+                                   cute.make_layout(VEC))
+            values = src.load().to(cutlass.Float32) * scale_ptr[b * heads + h]
+        # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
+        dst.store(values.to(cutlass.Float8E4M3FN))
 
     @cute.jit
     def _cast_feature_major(self, x_ptr, scale_ptr, out_ptr, seq_len, padded, heads, group):

@@ -626,9 +626,11 @@ class WgmmaAttention:
             x = raw * qk_log2 - (m_new - P_SHIFT_LOG2)
             if cutlass.const_expr(self.fma_exp2 == 0):
                 p = cute.math.exp2(x, fastmath=True)
+                s_mn[r, None].store(p)
             else:
                 # Some of the row's exponentials on the FMA pipe: the MUFU pipe (16 ex2 a clock
                 # per SM) has as much work as the FP8 tensor cores at head_dim 128, more at 64.
+                # Elementwise, in place.
                 s_mn[r, None].store(x)
                 for i in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     if cutlass.const_expr(i % FMA_EXP2_GROUP < self.fma_exp2):
@@ -638,7 +640,6 @@ class WgmmaAttention:
                 p = s_mn[r, None].load()
             row_sum[r] = row_sum[r] * alpha[r] + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
             row_max[r] = m_new
-            s_mn[r, None].store(p)
         return alpha
 
     @cute.jit

@@ -129,9 +129,6 @@ def test_natural_v_layout_holds_the_same_codes():
     for b, h in ((0, 0), (1, 2)):
         torch.testing.assert_close(natural.v_codes(b, h).float(),
                                    feature_major.v_codes(b, h).float())
-    from variants.reference import dequantized_v_absmax
-
-    assert dequantized_v_absmax(natural) == dequantized_v_absmax(feature_major)
     with pytest.raises(ValueError, match="feature-major V only"):
         quantize_inputs(q, k, v, pad_to=32, permute_keys=True, v_feature_major=False)
 

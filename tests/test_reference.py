@@ -1,4 +1,7 @@
-"""The fp32 reference against torch SDPA, and the acceptance metrics against planted faults."""
+"""The gate's arithmetic: its own quantization, the fp32 reference against torch SDPA, the prepare
+check, and each metric against the fault it exists for."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -6,91 +9,168 @@ import torch.nn.functional as F
 
 from variants.prepare import quantize_inputs
 from variants.reference import (
+    HEAD_SLOPE_MAX,
     LSE_ABS_MAX,
+    LSE_QK_REL,
     REL_RMS_MAX,
+    ROW_REL_MAX,
     accuracy,
-    dequantized_v_absmax,
     end_to_end_error,
+    prepare_mismatch,
+    quantize_reference,
     reference_attention,
     validate,
 )
 
 
-def prepared_inputs(seq, batch=2, heads=3, dim=128, seed=1, **kw):
+def rand_qkv(seq, batch=2, heads=3, dim=128, seed=1):
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(batch, seq, heads, dim, generator=g).bfloat16() for _ in range(3))
-    return (q, k, v), quantize_inputs(q, k, v, **kw)
+    return tuple(torch.randn(batch, seq, heads, dim, generator=g).bfloat16() for _ in range(3))
 
 
 @pytest.mark.parametrize("seq", [1, 77, 130])
-@pytest.mark.parametrize("layout", ["feature-major", "permuted", "natural"])
-def test_reference_matches_sdpa_in_fp32(seq, layout):
-    _, prepared = prepared_inputs(seq, pad_to=1 if layout == "feature-major" else 64,
-                                  permute_keys=layout == "permuted",
-                                  v_feature_major=layout != "natural")
-    out, lse = reference_attention(prepared, score_budget_bytes=8 * seq * 16)  # force chunking
-    q, k, v = (x.transpose(1, 2) for x in prepared.dequantized())
+def test_reference_matches_sdpa_in_fp32(seq):
+    ref_in = quantize_reference(*rand_qkv(seq))
+    ref = reference_attention(ref_in, score_budget_bytes=8 * seq * 16)  # force chunking
+    q, k, v = (x.transpose(1, 2) for x in ref_in.dequantized())
     expected = F.scaled_dot_product_attention(q, k, v).transpose(1, 2)
-    torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
-    scores = (q @ k.transpose(-1, -2)) * prepared.softmax_scale
-    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), atol=2e-6, rtol=1e-6)
+    torch.testing.assert_close(ref.out, expected, atol=2e-6, rtol=1e-5)
+    scores = (q @ k.transpose(-1, -2)) * ref_in.softmax_scale
+    torch.testing.assert_close(ref.lse, torch.logsumexp(scores, dim=-1), atol=2e-6, rtol=1e-6)
+    # noise = sqrt(sum p^2 |v|^2); magnitude bounds every score of the row (Cauchy-Schwarz).
+    p = torch.softmax(scores, -1)
+    torch.testing.assert_close(ref.noise, ((p * p) @ (v * v).sum(-1, keepdim=True))[..., 0]
+                               .sqrt(), atol=1e-6, rtol=1e-5)
+    assert bool((ref.score_magnitude + 1e-5 >= scores.abs().amax(-1)).all())
+
+
+def test_reference_of_a_row_subset_is_those_rows():
+    ref_in = quantize_reference(*rand_qkv(200))
+    rows = torch.tensor([0, 5, 199])
+    whole, part = reference_attention(ref_in), reference_attention(ref_in, rows)
+    torch.testing.assert_close(part.out, whole.out[:, rows])
+    torch.testing.assert_close(part.lse, whole.lse[..., rows])
+
+
+@pytest.mark.parametrize("layout", [dict(pad_to=1), dict(pad_to=64, permute_keys=True),
+                                    dict(pad_to=64, v_feature_major=False)],
+                         ids=["feature-major", "permuted", "natural"])
+def test_prepare_decodes_to_the_gates_own_codes(layout):
+    q, k, v = rand_qkv(77)
+    assert prepare_mismatch(quantize_inputs(q, k, v, **layout), quantize_reference(q, k, v)) is None
+
+
+def test_a_prepare_bug_is_named():
+    q, k, v = rand_qkv(77)
+    ref_in = quantize_reference(q, k, v)
+    prepared = quantize_inputs(q, k, v, pad_to=64, permute_keys=True)
+    # Keys stored in natural order while the inputs claim the register-P order.
+    mislabeled = dataclasses.replace(prepared, key_permuted=False)
+    assert "prepare: v differs" in prepare_mismatch(mislabeled, ref_in)
+    # One head's descale 1% off.
+    descale = prepared.descale.clone()
+    descale[1, 2, 2] *= 1.01
+    bad = prepare_mismatch(dataclasses.replace(prepared, descale=descale), ref_in)
+    assert "v descale" in bad and "batch 1, head 2" in bad
+    # Garbage in the padding.
+    padded = dataclasses.replace(prepared, k=prepared.k.clone())
+    padded.k[:, 100] = torch.tensor(1.0).to(torch.float8_e4m3fn)
+    assert "k's padding" in prepare_mismatch(padded, ref_in)
+    scaled = dataclasses.replace(prepared, softmax_scale=0.1)
+    assert "softmax_scale" in prepare_mismatch(scaled, ref_in)
 
 
 def test_seq_len_one_attends_to_itself():
-    _, prepared = prepared_inputs(1)
-    out, _ = reference_attention(prepared)
-    torch.testing.assert_close(out, prepared.dequantized()[2])
+    ref_in = quantize_reference(*rand_qkv(1))
+    torch.testing.assert_close(reference_attention(ref_in).out, ref_in.dequantized()[2])
 
 
-def _p_rounded_output(prepared):
+def _p_rounded_output(ref_in):
     """What a correct FP8 kernel computes: P * 256 rounded to e4m3 before P @ V."""
-    q, k, v = (x.transpose(1, 2) for x in prepared.dequantized())
-    s = (q @ k.transpose(-1, -2)) * prepared.softmax_scale
+    q, k, v = (x.transpose(1, 2) for x in ref_in.dequantized())
+    s = (q @ k.transpose(-1, -2)) * ref_in.softmax_scale
     m = s.amax(-1, keepdim=True)
     p = torch.exp(s - m)
     p8 = (p * 256).to(torch.float8_e4m3fn).float() / 256
     return ((p8 @ v) / p.sum(-1, keepdim=True)).transpose(1, 2), torch.logsumexp(s, -1)
 
 
-def test_an_fp8_p_kernel_passes_and_its_error_is_as_derived():
-    _, prepared = prepared_inputs(300)
-    out, lse = _p_rounded_output(prepared)
-    metrics = validate(prepared, out.bfloat16(), lse)
+@pytest.mark.parametrize("seq", [77, 300])
+def test_an_fp8_p_kernel_passes_and_its_error_is_as_derived(seq):
+    q, k, v = rand_qkv(seq)
+    out, lse = _p_rounded_output(quantize_reference(q, k, v))
+    metrics = validate(q, k, v, out.bfloat16(), lse)
     assert metrics.passed, metrics.reason
     assert 0.005 < metrics.rel_rms < REL_RMS_MAX  # P rounding is visible, and within the bound
+    assert 0.005 < metrics.worst_row < ROW_REL_MAX / 2
+    assert metrics.head_slope_error < HEAD_SLOPE_MAX / 4
 
 
-def test_planted_faults_fail():
-    (q, k, v), prepared = prepared_inputs(77, pad_to=64)
-    ref_out, ref_lse = reference_attention(prepared)
-    vmax = dequantized_v_absmax(prepared)
+def _reference_and_outputs(seq=77):
+    ref_in = quantize_reference(*rand_qkv(seq))
+    ref = reference_attention(ref_in)
+    return ref, ref.out.clone(), ref.lse.clone()
 
-    unwritten = ref_out.clone()
-    unwritten[0, 5] = float("nan")
-    m = accuracy(unwritten, ref_lse, ref_out, ref_lse, vmax)
-    assert not m.passed and m.nonfinite == 3 * 128 and m.written_share < 1
 
-    # A masking bug: padded (zero) keys join the softmax.
-    qd, kd, vd = prepared.dequantized()
+def test_each_metric_catches_its_fault():
+    ref, out, lse = _reference_and_outputs(1024)
+    assert accuracy(out, lse, ref).passed
+
+    unwritten = out.clone()
+    unwritten[0, 5, 1, 7] = float("nan")
+    m = accuracy(unwritten, lse, ref)
+    assert "non-finite" in m.reason and m.nonfinite == 1 and m.written_share < 1
+
+    # One row holds another row's output: invisible in the global RMS, O(1) for that row.
+    tail = out.clone()
+    tail[:, -1] = out[:, -2]
+    m = accuracy(tail, lse, ref)
+    assert m.rel_rms < REL_RMS_MAX and "worst row" in m.reason and "row 1023" in m.worst_row_at
+
+    # One head 3% too large: every row within bounds, the head's slope is not.
+    scaled = out.clone()
+    scaled[1, :, 2] *= 1.03
+    m = accuracy(scaled, lse, ref)
+    assert m.worst_row < ROW_REL_MAX and "head scale" in m.reason
+    assert m.head_slope_at == "batch 1 head 2"
+
+    m = accuracy(out, lse + 0.05, ref)
+    assert "LSE" in m.reason
+
+    # Two heads swapped.
+    assert not accuracy(out[:, :, [1, 0, 2]], lse, ref).passed
+
+
+def test_lse_bound_grows_with_the_score_magnitude():
+    ref, out, lse = _reference_and_outputs()
+    # An accumulator error proportional to the score magnitude, as the FP8 wgmma's, within
+    # the derived slope, passes however large the scores; an offset of the same size does not.
+    proportional = lse + 0.9 * (LSE_ABS_MAX + LSE_QK_REL * ref.score_magnitude)
+    assert accuracy(out, proportional, ref).passed
+    big = dataclasses.replace(ref, score_magnitude=ref.score_magnitude * 100)
+    assert accuracy(out, lse + 0.9 * LSE_QK_REL * big.score_magnitude, big).passed
+    assert not accuracy(out, lse + 1.2 * (LSE_ABS_MAX + LSE_QK_REL * ref.score_magnitude),
+                        ref).passed
+
+
+def test_a_masking_bug_fails():
+    q, k, v = rand_qkv(77)
+    ref_in = quantize_reference(q, k, v)
+    ref = reference_attention(ref_in)
+    # Padded (zero) keys join the softmax.
+    qd, kd, vd = ref_in.dequantized()
     pad = torch.zeros(2, 128 - 77, 3, 128)
     wrong = F.scaled_dot_product_attention(
         qd.transpose(1, 2),
         torch.cat([kd, pad], 1).transpose(1, 2),
         torch.cat([vd, pad], 1).transpose(1, 2),
     ).transpose(1, 2)
-    m = accuracy(wrong, ref_lse, ref_out, ref_lse, vmax)
+    m = accuracy(wrong, ref.lse, ref)
     assert not m.passed and m.rel_rms > REL_RMS_MAX
-
-    m = accuracy(ref_out, ref_lse + 2 * LSE_ABS_MAX, ref_out, ref_lse, vmax)
-    assert not m.passed and "LSE" in m.reason
-
-    # A layout bug: two heads swapped.
-    swapped = ref_out[:, :, [1, 0, 2]]
-    assert not accuracy(swapped, ref_lse, ref_out, ref_lse, vmax).passed
 
 
 def test_end_to_end_error_includes_quantization():
-    (q, k, v), prepared = prepared_inputs(64)
-    out, _ = reference_attention(prepared)
+    q, k, v = rand_qkv(64)
+    out = reference_attention(quantize_reference(q, k, v)).out
     e2e = end_to_end_error(out, q, k, v)
     assert 0.005 < e2e < 0.15  # FP8 quantization of q, k, v: a few percent, not zero

@@ -1,7 +1,7 @@
 """Validate, then time, one compiled kernel (runs inside the worker subprocess).
 
-Validation: fresh random inputs, outputs poisoned with NaN (an unwritten element cannot pass),
-compared with the fp32 reference of variants.reference on the dequantized inputs.
+Validation: the correctness gate of tuner/gate.py (random and structured inputs, outputs poisoned
+with NaN, the fp32 reference on the gate's own quantization of the inputs).
 
 Timing: CUDA events around the kernel launch alone; `prepare` (quantization) is timed apart,
 because the runtime may cache it. Warm-up first, then the median of >= 10 launches with its
@@ -148,7 +148,7 @@ def random_inputs(problem, device, seed: int, dtype=None):
     return tuple(torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3))
 
 
-def _synchronizer(device) -> Callable[[], None] | None:
+def synchronizer(device) -> Callable[[], None] | None:
     if device.type != "cuda":
         return None
     import torch
@@ -156,26 +156,28 @@ def _synchronizer(device) -> Callable[[], None] | None:
     return lambda: torch.cuda.synchronize(device)
 
 
-def _poisoned_outputs(problem, device):
+def poisoned_outputs(batch: int, heads: int, seq_len: int, head_dim: int, device):
+    """out (batch, seq_len, heads, head_dim) bf16 and lse (batch, heads, seq_len) fp32, all NaN:
+    an element the kernel does not write cannot pass."""
     import torch
 
-    out = torch.full((problem.batch, problem.seq_len, problem.heads, problem.head_dim),
-                     float("nan"), dtype=torch.bfloat16, device=device)
-    lse = torch.full((problem.batch, problem.heads, problem.seq_len), float("nan"),
-                     dtype=torch.float32, device=device)
+    out = torch.full((batch, seq_len, heads, head_dim), float("nan"), dtype=torch.bfloat16,
+                     device=device)
+    lse = torch.full((batch, heads, seq_len), float("nan"), dtype=torch.float32, device=device)
     return out, lse
 
 
-def validate_kernel(kernel, problem, device, seed: int):
-    """Run once on fresh inputs into NaN-poisoned outputs; return reference.AccuracyMetrics."""
-    from variants.reference import validate
+def _problem_outputs(problem, device):
+    return poisoned_outputs(problem.batch, problem.heads, problem.seq_len, problem.head_dim,
+                            device)
 
-    sync = _synchronizer(device)
-    q, k, v = random_inputs(problem, device, seed)
-    prepared = guarded("prepare", kernel.prepare, q, k, v, sync=sync)
-    out, lse = _poisoned_outputs(problem, device)
-    out, lse = guarded("run", kernel.run, prepared, out=out, lse=lse, sync=sync)
-    return validate(prepared, out, lse)
+
+def validate_kernel(kernel, problem, device, seed: int):
+    """The correctness gate (tuner/gate.py): random and structured inputs, the reference on the
+    gate's own quantization; returns a gate.GateReport (passed, reason, rel_rms, cases)."""
+    from tuner.gate import validate_kernel as gate
+
+    return gate(kernel, problem, device, seed)
 
 
 def _tensor_bytes(obj, _seen: set[int] | None = None) -> int:
@@ -224,14 +226,14 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
     """Median/IQR of `repeats` launches of the kernel alone, L2-cold through input rotation."""
 
     repeats = max(MIN_REPEATS, repeats)
-    sync = _synchronizer(device)
+    sync = synchronizer(device)
     q, k, v = random_inputs(problem, device, seed)
 
     prepare_ms = []
     t0 = time.perf_counter()
     first = guarded("prepare", kernel.prepare, q, k, v, sync=sync)
     prepare_ms.append((time.perf_counter() - t0) * 1e3)
-    out, lse = _poisoned_outputs(problem, device)
+    out, lse = _problem_outputs(problem, device)
     set_bytes = _tensor_bytes(first) + _tensor_bytes(out) + _tensor_bytes(lse)
     # The GPU profile's L2 means nothing to a CPU double: no rotation there.
     n_sets = rotation_sets(set_bytes, l2_bytes) if device.type == "cuda" else 1
@@ -242,7 +244,7 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
         t0 = time.perf_counter()
         prepared = guarded("prepare", kernel.prepare, qi, ki, vi, sync=sync)
         prepare_ms.append((time.perf_counter() - t0) * 1e3)
-        sets.append((prepared, *_poisoned_outputs(problem, device)))
+        sets.append((prepared, *_problem_outputs(problem, device)))
 
     for i in range(max(warmup, n_sets)):
         prepared, out, lse = sets[i % n_sets]

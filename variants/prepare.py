@@ -58,6 +58,21 @@ class Fp8Inputs:
     def padded_len(self) -> int:
         return self.q.shape[1]
 
+    def padding(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The codes of q, k, v at tokens >= seq_len (fp32; zeros by contract, since a kernel
+        that multiplies a masked P of 0 by a NaN code of V would still produce NaN)."""
+        s = self.seq_len
+        v = self.v.float()
+        v_pad = v[:, s:] if not self.v_feature_major else v[..., self._natural_keys()[s:]]
+        return self.q[:, s:].float(), self.k[:, s:].float(), v_pad
+
+    def _natural_keys(self) -> torch.Tensor:
+        """Stored key position of every key in natural order (feature-major V)."""
+        n = self.v.shape[-1]
+        if self.key_permuted:
+            return _inverse_key_order_on(n, self.v.device)
+        return torch.arange(n, device=self.v.device)
+
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """fp32 q, k, v (batch, seq_len, heads, head_dim) exactly as the kernel sees them."""
         s = self.seq_len

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tuner import runtime
-from variants.reference import validate
+from variants.reference import prepare_mismatch, quantize_reference, validate
 
 pytestmark = pytest.mark.gpu
 
@@ -31,10 +31,11 @@ def test_attention_matches_the_reference(seq):
     q, k, v = qkv(seq, seed=seq)
     out, lse = tuner_attention(q, k, v)
     best = runtime.load_best_config(seq, heads=56, with_source=True)
-    # Validate against the reference on the inputs exactly as this config quantized them.
+    # The gate's checks: the reference on its own quantization of q, k, v; the config's
+    # prepare decodes to exactly those codes.
     kernel = runtime._kernel_for(best.family, best.config, runtime.Problem(1, 56, seq, 128), "auto")
-    prepared = kernel.prepare(q, k, v)
-    metrics = validate(prepared, out, lse)
+    assert prepare_mismatch(kernel.prepare(q, k, v), quantize_reference(q, k, v)) is None
+    metrics = validate(q, k, v, out, lse)
     print(
         f"\nS={seq}: {best.family} {best.config.short()} [{best.source}] "
         f"rel_rms={metrics.rel_rms:.4f}"

@@ -1,0 +1,111 @@
+"""Planted-bug families: a real family's default kernel with one realistic bug each, which the
+correctness gate (tuner/gate.py) must reject as `wrong_result`.
+
+`planted_family(base)` builds the five family functions around a base family module: the space
+is one config per bug (and "none", the base kernel untouched, which must pass), so a real
+`tuner search --families tests.doubles.planted_wgmma` measures every bug once. Each bug copies a
+kind of wrong kernel that really happens; a gate that lets one through fails its test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+
+from variants.base import ConfigMixin
+
+# bug -> the check of the gate expected to catch it first (variants/reference.py's reasons)
+BUGS = {
+    "none": None,
+    "tail_row": "worst row",  # the last query row of every (batch, head) holds row S-2's output
+    "head_scale": "head scale",  # the last head's output 3% too large (a wrong V descale)
+    "v_group_swap": "prepare",  # prepare swaps V's keys 0-15 with 16-31
+    "last_key_masked": "worst row",  # the mask is off by one: key S-1 is ignored
+    "lse_shift": "LSE",  # LSE 0.05 too large
+    "one_nan": "non-finite",  # one element of the output is NaN
+    "batch_cross": "worst row",  # batch 0's output written into batch 1
+}
+
+
+@dataclass(frozen=True)
+class Config(ConfigMixin):
+    bug: str
+
+
+def _swap_first_v_groups(prepared) -> None:
+    """Keys 0-15 and 16-31 of V trade places, in whatever layout prepare wrote."""
+    if prepared.seq_len < 32:
+        return
+    v = prepared.v
+    if prepared.v_feature_major:
+        slots = prepared._natural_keys()[:32]
+        a, b = slots[:16], slots[16:]
+        first = v[..., a].clone()
+        v[..., a] = v[..., b]
+        v[..., b] = first
+    else:
+        first = v[:, :16].clone()
+        v[:, :16] = v[:, 16:32]
+        v[:, 16:32] = first
+
+
+class PlantedKernel:
+    def __init__(self, kernel, cfg: Config) -> None:
+        self._kernel = kernel
+        self.config = cfg
+        self.resources = kernel.resources
+
+    def prepare(self, q, k, v, softmax_scale=None, **kwargs):
+        prepared = self._kernel.prepare(q, k, v, softmax_scale, **kwargs)
+        if self.config.bug == "v_group_swap":
+            _swap_first_v_groups(prepared)
+        return prepared
+
+    def run(self, prepared, out=None, lse=None):
+        out, lse = self._kernel.run(prepared, out=out, lse=lse)
+        bug, s = self.config.bug, prepared.seq_len
+        if bug == "last_key_masked" and s >= 2:
+            # The same kernel over keys 0 .. S-2 gives rows 0 .. S-2 of a kernel whose mask
+            # drops the last key.
+            short_out, short_lse = self._kernel.run(dataclasses.replace(prepared, seq_len=s - 1))
+            out[:, : s - 1] = short_out
+            lse[:, :, : s - 1] = short_lse
+        elif bug == "tail_row" and s >= 2:
+            out[:, s - 1] = out[:, s - 2]
+            lse[:, :, s - 1] = lse[:, :, s - 2]
+        elif bug == "head_scale":
+            out[:, :, -1] *= 1.03
+        elif bug == "lse_shift":
+            lse += 0.05
+        elif bug == "one_nan":
+            out[0, s // 2, 0, 0] = float("nan")
+        elif bug == "batch_cross" and out.shape[0] >= 2:
+            out[1] = out[0]
+            lse[1] = lse[0]
+        return out, lse
+
+
+def planted_family(base_name: str):
+    """(space, default, can_implement, compile) of the planted family around `base_name`."""
+    base = importlib.import_module(base_name)
+
+    def base_config(arch, problem):
+        return base.default(arch, problem)
+
+    def space(arch: str) -> dict[str, list]:
+        return {"bug": list(BUGS)}
+
+    def default(arch: str, problem=None) -> Config:
+        return Config("none")
+
+    def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
+        if cfg.bug not in BUGS:
+            return False, f"unknown planted bug {cfg.bug!r}"
+        arch = gpu.arch if gpu is not None else "cpu"
+        return base.can_implement(base_config(arch, problem), problem, gpu)
+
+    def compile(cfg, problem, arch: str):
+        return PlantedKernel(base.compile(base_config(arch, problem), problem, arch), cfg)
+
+    return space, default, can_implement, compile

@@ -9,7 +9,7 @@ mode or bit trick in the string fails here and not only on a GPU.
 import numpy as np
 import pytest
 
-from variants.wgmma.kernel import _EXP2_POLYNOMIAL_PTX, EXP2_CUBIC
+from variants.wgmma.ptx import _EXP2_POLYNOMIAL_PTX, EXP2_CUBIC
 
 
 def _f32(token: str) -> np.float32:

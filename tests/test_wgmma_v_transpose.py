@@ -28,7 +28,8 @@ from cutlass.cute.runtime import from_dlpack
 
 from variants.prepare import register_p_key_order
 from variants.wgmma.config import Config
-from variants.wgmma.kernel import TRANSPOSE_WARPS, WgmmaAttention
+from variants.wgmma.kernel import WgmmaAttention
+from variants.wgmma.v_transpose import TRANSPOSE_WARPS
 
 pytestmark = pytest.mark.compile
 

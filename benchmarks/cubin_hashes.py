@@ -1,0 +1,85 @@
+"""SHA-256 of the cubins of a sample of configs of every family and arch, compiled on this
+machine without a GPU: run before and after a refactor that must not change generated code, and
+diff the two files.
+
+The sample is each family's default plus one change per knob value (every value of every knob
+appears at least once), so a refactor that changes any knob's code path shows.
+
+    python benchmarks/cubin_hashes.py --out before.json
+    python benchmarks/cubin_hashes.py --out after.json && diff before.json after.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+TARGETS = (("wgmma", "sm_90a"), ("mma_sync", "sm_90a"), ("mma_sync", "sm_120a"))
+
+
+def sample(fam, arch: str, problem) -> list:
+    from variants.base import enumerate_space
+
+    default = fam.default(arch, problem)
+    gpu = {"sm_90a": "h200", "sm_120a": "5080"}[arch]
+    from tuner.gpus import PROFILES
+
+    configs = [default]
+    for name, values in fam.space(arch).items():
+        for value in values:
+            cfg = dataclasses.replace(default, **{name: value})
+            if cfg not in configs and fam.can_implement(cfg, problem, PROFILES[gpu])[0]:
+                configs.append(cfg)
+                continue
+            if cfg in configs:
+                continue
+            # The one-knob change is infeasible: the first feasible config holding that value.
+            for other in enumerate_space(fam.Config, fam.space(arch)):
+                if getattr(other, name) == value and \
+                        fam.can_implement(other, problem, PROFILES[gpu])[0]:
+                    if other not in configs:
+                        configs.append(other)
+                    break
+    return configs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--limit", type=int, default=0, help="at most N configs per target")
+    ap.add_argument("--family", default="", help="only this family")
+    args = ap.parse_args()
+    os.environ["TUNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="cubin-hashes-")
+    from tuner.problem import Problem
+    from variants import load_family
+    from variants.build import cache_root
+
+    problem = Problem(1, 2, 77)
+    hashes = {}
+    for family, arch in TARGETS:
+        if args.family and family != args.family:
+            continue
+        fam = load_family(family)
+        configs = sample(fam, arch, problem)
+        if args.limit:
+            configs = configs[: args.limit]
+        for cfg in configs:
+            before = set(cache_root().glob(f"{family}/*/kernel.cubin"))
+            fam.compile(cfg, problem, arch)
+            (cubin,) = set(cache_root().glob(f"{family}/*/kernel.cubin")) - before
+            label = f"{family} {arch} {json.dumps(cfg.to_dict(), sort_keys=True)}"
+            hashes[label] = hashlib.sha256(cubin.read_bytes()).hexdigest()
+            print(hashes[label][:16], label, flush=True)
+    Path(args.out).write_text(json.dumps(hashes, indent=1, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    main()

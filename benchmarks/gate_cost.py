@@ -15,8 +15,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tuner.gate import validate_kernel  # noqa: E402
 from tuner.gpus import PROFILES  # noqa: E402
-from tuner.measure import time_kernel, validate_kernel  # noqa: E402
+from tuner.measure import time_kernel  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from variants import wgmma  # noqa: E402
 

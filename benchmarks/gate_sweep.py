@@ -39,7 +39,8 @@ def work(args) -> list[dict]:
     family, configs, seq_lens, heads, batch, seed = args
     import torch
 
-    from tuner.measure import CandidateFailure, validate_kernel
+    from tuner.gate import validate_kernel
+    from tuner.measure import CandidateFailure
     from tuner.problem import Problem
     from variants import load_family
 

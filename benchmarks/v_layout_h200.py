@@ -29,13 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from tuner.gate import validate_kernel  # noqa: E402
 from tuner.gpus import PROFILES  # noqa: E402
-from tuner.measure import (  # noqa: E402
-    cuda_event_samples,
-    random_inputs,
-    time_kernel,
-    validate_kernel,
-)
+from tuner.measure import cuda_event_samples, random_inputs, time_kernel  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from variants import wgmma  # noqa: E402
 

@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from tuner.gate import validate_kernel  # noqa: E402
 from tuner.gpus import PROFILES  # noqa: E402
-from tuner.measure import time_kernel, validate_kernel  # noqa: E402
+from tuner.measure import time_kernel  # noqa: E402
 from tuner.problem import Problem  # noqa: E402
 from variants import wgmma  # noqa: E402
 from variants.base import enumerate_space  # noqa: E402

@@ -350,7 +350,7 @@ PTX_CONFIGS = [
                          ids=lambda v: v if isinstance(v, str) else
                          f"{v['block_m']}x{v['block_n']}-r{v['rows_per_warp']}")
 def test_p_smem_addresses_in_ptx(arch, overrides, swizzle, tmp_path):
-    from variants.build import pointer_args
+    from variants.common.abi import fake_args
     from variants.mma_sync.config import SMEM_ALIGN
     from variants.mma_sync.kernel import MmaSyncAttention
 
@@ -361,7 +361,7 @@ def test_p_smem_addresses_in_ptx(arch, overrides, swizzle, tmp_path):
     cwd = os.getcwd()
     os.chdir(tmp_path)  # --keep-* artifacts land in the working directory
     try:
-        fn = cute.compile(MmaSyncAttention(cfg, problem.head_dim), *pointer_args(),
+        fn = cute.compile(MmaSyncAttention(cfg, problem.head_dim), *fake_args(),
                           options=f"--gpu-arch={arch} --keep-ptx")
     finally:
         os.chdir(cwd)

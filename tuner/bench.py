@@ -54,7 +54,8 @@ def bench_seq_len(
     import torch
 
     from tuner import runtime
-    from tuner.measure import CandidateFailure, validate_kernel
+    from tuner.gate import validate_kernel
+    from tuner.measure import CandidateFailure
     from tuner.peers import PeerUnavailable, make_peer
     from variants import load_family
 

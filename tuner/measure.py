@@ -172,14 +172,6 @@ def _problem_outputs(problem, device):
                             device)
 
 
-def validate_kernel(kernel, problem, device, seed: int):
-    """The correctness gate (tuner/gate.py): random and structured inputs, the reference on the
-    gate's own quantization; returns a gate.GateReport (passed, reason, rel_rms, cases)."""
-    from tuner.gate import validate_kernel as gate
-
-    return gate(kernel, problem, device, seed)
-
-
 def _tensor_bytes(obj, _seen: set[int] | None = None) -> int:
     """Bytes of the distinct tensors reachable from prepared inputs through dataclass fields,
     dicts, lists and tuples (never arbitrary objects: a peer's inputs hold library handles whose

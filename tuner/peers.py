@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tuner.errors import PeerUnavailable
+
+__all__ = ["PEERS", "PeerUnavailable", "SdpaPeer", "make_peer"]
+
 PEERS = ("sdpa-cudnn", "sdpa-flash", "cudnn-fp8")
-
-
-class PeerUnavailable(RuntimeError):
-    """The peer cannot run here (missing package or backend); bench prints the note and goes on."""
 
 
 @dataclass

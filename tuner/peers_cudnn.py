@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.peers import PeerUnavailable
+from tuner.errors import PeerUnavailable
 
 E4M3_MAX = 448.0
 # P in [0, 1] is scaled into e4m3's range before it is rounded, as our kernels do with 256.

@@ -143,7 +143,8 @@ def _planted_crash(family, kernel, device: str):
 def _evaluate(task: Task) -> CandidateResult:
     import torch
 
-    from tuner.measure import time_kernel, validate_kernel
+    from tuner.gate import validate_kernel
+    from tuner.measure import time_kernel
     from tuner.problem import Problem
 
     device = torch.device(task.device)

@@ -19,7 +19,7 @@ def load_family(name: str) -> Family:
     if "." in name:
         return importlib.import_module(name)
     if name not in KNOWN_FAMILIES:
-        from tuner.errors import TunerError
+        from variants.errors import TunerError
 
         raise TunerError(f"unknown family {name!r}; known families: {', '.join(KNOWN_FAMILIES)}")
     return importlib.import_module(f"variants.{name}")

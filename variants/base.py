@@ -21,6 +21,10 @@ from typing import Any, Protocol, runtime_checkable
 import yaml
 
 SEARCH_SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
+# head_dim values the families generate and validate (each family's can_implement states its
+# own limits too): the kernels read whole 16-byte rows of FP8 and tile head_dim by 32 or 64.
+# The public checks (Problem, prepare.check_qkv) take them from here, the kernels' side.
+HEAD_DIMS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class ConfigMixin:
         missing = sorted(f.name for f in fields if f.name not in data
                          and f.default is dataclasses.MISSING)
         if unknown or missing:
-            from tuner.errors import TunerError
+            from variants.errors import TunerError
 
             raise TunerError(
                 f"{cls.__module__}.{cls.__name__}: unknown knobs {unknown}, "

@@ -23,7 +23,6 @@ import os
 import platform
 import tempfile
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache
@@ -31,19 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from variants.base import ResourceUsage
+from variants.common.abi import fake_args, launch_args
 from variants.cubin import cubin_resources
+from variants.dsl_compile import cache_root, compile_for_arch
 
 log = logging.getLogger(__name__)
 
 _LOCK = threading.RLock()
 _FUNCTIONS: dict[str, tuple] = {}  # codegen key -> (compiled fn, resources, compile seconds)
 _KERNELS: dict[str, CompiledKernel] = {}  # codegen key / problem key -> kernel
-
-
-def cache_root() -> Path:
-    root = os.environ.get("TUNER_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "fp8-attn-tuner")
-    return Path(root)
 
 
 @cache
@@ -79,10 +74,13 @@ _ENV_NOT_CODEGEN = {"CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR", "CUTE_DSL_DUMP_DIR", 
 
 @cache
 def shared_source_hash() -> str:
-    """This module (launch argument list, compile options) and the contract it implements: the
-    cache launches what it stores, so an edit here must not reuse old objects."""
+    """This module, the compile options (dsl_compile), the launch ABI and device code every
+    family shares (common/) and the contract they implement: the cache launches what it
+    stores, so an edit there must not reuse old objects."""
     here = Path(__file__).resolve().parent
-    return _files_hash(here / name for name in ("build.py", "base.py", "cubin.py"))
+    return _files_hash([*(here / name for name in ("build.py", "base.py", "cubin.py",
+                                                   "dsl_compile.py")),
+                        *sorted((here / "common").glob("*.py"))])
 
 
 def _dsl_environment() -> dict[str, str]:
@@ -102,87 +100,9 @@ def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path) -> st
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-@contextlib.contextmanager
-def arch_env(arch: str):
-    """CuTe DSL reads the target from CUTE_DSL_ARCH (arch checks of MMA ops included); restore
-    the caller's value afterwards. Yields a private scratch directory for --dump-dir: without
-    it --keep-cubin writes <cwd at import>/<entry name>.<arch>.cubin, one name for every config
-    of a family, so parallel compiles in one directory read each other's half-written cubins
-    (seen on the H200: "not a 64-bit ELF cubin") and the user's cwd collects files."""
-    previous = os.environ.get("CUTE_DSL_ARCH")
-    os.environ["CUTE_DSL_ARCH"] = arch
-    os.environ.setdefault("CUTE_DSL_CACHE_DIR", str(cache_root() / "cute_dsl"))
-    try:
-        with tempfile.TemporaryDirectory(prefix="cute-build-") as scratch:
-            yield scratch
-    finally:
-        if previous is None:
-            os.environ.pop("CUTE_DSL_ARCH", None)
-        else:
-            os.environ["CUTE_DSL_ARCH"] = previous
-
-
-def pointer_args(*, extra: tuple = ()) -> tuple:
-    """Stand-ins for the launch arguments: only types and alignments reach code generation."""
-    import cutlass
-    import cutlass.cute as cute
-    from cutlass.cute.runtime import make_fake_stream, make_ptr
-
-    gmem = cute.AddressSpace.gmem
-    f8 = cutlass.Float8E4M3FN
-    return (
-        make_ptr(f8, 0, gmem, assumed_align=16),
-        make_ptr(f8, 0, gmem, assumed_align=16),
-        make_ptr(f8, 0, gmem, assumed_align=16),
-        make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
-        make_ptr(cutlass.BFloat16, 0, gmem, assumed_align=16),
-        make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
-        cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(256),
-        cutlass.Float32(1.0), *extra, make_fake_stream(),
-    )
-
-
-def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:
-    """The kernels' views of the launch buffers every family shares, in the layouts
-    prepare and CompiledKernel.run give them: descale (batch, heads, 3: q, k, v), O (batch,
-    seq_len, heads, head_dim) bf16, LSE (batch, heads, seq_len) fp32. Called at trace time from
-    a kernel's @cute.jit entry point."""
-    import cutlass.cute as cute
-
-    m_descale = cute.make_tensor(
-        descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
-    m_o = cute.make_tensor(
-        o_ptr, cute.make_ordered_layout((batch, seq_len, heads, head_dim), order=(3, 2, 1, 0)))
-    m_lse = cute.make_tensor(
-        lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
-    return m_descale, m_o, m_lse
-
-
-def compile_for_arch(kernel_obj, arch: str, args: tuple, *, keep: str = "",
-                     dump_dir: str | None = None):
-    """cute.compile any kernel object for `arch` (no GPU needed) with its launch stand-ins
-    `args`. keep: extra --keep-* options; their files go to dump_dir, else to a private scratch
-    directory (arch_env says why never the working directory). Returns (function, seconds,
-    cubin bytes with --keep-cubin, else None: read before the scratch directory goes)."""
-    import cutlass.cute as cute
-
-    with arch_env(arch) as scratch:
-        start = time.perf_counter()
-        fn = cute.compile(kernel_obj, *args,
-                          options=f"--gpu-arch={arch} {keep} --dump-dir={dump_dir or scratch}")
-        seconds = time.perf_counter() - start
-        cubin = None
-        if "--keep-cubin" in keep:
-            cubin = fn.__cubin__
-            if isinstance(cubin, str):
-                cubin = (Path(cubin).read_bytes() if os.path.exists(cubin)
-                         else cubin.encode("latin1"))
-    return fn, seconds, cubin
-
-
 def build_function(kernel_obj, arch: str, extra_args: tuple = ()):
     """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
-    fn, seconds, cubin = compile_for_arch(kernel_obj, arch, pointer_args(extra=extra_args),
+    fn, seconds, cubin = compile_for_arch(kernel_obj, arch, fake_args(extra=extra_args),
                                           keep="--keep-cubin")
     return fn, cubin, seconds
 
@@ -332,10 +252,7 @@ class CompiledKernel:
         """Launch on torch's current stream (so it orders with torch work and can be captured
         in a CUDA graph); writes into out/lse when given, without allocating or syncing."""
         import cuda.bindings.driver as cuda
-        import cutlass
-        import cutlass.cute as cute
         import torch
-        from cutlass.cute.runtime import make_ptr
 
         if self._fn is None:
             raise RuntimeError(f"kernel for {self.config.short()} has no compiled function")
@@ -356,21 +273,9 @@ class CompiledKernel:
             out = torch.empty((batch, s, heads, head_dim), dtype=torch.bfloat16, device=device)
         if lse is None:
             lse = torch.empty((batch, heads, s), dtype=torch.float32, device=device)
-        gmem = cute.AddressSpace.gmem
-        f8 = cutlass.Float8E4M3FN
         stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-        self._fn(
-            make_ptr(f8, prepared.q.data_ptr(), gmem, assumed_align=16),
-            make_ptr(f8, prepared.k.data_ptr(), gmem, assumed_align=16),
-            make_ptr(f8, prepared.v.data_ptr(), gmem, assumed_align=16),
-            make_ptr(cutlass.Float32, prepared.descale.data_ptr(), gmem, assumed_align=4),
-            make_ptr(cutlass.BFloat16, out.data_ptr() + self._out_offset_bytes, gmem,
-                     assumed_align=16),
-            make_ptr(cutlass.Float32, lse.data_ptr(), gmem, assumed_align=4),
-            cutlass.Int32(batch), cutlass.Int32(heads), cutlass.Int32(s),
-            cutlass.Int32(prepared.padded_len), cutlass.Float32(prepared.softmax_scale),
-            *self._extra_args(device), stream,
-        )
+        self._fn(*launch_args(prepared, out, lse, stream, extra=self._extra_args(device),
+                              out_offset_bytes=self._out_offset_bytes))
         return out, lse
 
 

@@ -22,7 +22,12 @@ from dataclasses import dataclass
 
 import torch
 
-from tuner.errors import TunerError
+from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from variants.errors import TunerError
+from variants.key_order import inverse_key_order, key_slot, register_p_key_order
+
+__all__ = ["Fp8Inputs", "check_qkv", "inverse_key_order", "key_slot", "quantize_inputs",
+           "register_p_key_order", "round_up"]
 
 E4M3_MAX = 448.0
 # Rows of all-zero input get scale 1 instead of a division by zero.
@@ -88,35 +93,6 @@ class Fp8Inputs:
         return q, k, v
 
 
-def register_p_key_order(length: int) -> torch.Tensor:
-    """Stored position -> original key, for the register-P layout of mma.sync m16n8k32.
-
-    A thread of the S accumulator holds keys 2t, 2t+1 (lane t = lane % 4) of every 8-key n-tile;
-    the A fragment of m16n8k32 wants k-slots 4t..4t+3 of every 16 keys from that same thread. So
-    within each 16-key group, slot 4t + e holds key 8*(e // 2) + 2t + e % 2. `length` must be a
-    multiple of 16 (prepare pads first).
-    """
-    if length % 16:
-        raise ValueError(f"key-order permutation needs a multiple of 16 keys, got {length}")
-    pos = torch.arange(length)
-    group, quad, element = pos // 16 * 16, (pos % 16) // 4, pos % 4
-    return group + 8 * (element // 2) + 2 * quad + element % 2
-
-
-def key_slot(key):
-    """The stored position of `key` under register_p_key_order (its inverse): within each 16
-    keys, key 8a + 2t + c sits in slot 4t + 2a + c. Integer arithmetic only, so it serves torch
-    tensors, Python ints and the fused cast's DSL integers alike."""
-    k = key % 16
-    return key - k + 4 * ((k % 8) // 2) + 2 * (k // 8) + k % 2
-
-
-def inverse_key_order(length: int) -> torch.Tensor:
-    if length % 16:
-        raise ValueError(f"key-order permutation needs a multiple of 16 keys, got {length}")
-    return key_slot(torch.arange(length))
-
-
 def check_qkv(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -126,7 +102,6 @@ def check_qkv(
     check_finite: bool = True,
 ) -> None:
     """Public-boundary validation: every message names the problem and the fix."""
-    from tuner.problem import SUPPORTED_HEAD_DIMS
 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):

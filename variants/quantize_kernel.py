@@ -31,7 +31,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from variants.prepare import key_slot
+from variants.key_order import key_slot
 
 VEC = 8  # features per thread: 16 bytes of bf16 in, 8 bytes of e4m3 out
 THREADS = 256
@@ -144,7 +144,7 @@ def compile_scaled_cast(in_dtype: torch.dtype, head_dim: int, arch: str,
                         keep_ptx_in: str | None = None):
     """cute.compile the cast for `arch` (no GPU needed, like the attention kernels);
     keep_ptx_in: a directory to leave the PTX in (the CPU test reads it)."""
-    from variants.build import compile_for_arch
+    from variants.dsl_compile import compile_for_arch
 
     kernel = ScaledCast(_dsl_dtype(in_dtype), head_dim, feature_major, permute_keys)
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),

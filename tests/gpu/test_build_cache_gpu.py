@@ -16,7 +16,7 @@ _CHILD = textwrap.dedent("""
     import json, sys, time
     import torch
     from tuner.gpus import local_profile
-    from tuner.measure import validate_kernel
+    from tuner.gate import validate_kernel
     from tuner.problem import Problem
     from variants import load_family
     family = load_family(sys.argv[1])

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.doubles.planted import BUGS
-from tuner.measure import validate_kernel
+from tuner.gate import validate_kernel
 from tuner.problem import Problem
 
 pytestmark = pytest.mark.gpu

@@ -17,8 +17,8 @@ import os
 import pytest
 import torch
 
+from tuner.gate import validate_kernel
 from tuner.gpus import PROFILES
-from tuner.measure import validate_kernel
 from tuner.problem import Problem
 from variants import wgmma
 from variants.base import enumerate_space

@@ -32,7 +32,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from variants.build import output_views
+from variants.common.abi import output_views
 from variants.mma_sync.config import Config
 
 LOG2_E = 1.4426950408889634

@@ -70,7 +70,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from variants.build import output_views
+from variants.common.abi import output_views
 from variants.wgmma.barriers import p_store_barrier, sched_barrier
 from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
 from variants.wgmma.ptx import _exp2_polynomial

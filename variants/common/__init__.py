@@ -1,0 +1,1 @@
+"""Device-side and launch code shared by every kernel family."""

@@ -1,0 +1,73 @@
+"""The launch ABI every family's compiled function takes, declared once.
+
+    q, k, v, descale, o, lse pointers; batch, heads, seq_len, padded_len, softmax_scale;
+    then a family's extra scalars (wgmma: the persistent grid size); then the CUDA stream.
+
+`fake_args` gives the stand-ins a compile traces with (only types and alignments reach code
+generation), `launch_args` the real values from prepared inputs and output buffers, and
+`output_views` the kernel-side tensors of the buffers every family shares. A kernel's @cute.jit
+`__call__` spells the same parameters (CuTe DSL needs them written out):
+tests/test_import_graph.py checks each one against ABI_NAMES.
+"""
+
+from __future__ import annotations
+
+# (name, element type name in cutlass, assumed alignment in bytes) of the pointer arguments.
+POINTERS = (("q_ptr", "Float8E4M3FN", 16), ("k_ptr", "Float8E4M3FN", 16),
+            ("v_ptr", "Float8E4M3FN", 16), ("descale_ptr", "Float32", 4),
+            ("o_ptr", "BFloat16", 16), ("lse_ptr", "Float32", 4))
+# (name, cutlass scalar type name) of the scalars after them.
+SCALARS = (("batch", "Int32"), ("heads", "Int32"), ("seq_len", "Int32"),
+           ("padded_len", "Int32"), ("softmax_scale", "Float32"))
+ABI_NAMES = tuple(n for n, _, _ in POINTERS) + tuple(n for n, _ in SCALARS)
+
+
+def _pointers(addresses):
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass.cute.runtime import make_ptr
+
+    gmem = cute.AddressSpace.gmem
+    return tuple(make_ptr(getattr(cutlass, dtype), address, gmem, assumed_align=align)
+                 for (_, dtype, align), address in zip(POINTERS, addresses, strict=True))
+
+
+def _scalars(values):
+    import cutlass
+
+    return tuple(getattr(cutlass, dtype)(value)
+                 for (_, dtype), value in zip(SCALARS, values, strict=True))
+
+
+def fake_args(*, extra: tuple = ()) -> tuple:
+    """Stand-ins for the launch arguments: only types and alignments reach code generation."""
+    from cutlass.cute.runtime import make_fake_stream
+
+    return (*_pointers((0,) * len(POINTERS)), *_scalars((1, 1, 1, 256, 1.0)), *extra,
+            make_fake_stream())
+
+
+def launch_args(prepared, out, lse, stream, *, extra: tuple = (), out_offset_bytes: int = 0):
+    """The arguments of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse.
+    out_offset_bytes moves O's pointer (the planted-crash double's out-of-bounds store)."""
+    batch, padded, heads, _ = prepared.q.shape
+    addresses = (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
+                 prepared.descale.data_ptr(), out.data_ptr() + out_offset_bytes, lse.data_ptr())
+    scalars = (batch, heads, prepared.seq_len, padded, prepared.softmax_scale)
+    return (*_pointers(addresses), *_scalars(scalars), *extra, stream)
+
+
+def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:
+    """The kernels' views of the launch buffers every family shares, in the layouts
+    prepare and CompiledKernel.run give them: descale (batch, heads, 3: q, k, v), O (batch,
+    seq_len, heads, head_dim) bf16, LSE (batch, heads, seq_len) fp32. Called at trace time from
+    a kernel's @cute.jit entry point."""
+    import cutlass.cute as cute
+
+    m_descale = cute.make_tensor(
+        descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
+    m_o = cute.make_tensor(
+        o_ptr, cute.make_ordered_layout((batch, seq_len, heads, head_dim), order=(3, 2, 1, 0)))
+    m_lse = cute.make_tensor(
+        lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
+    return m_descale, m_o, m_lse

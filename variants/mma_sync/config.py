@@ -102,9 +102,10 @@ def default(arch: str, problem=None) -> Config:
     # path the seed measured on the RTX 5080 (123.6 ms above) and the one whose numerics were
     # validated here (the same PTX on the H200); the default is what `tuner.attention` runs
     # untuned, unvalidated on the user's GPU. The full-rate paths (mma=mxf8: same math, another
-    # instruction, never run on a GPU here; pv_accum=fp16: two-level P @ V, validated on the
-    # H200 only) are in the sm_120a space, so a search validates them on the GPU before one can
-    # win; the winner must also beat this default by more than the noise.
+    # instruction, never run on a GPU here; pv_accum=fp16: two-level P @ V, other numerics,
+    # covered on the H200 by tests/gpu where ptxas emulates it in f16 HMMA) are in the sm_120a
+    # space, so a search validates them on the GPU before one can win, and the winner must beat
+    # this default by more than the noise.
     return Config(block_m=128, block_n=32, warps=4, rows_per_warp=32, kv_stages=2,
                   p_staging="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
 

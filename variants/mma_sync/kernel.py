@@ -14,6 +14,18 @@ shared-memory stages. Per strip:
                 order (register_p_key_order)
 Epilogue: O * dv / l (l carries the 256), LSE = ln 2 * (m - 8 + log2 l), rows >= seq_len skipped.
 
+pv_accum=fp16 (two-level P @ V, _pv_fp16): each strip's P V is summed by f16-accumulate MMAs into a
+fresh f16 accumulator, then added into the fp32 O; P's scale 2^shift replaces the 256 (shift =
+config.p_shift_log2: 2, 1, 0 for block_n 32, 64, 128) so that no strip can overflow fp16. Q K^T
+cannot take the same path: a score sums head_dim products of codes up to 448 each, 448^2 * 128 =
+2.6e7 in code units, 2^8.6 times fp16's 65504. Fitting it would take Q and K codes with
+|q| * |k| <= 65504 / head_dim = 512 (about 22 each), i.e. quantizing into the bottom of e4m3's
+range, where small components fall out of the normal range (2^-6) and lose their precision;
+and a score, unlike P (in [0, 2^shift], summed over one strip), has no per-strip bound short of
+that worst case (outlier channels do align). Its f16 result would also carry an absolute error
+of 2^-11 |s| into the exponent. Q K^T therefore keeps FP32 accumulate (or mma=mxf8, full rate
+with FP32 accumulate on sm_120).
+
 Constraints (config.can_implement states them for the tuner): block_m = warps * rows_per_warp;
 block_n a multiple of 32 (the k of the P V MMA) up to 128; head_dim a multiple of 32; whole rows
 per cp.async pass; q, k (batch, padded, heads, head_dim) and v (batch, heads, head_dim, padded)

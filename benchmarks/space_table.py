@@ -81,6 +81,7 @@ def main() -> int:
                     help="the command that produced the JSON, for the header")
     ap.add_argument("--commit", default=None,
                     help="the commit the JSON was produced at (default: this checkout's HEAD)")
+    ap.add_argument("--note", default=None, help="a paragraph for after the header")
     args = ap.parse_args()
     docs = [json.loads(Path(f).read_text()) for f in args.json_files]
     first = docs[0]
@@ -107,6 +108,8 @@ def main() -> int:
           "real sm_120 GPU); pv_accum=fp16 is\nchecked on the H200 by "
           "tests/gpu/test_mma_sync_gpu.py (ptxas emulates it there with f16 HMMA),\nnot on any "
           "sm_120 GPU.\n")
+    if args.note:
+        print(args.note + "\n")
     print("\n".join(_table(first)))
     for doc in docs[1:]:
         print()

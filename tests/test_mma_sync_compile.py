@@ -120,6 +120,8 @@ def test_disk_entry_and_key(tmp_path_factory):
     key = codegen_key(cfg, PROBLEM.head_dim, "sm_120a")
     assert key != codegen_key(cfg, PROBLEM.head_dim, "sm_90a")
     assert key != codegen_key(dataclasses.replace(cfg, kv_stages=3), PROBLEM.head_dim, "sm_120a")
+    assert key != codegen_key(dataclasses.replace(cfg, pv_accum="fp16"), PROBLEM.head_dim,
+                              "sm_120a")
     entry = tmp_path_factory.getbasetemp() / "tuner-cache" / "mma_sync" / key
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["resources"]["registers"] == kernel.resources.registers

@@ -52,3 +52,14 @@ def test_space_compiles_a_subset_for_the_5080(capsys, tmp_path, monkeypatch):
     assert report["summary"]["feasible"] > 2
     for c in compiled:
         assert 0 < c["registers"] <= 255 and c["smem_bytes"] > 0 and c["spill_bytes"] >= 0
+    # The MMA class from each build's SASS: the first two configs differ only in pv_accum.
+    from variants.cubin import nvdisasm_path
+
+    if nvdisasm_path() is None:
+        assert all(c["mma_class"] is None for c in compiled)
+        return
+    assert {c["config"]["pv_accum"] for c in compiled} == {"fp32", "fp16"}
+    for c in compiled:
+        fp16 = c["config"]["pv_accum"] == "fp16"
+        assert ("QMMA.F16" in c["mma_class"]) == fp16 and "QMMA.F32" in c["mma_class"]
+    assert report["summary"]["mma_classes"] == {c["mma_class"]: 1 for c in compiled}

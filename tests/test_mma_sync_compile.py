@@ -1,6 +1,7 @@
 """mma_sync family, compile only (fake pointers, no GPU): representative configs build for sm_120a
 and sm_90a and report resources read from the cubin. One build takes about 1 s on a CI core, so
-the 2 x 12 + 2 builds here stay well under a minute."""
+the 2 x 15 + 4 builds here stay about a minute. Which MMA instruction each build issues is
+tests/test_mma_sync_sass.py."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ REPRESENTATIVE = [
     dict(block_m=64, rows_per_warp=16, q_in_registers=True, swizzle="chunk_elems", kv_stages=3),
     dict(block_m=128, warps=8, rows_per_warp=16, block_n=64, kv_stages=1),
     dict(block_m=64, rows_per_warp=16, block_n=128, swizzle="chunk_elems"),
+    dict(pv_accum="fp16"),
+    dict(pv_accum="fp16", block_m=64, rows_per_warp=16, block_n=64, p_staging="smem",
+         swizzle="chunk_elems"),
 ]
 MXF8 = [dict(mma="mxf8"), dict(mma="mxf8", block_m=64, rows_per_warp=16, block_n=64,
                               p_staging="smem", q_in_registers=True)]
@@ -116,6 +120,8 @@ def test_disk_entry_and_key(tmp_path_factory):
     key = codegen_key(cfg, PROBLEM.head_dim, "sm_120a")
     assert key != codegen_key(cfg, PROBLEM.head_dim, "sm_90a")
     assert key != codegen_key(dataclasses.replace(cfg, kv_stages=3), PROBLEM.head_dim, "sm_120a")
+    assert key != codegen_key(dataclasses.replace(cfg, pv_accum="fp16"), PROBLEM.head_dim,
+                              "sm_120a")
     entry = tmp_path_factory.getbasetemp() / "tuner-cache" / "mma_sync" / key
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["resources"]["registers"] == kernel.resources.registers

@@ -11,7 +11,14 @@ from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants.base import enumerate_space
 from variants.mma_sync import Config, can_implement, default, space
-from variants.mma_sync.config import register_estimate, smem_bytes
+from variants.mma_sync.config import (
+    E4M3_MAX,
+    FP16_MAX,
+    PV_FP16_ARCHS,
+    p_shift_log2,
+    register_estimate,
+    smem_bytes,
+)
 from variants.mma_sync.kernel import _register_p_slots
 from variants.prepare import register_p_key_order
 
@@ -52,6 +59,8 @@ def test_default_is_the_seed_final_config():
     assert (cfg.block_m, cfg.block_n, cfg.warps, cfg.rows_per_warp) == (128, 32, 4, 32)
     assert (cfg.kv_stages, cfg.p_staging, cfg.swizzle) == (2, "registers", "bank_period")
     assert cfg.q_in_registers is False and cfg.mma == "fp8"
+    # The path the seed measured (half rate on GeForce per the published rates: config.py).
+    assert cfg.pv_accum == "fp32" and cfg.p_shift_log2 == 8
 
 
 def test_config_round_trip_and_hash():
@@ -78,6 +87,7 @@ def test_from_dict_names_unknown_and_missing_knobs():
         (dict(block_m=256), GPU_5080, PROBLEM, "block_m=256 != warps*rows_per_warp=128"),
         (dict(mma="mxf8"), GPU_H200, PROBLEM, "mxf8"),
         (dict(block_n=48), GPU_5080, PROBLEM, "block_n=48"),
+        (dict(pv_accum="bf16"), GPU_5080, PROBLEM, "pv_accum='bf16' unknown"),
         # 8 warps x 16 rows x 128 keys: 3 stages of K and V (96 KB) + Q + P > 99 KB.
         (dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, kv_stages=3), GPU_5080,
          PROBLEM, "shared memory"),
@@ -158,3 +168,50 @@ def test_register_p_slots_match_prepare_key_order(m_tiles, block_n):
                     i += 1
         for position, key in a_key.items():
             assert order[position] == key
+
+
+def test_stored_config_without_pv_accum_loads_as_fp32():
+    # Tables and database rows written before the knob: the kernel of that time.
+    data = _cfg().to_dict()
+    del data["pv_accum"]
+    assert Config.from_dict(data) == _cfg(pv_accum="fp32")
+
+
+@pytest.mark.parametrize("arch", ["sm_120a", "sm_90a", "sm_89"])
+def test_pv_accum_fp16_in_every_space_with_the_instruction(arch):
+    assert arch in PV_FP16_ARCHS
+    assert space(arch)["pv_accum"] == ["fp32", "fp16"]
+    gpu = {"sm_120a": GPU_5080, "sm_90a": GPU_H200, "sm_89": PROFILES["4090"]}[arch]
+    assert can_implement(_cfg(pv_accum="fp16"), PROBLEM, gpu) == (True, None)
+
+
+@pytest.mark.parametrize("block_n", sorted(set(space("sm_120a")["block_n"])))
+def test_fp16_p_scale_is_the_largest_that_cannot_overflow_a_strip(block_n):
+    # Every P <= 2^shift, |V| <= 448: the strip sum over block_n keys is bounded by
+    # block_n * 2^shift * 448 and must stay below fp16's largest finite value; one more bit of
+    # scale would not (a smaller scale only costs P precision).
+    shift = p_shift_log2("fp16", block_n)
+    assert block_n * 2.0 ** shift * E4M3_MAX <= FP16_MAX
+    assert block_n * 2.0 ** (shift + 1) * E4M3_MAX > FP16_MAX
+    assert _cfg(block_n=block_n, pv_accum="fp16").p_shift_log2 == shift
+    assert _cfg(block_n=block_n).p_shift_log2 == 8
+
+
+@pytest.mark.parametrize("block_n", sorted(set(space("sm_120a")["block_n"])))
+def test_fp16_strip_sum_worst_case_stays_finite(block_n):
+    # The worst strip in fp16 arithmetic: every key tied at the row max (P = 2^shift, exact in
+    # e4m3) against saturated V codes, summed product by product in fp16 (the most roundings
+    # the tensor core could make); with twice the scale the same sum overflows.
+    torch = pytest.importorskip("torch")
+
+    def strip_sum(shift: int):
+        p = torch.full((block_n,), 2.0 ** shift, dtype=torch.float8_e4m3fn).to(torch.float16)
+        v = torch.full((block_n,), E4M3_MAX, dtype=torch.float8_e4m3fn).to(torch.float16)
+        acc = torch.zeros((), dtype=torch.float16)
+        for j in range(block_n):
+            acc = acc + p[j] * v[j]
+        return acc
+
+    shift = p_shift_log2("fp16", block_n)
+    assert torch.isfinite(strip_sum(shift))
+    assert torch.isinf(strip_sum(shift + 1))

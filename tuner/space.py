@@ -1,5 +1,6 @@
 """Enumerate a family's space for a target GPU, apply can_implement, optionally compile each
-feasible config for the target arch (fake tensors: no GPU needed) and collect its resources.
+feasible config for the target arch (fake tensors: no GPU needed) and collect its resources and
+the MMA instructions its SASS issues (with nvdisasm: the dev extra's nvidia-cuda-nvdisasm).
 
 This is how a user with an RTX 5080 in the next room pre-filters the space from a laptop, and
 how CI checks that the sm_120a kernels still build.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from tuner.gpus import GpuProfile
 from tuner.problem import Problem
@@ -27,6 +29,8 @@ class SpaceRow:
     spill_bytes: int | None = None
     smem_bytes: int | None = None
     compile_s: float | None = None
+    # The MMA opcodes in the compiled SASS (variants.cubin.mma_class), None without nvdisasm.
+    mma_class: str | None = None
     error: str | None = None  # compile error, one line
 
     @property
@@ -61,7 +65,9 @@ def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: 
     tuner.worker.Worker: spawned, killed on a hang, restarted after a crash), filling the rows
     in place. A build that fails, crashes or hangs becomes that row's error."""
     from tuner.worker import Task, Worker, poll
+    from variants.cubin import disassemble, mma_class, mma_opcodes, nvdisasm_path
 
+    can_disassemble = nvdisasm_path() is not None
     todo = [r for r in rows if r.feasible]
     workers = [Worker(f"space-{i}", preload=("variants",)) for i in range(max(1, jobs))]
     try:
@@ -78,6 +84,10 @@ def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: 
                     row.spill_bytes = result.resources["spill_bytes"]
                     row.smem_bytes = result.resources["smem_bytes"]
                     row.compile_s = round(result.compile_s, 2)
+                    cubin = result.extra.get("cubin")
+                    if can_disassemble and cubin:
+                        sass = disassemble(Path(cubin).read_bytes())
+                        row.mma_class = mma_class(mma_opcodes(sass))
                 else:
                     first = (result.message or result.outcome).strip().splitlines()[0]
                     row.error = f"{result.outcome}: {first}"[:300]
@@ -96,5 +106,6 @@ def summarize(rows: list[SpaceRow]) -> dict:
         "feasible": sum(r.feasible for r in rows),
         "compiled": sum(r.status == "compiled" for r in rows),
         "compile_errors": sum(r.status == "compile_error" for r in rows),
+        "mma_classes": dict(Counter(r.mma_class for r in rows if r.mma_class).most_common()),
         "rejected_by_reason": dict(rejected.most_common()),
     }

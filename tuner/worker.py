@@ -175,7 +175,9 @@ def _evaluate(task: Task) -> CandidateResult:
 def _run_task(task: Task) -> CandidateResult:
     if task.kind == "compile":
         _, kernel, compile_s = _compile(task)
-        return CandidateResult("ok", None, compile_s, _resources(kernel))
+        cubin = getattr(kernel, "cubin_path", None)
+        return CandidateResult("ok", None, compile_s, _resources(kernel),
+                               extra={"cubin": str(cubin)} if cubin else {})
     if task.kind == "evaluate":
         return _evaluate(task)
     raise ValueError(f"unknown task kind {task.kind!r}")

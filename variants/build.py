@@ -230,6 +230,8 @@ class CompiledKernel:
     compile_seconds: float  # of the original build, also when this process loaded it from disk
     _fn: Any = field(repr=False, default=None)
     loaded_from_disk: bool = False
+    # The cubin in the disk cache (its SASS says which MMA instruction the build issues).
+    cubin_path: Path | None = None
     # Launch arguments after the scalars, computed per device (e.g. the SM count of a grid).
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
     # Test hook only (tuner's TUNER_TEST_PLANT_CRASH): store O this many bytes past its buffer,
@@ -303,7 +305,8 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
         fn, resources, seconds = _FUNCTIONS[key]
         kernel = CompiledKernel(config=cfg, problem=problem, arch=arch, resources=resources,
                                 compile_seconds=seconds, _fn=fn, _extra_args=extra_args,
-                                loaded_from_disk=from_disk)
+                                loaded_from_disk=from_disk,
+                                cubin_path=cache_root() / family / key / "kernel.cubin")
         _KERNELS[kernel_key] = kernel
         return kernel
 

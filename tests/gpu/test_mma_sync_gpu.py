@@ -15,9 +15,11 @@ import torch
 
 from tuner.gate import validate_kernel
 from tuner.gpus import PROFILES
+from tuner.measure import poisoned_outputs
 from tuner.problem import Problem
 from variants.base import enumerate_space
 from variants.mma_sync import Config, can_implement, compile, default, space
+from variants.reference import prepare_mismatch, quantize_reference, validate
 
 pytestmark = pytest.mark.gpu
 
@@ -33,11 +35,23 @@ def _feasible_configs() -> list[Config]:
             if can_implement(cfg, problem, GPU)[0]]
 
 
-def _check(cfg: Config, problem: Problem) -> None:
+def _check(cfg: Config, problem: Problem, inputs=None) -> None:
+    """inputs: (q, k, v) to use instead of a fresh random draw."""
     seed = int.from_bytes(os.urandom(4), "little")
     kernel = compile(cfg, problem, ARCH)
-    report = validate_kernel(kernel, problem, torch.device("cuda"), seed)
-    assert report.passed, f"{cfg.short()} {problem.key()} seed={seed}: {report.reason}"
+    if inputs is None:
+        report = validate_kernel(kernel, problem, torch.device("cuda"), seed)
+        assert report.passed, f"{cfg.short()} {problem.key()} seed={seed}: {report.reason}"
+        return
+    q, k, v = inputs
+    prepared = kernel.prepare(q, k, v)
+    assert prepare_mismatch(prepared, quantize_reference(q, k, v)) is None
+    out, lse = poisoned_outputs(problem.batch, problem.heads, problem.seq_len, problem.head_dim,
+                                "cuda")
+    kernel.run(prepared, out, lse)
+    torch.cuda.synchronize()
+    metrics = validate(q, k, v, out, lse)
+    assert metrics.passed, f"{cfg.short()} {problem.key()}: {metrics.reason}"
 
 
 def test_run_writes_into_the_given_outputs():
@@ -70,3 +84,45 @@ def test_batch_and_head_dim_64():
 ], ids=["default", "seed-first"])
 def test_target_shape(cfg):
     _check(cfg, Problem(batch=1, heads=56, seq_len=30272))
+
+
+# pv_accum=fp16 (two-level P @ V: f16-accumulate MMAs per strip, then fp32 O). On sm_90a ptxas
+# emulates mma.sync e4m3 with f16 HMMA, and the f16-accumulate form with HMMA.16816.F16
+# (tests/test_mma_sync_sass.py), so the H200 runs a genuine f16 accumulator: the P scale, the
+# chunked accumulation and its layouts are checked here; sm_120's own QMMA.F16 rounding is not.
+# Every block_n (each has its own P scale), both P paths, 16 and 32 rows a warp, every stage
+# count, both swizzles and resident Q; the whole sm_90a space (fp16 included) is
+# test_sm90_space_is_correct.
+PV_FP16 = [dataclasses.replace(default(ARCH), pv_accum="fp16", **o) for o in (
+    {},
+    dict(p_staging="smem", kv_stages=1),
+    dict(kv_stages=3, swizzle="chunk_elems"),
+    dict(block_m=64, rows_per_warp=16, block_n=64, p_staging="smem"),
+    dict(block_m=64, rows_per_warp=16, block_n=64, q_in_registers=True),
+    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128),
+    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_staging="smem",
+         swizzle="chunk_elems"),
+    dict(block_m=256, warps=8),
+)]
+
+
+@pytest.mark.parametrize("cfg", PV_FP16, ids=lambda c: c.short().replace(" ", ","))
+def test_pv_accum_fp16_configs(cfg):
+    assert can_implement(cfg, Problem(1, HEADS, 4096), GPU) == (True, None)
+    for seq_len in SEQ_LENS:
+        _check(cfg, Problem(batch=1, heads=HEADS, seq_len=seq_len))
+
+
+@pytest.mark.parametrize("block_n_cfg", [PV_FP16[0], PV_FP16[3], PV_FP16[5]],
+                         ids=lambda c: f"block_n={c.block_n}")
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_pv_accum_fp16_worst_case_strip(block_n_cfg, sign):
+    # The strip sum's worst case: every score equal (q = k = 1), so every P is the row max's
+    # 2^shift, against V codes all +-448 (v constant): block_n * 2^shift * 448 = 57344 per
+    # strip, just under fp16's 65504. One bit more of P scale overflows to Inf, which the gate
+    # rejects; the right output is v itself. S = 4096 (many strips) and 77 (ragged last strip).
+    for seq_len in (77, 4096):
+        problem = Problem(batch=1, heads=2, seq_len=seq_len)
+        shape = (1, seq_len, 2, problem.head_dim)
+        ones = torch.ones(shape, device="cuda", dtype=torch.bfloat16)
+        _check(block_n_cfg, problem, inputs=(ones, ones, ones * sign))

@@ -96,7 +96,8 @@ def _print_table(gpu, rows, summary, compiled: bool) -> None:
     table = Table(
         title=f"{gpu.name} ({gpu.arch}): {summary['feasible']} feasible of {summary['total']}"
     )
-    for col in ("family", "config", "status", "regs", "spill B", "smem B", "compile s", "note"):
+    for col in ("family", "config", "status", "regs", "spill B", "smem B", "mma_class",
+                "compile s", "note"):
         table.add_column(col)
     shown = [r for r in rows if r.feasible] if compiled else rows
     for r in shown:
@@ -112,6 +113,7 @@ def _print_table(gpu, rows, summary, compiled: bool) -> None:
             cell(r.registers),
             cell(r.spill_bytes),
             cell(r.smem_bytes),
+            cell(r.mma_class),
             cell(r.compile_s),
             r.error or r.reason or "",
         )

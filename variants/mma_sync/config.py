@@ -11,10 +11,14 @@ FAMILY = "mma_sync"
 P_STAGING = ("smem", "registers")
 SWIZZLES = ("bank_period", "chunk_elems")
 MMAS = ("fp8", "mxf8")
+PV_ACCUMS = ("fp32", "fp16")
 # The block-scaled kind::mxf8 mma.sync exists on sm_120 only (GeForce / RTX PRO Blackwell).
 MXF8_ARCHS = ("sm_120a",)
 # mma.sync with .e4m3 operands needs sm_89 or later.
 SUPPORTED_ARCHS = ("sm_89", "sm_90a", "sm_120a")
+# mma.sync m16n8k32 .f16.e4m3.e4m3.f16 (f16 accumulate) exists wherever the .f32 form does:
+# ptxas 13 builds it for sm_89, sm_90a (emulated there, like the f32 form) and sm_120a.
+PV_FP16_ARCHS = SUPPORTED_ARCHS
 MAX_REGISTERS = 255
 # Smem bytes one struct field may lose to its 1024-byte alignment (the swizzle atom's span).
 SMEM_ALIGN = 1024
@@ -31,6 +35,8 @@ class Config(ConfigMixin):
     swizzle: str
     q_in_registers: bool
     mma: str
+    # Default = the kernel before the knob existed, so stored configs without it still load.
+    pv_accum: str = "fp32"
 
     @property
     def threads(self) -> int:
@@ -46,9 +52,35 @@ class Config(ConfigMixin):
         """P stays in registers, so prepare stores V in the register-P key order."""
         return self.p_staging == "registers"
 
+    @property
+    def p_shift_log2(self) -> int:
+        """log2 of the largest P (the row max key's weight): P = 2^(s - m + p_shift_log2)."""
+        return p_shift_log2(self.pv_accum, self.block_n)
+
     def pad_to(self) -> int:
         """Sequence padding prepare must apply so every Q tile and K/V strip load is in bounds."""
         return math.lcm(self.block_m, self.block_n)
+
+
+# P = exp(s - m) * 2^shift is rounded to e4m3 and multiplied by V's e4m3 codes (|v| <= 448).
+# fp32: shift 8 (P in [0, 256], the seed's scale), far from any fp32 limit.
+# fp16: each strip's P @ V is summed by f16-accumulate MMAs into a fresh f16 accumulator, so the
+# strip sum must stay below fp16's largest finite value 65504. Every P <= 2^shift (the running
+# max m is at least the strip's max; e4m3 rounding is monotone and 2^shift is exact), so every
+# partial sum of the strip is bounded by block_n * 2^shift * 448 (all keys tied at the max, V
+# saturated). Hence shift = floor(log2(65504 / (448 * block_n))): 2, 1, 0 for block_n 32, 64, 128
+# (P <= 4, 2, 1), bound 57344 each. The margin 65504 / 57344 covers the fp32 cancellation in the
+# exponent (x - (x - shift) may exceed shift by an ulp of x) until |score * log2 e| ~ 1e6: the
+# max key's P still rounds to 2^shift in e4m3 below 2^shift * (1 + 2^-4).
+FP16_MAX = 65504.0
+E4M3_MAX = 448.0
+P_SHIFT_LOG2_FP32 = 8
+
+
+def p_shift_log2(pv_accum: str, block_n: int) -> int:
+    if pv_accum == "fp16":
+        return math.floor(math.log2(FP16_MAX / (E4M3_MAX * block_n)))
+    return P_SHIFT_LOG2_FP32
 
 
 def space(arch: str) -> dict[str, list]:
@@ -63,6 +95,17 @@ def default(arch: str, problem=None) -> Config:
     # within 2% of the best of all 144 feasible configs at S=4096 (2.015 vs 1.979 ms, 64x128 x 16
     # rows/warp) and at S=30272 (103.97 vs 102.63 ms, 64x32 x 3 stages), and the seed's ladder
     # reproduces there (1.19x over the first kernel at S=30272). sm_89 is not measured.
+    # The MMA path, sm_120a included: mma=fp8 with pv_accum=fp32, both GEMMs on FP8 mma.sync with
+    # FP32 accumulate, which published GeForce Blackwell rates put at half rate (FlashInfer's
+    # SM120 RFC #3628 / PR #4149: ~506 TFLOP/s on an RTX 5090, against ~993 for FP8 with FP16
+    # accumulate and for block-scaled MXF8 with FP32 accumulate). Kept anyway because it is the
+    # path the seed measured on the RTX 5080 (123.6 ms above) and the one whose numerics were
+    # validated here (the same PTX on the H200); the default is what `tuner.attention` runs
+    # untuned, unvalidated on the user's GPU. The full-rate paths (mma=mxf8: same math, another
+    # instruction, never run on a GPU here; pv_accum=fp16: two-level P @ V, other numerics,
+    # covered on the H200 by tests/gpu where ptxas emulates it in f16 HMMA) are in the sm_120a
+    # space, so a search validates them on the GPU before one can win, and the winner must beat
+    # this default by more than the noise.
     return Config(block_m=128, block_n=32, warps=4, rows_per_warp=32, kv_stages=2,
                   p_staging="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
 
@@ -83,7 +126,11 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     Per warp and m16 tile, the O accumulator is head_dim/2 fp32 registers and the S accumulator
     block_n/2; P as fp8 is a quarter of S; a resident Q fragment adds head_dim/8. K and V
     fragments of one k-block (block_n/4 and head_dim/4), softmax state and addressing form the
-    overhead term.
+    overhead term. pv_accum=fp16 adds no term: its f16 accumulator covers 16 head_dim columns at
+    a time (4 registers per m16 tile), and over the 272 fp16 configs of the sm_120a space ptxas
+    uses -37 to +24 registers against each one's fp32 twin, never keeps local memory where the
+    twin has none, and drops it in 21 that have it (the seed default: 246 -> 255 registers, no
+    local memory; benchmarks/sm120_space.md).
     """
     t = cfg.m_tiles
     live = t * head_dim // 2 + t * cfg.block_n // 2 + t * cfg.block_n // 8
@@ -113,6 +160,11 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, f"mma={cfg.mma!r} unknown; one of {MMAS}"
     if cfg.mma == "mxf8" and arch not in MXF8_ARCHS:
         return False, f"mma=mxf8 (block-scaled kind::mxf8) exists only on {MXF8_ARCHS}, not {arch}"
+    if cfg.pv_accum not in PV_ACCUMS:
+        return False, f"pv_accum={cfg.pv_accum!r} unknown; one of {PV_ACCUMS}"
+    if cfg.pv_accum == "fp16" and arch not in PV_FP16_ARCHS:
+        return False, (f"pv_accum=fp16 (mma.sync .f16.e4m3.e4m3.f16) exists only on "
+                       f"{PV_FP16_ARCHS}, not {arch}")
     if cfg.p_staging not in P_STAGING:
         return False, f"p_staging={cfg.p_staging!r} unknown; one of {P_STAGING}"
     if cfg.swizzle not in SWIZZLES:

@@ -14,6 +14,18 @@ shared-memory stages. Per strip:
                 order (register_p_key_order)
 Epilogue: O * dv / l (l carries the 256), LSE = ln 2 * (m - 8 + log2 l), rows >= seq_len skipped.
 
+pv_accum=fp16 (two-level P @ V, _pv_fp16): each strip's P V is summed by f16-accumulate MMAs into a
+fresh f16 accumulator, then added into the fp32 O; P's scale 2^shift replaces the 256 (shift =
+config.p_shift_log2: 2, 1, 0 for block_n 32, 64, 128) so that no strip can overflow fp16. Q K^T
+cannot take the same path: a score sums head_dim products of codes up to 448 each, 448^2 * 128 =
+2.6e7 in code units, 2^8.6 times fp16's 65504. Fitting it would take Q and K codes with
+|q| * |k| <= 65504 / head_dim = 512 (about 22 each), i.e. quantizing into the bottom of e4m3's
+range, where small components fall out of the normal range (2^-6) and lose their precision;
+and a score, unlike P (in [0, 2^shift], summed over one strip), has no per-strip bound short of
+that worst case (outlier channels do align). Its f16 result would also carry an absolute error
+of 2^-11 |s| into the exponent. Q K^T therefore keeps FP32 accumulate (or mma=mxf8, full rate
+with FP32 accumulate on sm_120).
+
 Constraints (config.can_implement states them for the tuner): block_m = warps * rows_per_warp;
 block_n a multiple of 32 (the k of the P V MMA) up to 128; head_dim a multiple of 32; whole rows
 per cp.async pass; q, k (batch, padded, heads, head_dim) and v (batch, heads, head_dim, padded)
@@ -37,8 +49,6 @@ from variants.mma_sync.config import Config
 
 LOG2_E = 1.4426950408889634
 LN_2 = 0.6931471805599453
-# P = exp(s - m) * 256 before rounding to e4m3: 2^8 folded into the exponent.
-P_SHIFT_LOG2 = 8.0
 
 
 def _register_p_slots(m_tiles: int, block_n: int) -> list[int]:
@@ -74,6 +84,9 @@ class MmaSyncAttention:
         self.q_in_registers = cfg.q_in_registers
         self.bank_period = cfg.swizzle == "bank_period"
         self.mxf8 = cfg.mma == "mxf8"
+        self.pv_fp16 = cfg.pv_accum == "fp16"
+        # P = exp(s - m) * 2^shift before rounding to e4m3 (config.p_shift_log2 derives it).
+        self.p_shift = float(cfg.p_shift_log2)
 
     # ----------------------------------------------------------------------------------------
     # host side
@@ -150,6 +163,16 @@ class MmaSyncAttention:
         if cutlass.const_expr(self.mxf8):
             return warp.MmaMXF8Op(cutlass.Float8E4M3FN, cutlass.Float32, cutlass.Float8E8M0FNU)
         return warp.MmaFP8Op(cutlass.Float8E4M3FN, cutlass.Float32, (16, 8, 32))
+
+    def _tiled_mma_pv16(self):
+        """P @ V with f16 accumulate (pv_accum=fp16): the same thread and value layout as
+        _tiled_mma, so its A/B fragments are the ones partitioned there (the C fragment of an
+        m16n8 f16 accumulator holds the same 4 elements a thread, as halves)."""
+        return cute.make_tiled_mma(
+            warp.MmaFP8Op(cutlass.Float8E4M3FN, cutlass.Float16, (16, 8, 32)),
+            (self.cfg.warps, 1, 1),
+            permutation_mnk=(self.cfg.warps * 16, 16, 32),
+        )
 
     @cute.jit
     def __call__(
@@ -359,8 +382,8 @@ class MmaSyncAttention:
                         tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
                     m_new = cute.arch.fmax(row_max[st], tile_max * qk_log2)
                     alpha = cute.math.exp2(row_max[st] - m_new, fastmath=True)
-                    # 256 * 2^(s - m): P spans the e4m3 range [0, 256] instead of [0, 1].
-                    p = cute.math.exp2(raw * qk_log2 - (m_new - P_SHIFT_LOG2), fastmath=True)
+                    # 2^shift * 2^(s - m): P in [0, 2^shift] (256 with pv_accum=fp32).
+                    p = cute.math.exp2(raw * qk_log2 - (m_new - self.p_shift), fastmath=True)
                     row_sum[st] = row_sum[st] * alpha + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
                     row_max[st] = m_new
                     s_row.store(p)
@@ -383,11 +406,16 @@ class MmaSyncAttention:
                             cute.autovec_copy(tPrP[(None, r), mt_i, n], p_dst(mt_i, r, n))
                 # A warp reads back only the P rows it wrote: a warp barrier is enough.
                 cute.arch.sync_warp()
-            for kb in cutlass.range_constexpr(bn // 32):
+            if cutlass.const_expr(self.pv_fp16):
                 if cutlass.const_expr(not self.register_p):
-                    cute.copy(s2r_P, tOsP[None, None, kb], tOrP_view[None, None, kb])
-                cute.copy(s2r_V, tOsV[None, None, kb, stage], tOrV_view[None, None, kb])
-                self._mma(tiled_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb])
+                    cute.copy(s2r_P, tOsP, tOrP_view)
+                self._pv_fp16(acc_O, tOrP, tOrV, tOrV_view, s2r_V, tOsV, stage)
+            else:
+                for kb in cutlass.range_constexpr(bn // 32):
+                    if cutlass.const_expr(not self.register_p):
+                        cute.copy(s2r_P, tOsP[None, None, kb], tOrP_view[None, None, kb])
+                    cute.copy(s2r_V, tOsV[None, None, kb, stage], tOrV_view[None, None, kb])
+                    self._mma(tiled_mma, acc_O, tOrP[None, None, kb], tOrV[None, None, kb])
 
             if cutlass.const_expr(stages == 1):
                 cute.arch.sync_threads()
@@ -411,10 +439,45 @@ class MmaSyncAttention:
                 row = row_base + tOcO[(0, r), mt_i, 0][0]
                 if row < seq_len:
                     if lane % 4 == 0:
-                        lse = (row_max[st] - P_SHIFT_LOG2 + cute.math.log2(total, fastmath=True))
+                        lse = (row_max[st] - self.p_shift + cute.math.log2(total, fastmath=True))
                         mLSE[batch, head, row] = lse * LN_2
                     for n in cutlass.range_constexpr(d // 8):
                         cute.autovec_copy(rO[(None, r), mt_i, n], tOgO[(None, r), mt_i, n])
+
+    def _pv_fp16(self, acc_O, tOrP, tOrV, tOrV_view, s2r_V, tOsV, stage):
+        """O += P V of one strip, two-level: the strip's sum over its block_n keys in a fresh
+        f16 accumulator (f16-accumulate MMAs, full rate on GeForce Blackwell), then added into
+        the fp32 O, which the softmax has already rescaled. The f16 accumulator covers 16 of
+        the head_dim columns at a time (the two n8 tiles one ldmatrix.x4 of V fills: copy c of
+        tOrV_view is n-tiles 2c and 2c+1 of tOrV), so it costs 4 registers per m16 tile instead
+        of head_dim / 4; every V element is still loaded once per strip. p_shift_log2 keeps
+        the strip sum finite in fp16 (config.py derives it).
+
+        Error (first order, u = 2^-11 the fp16 unit roundoff): rounding the f16 accumulator at
+        each of the block_n / 32 MMAs of a strip adds at most (block_n / 32) * u * sum_j P_j |V_j|,
+        0.05% (block_n 32) to 0.2% (128) of the strip's sum of |P V|; should the tensor core
+        round after every product (the PTX ISA does not say), block_n * u: 1.6% to 6.3% worst
+        case, an RMS of about sqrt(block_n) * u (0.3% to 0.6%). Both are below the e4m3
+        rounding of P itself (2^-4 relative per element) that the fp32 path shares. The strip
+        sum is exact in fp32. The smaller P scale (max 2^shift instead of 256) makes keys
+        weighing under 2^-(6 + shift) of the row max e4m3 subnormals: absolute error 2^-10 (and
+        0 below 2^-10) instead of 2^-4 relative; against the row sum l >= 2^shift that adds at
+        most n * 2^-10 / 2^shift of V's range for n such keys in a row (fp32 path: / 256).
+        """
+        tiled_mma = self._tiled_mma_pv16()
+        thr_mma = tiled_mma.get_slice(cute.arch.thread_idx()[0])
+        acc16 = cute.make_rmem_tensor(
+            thr_mma.partition_shape_C((self.block_m, 16)), cutlass.Float16)
+        for c in range(self.head_dim // 16):
+            acc16.fill(0.0)
+            for kb in range(self.block_n // 32):
+                cute.copy(s2r_V, tOsV[None, c, kb, stage], tOrV_view[None, c, kb])
+                # (V, 2): n-tiles 2c and 2c + 1 of this k-block.
+                v_pair = cute.logical_divide(tOrV[None, None, kb], (None, 2))[None, (None, c)]
+                cute.gemm(tiled_mma, acc16, tOrP[None, None, kb], v_pair, acc16)
+            for j in range(2):
+                o = acc_O[None, None, 2 * c + j]
+                o.store(o.load() + acc16[None, None, j].load().to(cutlass.Float32))
 
     def _mma(self, tiled_mma, acc, a, b):
         if cutlass.const_expr(self.mxf8):

@@ -291,7 +291,6 @@ class ProblemSearch:
         self.measured_here = 0
         self.best_ms: float | None = None
         self._since_improvement = 0
-        self._plant_crash_pending = os.environ.get("TUNER_TEST_PLANT_CRASH") == "1"
 
     # -- study --
 
@@ -442,15 +441,12 @@ class ProblemSearch:
         self.on_progress(self)
 
     def _task(self, cand: _Candidate) -> Task:
-        plant = False
-        if self._plant_crash_pending and cand.role == ROLE_SEARCH:
-            plant, self._plant_crash_pending = True, False
         return Task(
             kind="compile", family=cand.family, config=cand.config, problem=self.problem.to_dict(),
             arch=self.target.gpu.arch, l2_bytes=self.target.gpu.l2_bytes,
             seed=self.seed + (cand.trial.number if cand.trial is not None else 0) * 16,
             device=self.target.device, repeats=self.settings.repeats, warmup=self.settings.warmup,
-            timeout_s=self.settings.timeout_s, plant_crash=plant,
+            timeout_s=self.settings.timeout_s,
         )
 
     # -- proposal --

@@ -49,7 +49,6 @@ class Task:
     repeats: int = 20
     warmup: int = 3
     timeout_s: float = 600.0
-    plant_crash: bool = False  # test hook: crash this candidate on purpose (TUNER_TEST_PLANT_CRASH)
 
 
 @dataclass
@@ -83,63 +82,6 @@ def _resources(kernel) -> dict | None:
     return asdict(res) if res is not None else None
 
 
-# A kernel that stores to address 0: a genuine illegal-address fault for the planted-crash test.
-_CRASH_PTX = b"""
-.version 7.0
-.target sm_80
-.address_size 64
-.visible .entry tuner_planted_crash()
-{
-    .reg .b64 %rd<2>;
-    .reg .b32 %r<2>;
-    mov.u64 %rd1, 0;
-    mov.u32 %r1, 1;
-    st.global.u32 [%rd1], %r1;
-    ret;
-}
-\0"""
-
-
-class _FaultingKernel:
-    """Wraps a real kernel: runs it, then launches the out-of-bounds store on the same context,
-    so the fault surfaces at the next synchronization as a sticky CUDA error."""
-
-    def __init__(self, kernel) -> None:
-        self._kernel = kernel
-        self.config = kernel.config
-        self.resources = kernel.resources
-
-    def prepare(self, *args, **kwargs):
-        return self._kernel.prepare(*args, **kwargs)
-
-    def run(self, prepared, out=None, lse=None):
-        from cuda.bindings import driver
-
-        result = self._kernel.run(prepared, out=out, lse=lse)
-        _, module = driver.cuModuleLoadData(_CRASH_PTX)
-        _, fn = driver.cuModuleGetFunction(module, b"tuner_planted_crash")
-        driver.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0)
-        return result
-
-
-def _planted_crash(family, kernel, device: str):
-    """Test hook (TUNER_TEST_PLANT_CRASH): make this candidate fault. A family's own
-    `plant_crash(kernel) -> kernel` wins (an out-of-bounds config of its own); else an
-    out-of-bounds store through the CUDA driver; without CUDA the child dies of SIGSEGV."""
-    hook = getattr(family, "plant_crash", None)
-    if hook is not None:
-        return hook(kernel)
-    if device == "cuda":
-        try:
-            import cuda.bindings.driver  # noqa: F401 - shipped with nvidia-cutlass-dsl
-        except ImportError:
-            pass
-        else:
-            return _FaultingKernel(kernel)
-    os.kill(os.getpid(), signal.SIGSEGV)
-    raise AssertionError("unreachable")
-
-
 def _evaluate(task: Task) -> CandidateResult:
     import torch
 
@@ -152,9 +94,7 @@ def _evaluate(task: Task) -> CandidateResult:
         # A CPU double shares the cores with the compile pool and the search; torch's spinning
         # intra-op threads then stretch a 2 ms call to ~100 ms on a 2-core machine.
         torch.set_num_threads(1)
-    family, kernel, compile_s = _compile(task)
-    if task.plant_crash:
-        kernel = _planted_crash(family, kernel, device.type)
+    _, kernel, compile_s = _compile(task)
     problem = Problem(**task.problem)
     # Validation inputs differ from the timing inputs (seed + 1): fresh data for each.
     t0 = time.perf_counter()

@@ -234,9 +234,6 @@ class CompiledKernel:
     cubin_path: Path | None = None
     # Launch arguments after the scalars, computed per device (e.g. the SM count of a grid).
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
-    # Test hook only (tuner's TUNER_TEST_PLANT_CRASH): store O this many bytes past its buffer,
-    # a genuine out-of-bounds write by this very kernel.
-    _out_offset_bytes: int = field(repr=False, default=0)
 
     def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
         """validate=False skips the input checks for a caller that has made them already."""
@@ -276,8 +273,7 @@ class CompiledKernel:
         if lse is None:
             lse = torch.empty((batch, heads, s), dtype=torch.float32, device=device)
         stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-        self._fn(*launch_args(prepared, out, lse, stream, extra=self._extra_args(device),
-                              out_offset_bytes=self._out_offset_bytes))
+        self._fn(*launch_args(prepared, out, lse, stream, extra=self._extra_args(device)))
         return out, lse
 
 
@@ -332,16 +328,3 @@ def cached_resources(family: str, src_dir: Path, cfg, head_dim: int,
     """Resource usage from the disk cache, without compiling (None when not cached)."""
     return _meta_resources(_read_meta(
         cache_root() / family / codegen_key(family, cfg, head_dim, arch, src_dir) / "meta.json"))
-
-
-# 1 TiB past the output buffer: no allocation of this process reaches that far, so every store
-# of the epilogue faults (illegal address) instead of silently corrupting a neighbour.
-_WILD_OFFSET_BYTES = 1 << 40
-
-
-def plant_crash(kernel: CompiledKernel) -> CompiledKernel:
-    """The same compiled kernel, launched with its output pointer out of bounds (the tuner's
-    planted-crash test: a candidate that crashes the GPU context must not stop a search)."""
-    import dataclasses
-
-    return dataclasses.replace(kernel, _out_offset_bytes=_WILD_OFFSET_BYTES)

@@ -1,9 +1,8 @@
 """`tuner search` on the real GPU with the mma_sync family (run on the device: pytest -m gpu).
 
-The planted crash uses TUNER_TEST_PLANT_CRASH=1: the search marks its first non-default
-candidate, and the GPU worker makes that candidate fault (the family's `plant_crash(kernel)`
-hook when it has one, else a kernel that stores to address 0 through the CUDA driver, else a
-SIGSEGV of the worker). Either way the outcome must be "crash" and the search must go on.
+The planted crash is a family of its own (tests/doubles/crashing_mma_sync.py: mma_sync configs,
+one of which faults the GPU context after its kernel): its outcome must be "crash" and the search
+must go on in a restarted worker. No production module knows about it.
 """
 
 from __future__ import annotations
@@ -24,8 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 PROBLEM = Problem(1, 56, 4096, 128)
 
 
-def search(db: Path, *extra: str, env: dict | None = None) -> dict:
-    args = [sys.executable, "-m", "tuner", "search", "--gpu", "h200", "--families", "mma_sync",
+def search(db: Path, *extra: str, env: dict | None = None, families: str = "mma_sync") -> dict:
+    args = [sys.executable, "-m", "tuner", "search", "--gpu", "h200", "--families", families,
             "--seq-lens", "4096", "--heads", "56", "--trials", "12", "--seed", "0", "--json",
             "--db", f"sqlite:///{db}", *extra]
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,
@@ -52,9 +51,10 @@ def test_search_stores_a_validated_winner(tmp_path):
 
 def test_planted_crash_is_recorded_and_the_search_goes_on(tmp_path):
     db = tmp_path / "db.sqlite"
-    out = search(db, "--trials", "6", env={"TUNER_TEST_PLANT_CRASH": "1"})
+    out = search(db, "--trials", "6", families="tests.doubles.crashing_mma_sync")
     (result,) = out["results"]
     crash = [t for t in Store(f"sqlite:///{db}").trials(PROBLEM) if t.outcome == "crash"]
+    assert [t.config for t in crash] == [{"pick": 1}]
     assert result["outcomes"].get("crash", 0) == 1, [(t.config, t.message) for t in crash]
     assert len(crash) == 1 and crash[0].message
     # Candidates after the crash were measured in a restarted worker, and a winner was chosen.

@@ -47,12 +47,11 @@ def fake_args(*, extra: tuple = ()) -> tuple:
             make_fake_stream())
 
 
-def launch_args(prepared, out, lse, stream, *, extra: tuple = (), out_offset_bytes: int = 0):
-    """The arguments of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse.
-    out_offset_bytes moves O's pointer (the planted-crash double's out-of-bounds store)."""
+def launch_args(prepared, out, lse, stream, *, extra: tuple = ()):
+    """The arguments of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse."""
     batch, padded, heads, _ = prepared.q.shape
     addresses = (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
-                 prepared.descale.data_ptr(), out.data_ptr() + out_offset_bytes, lse.data_ptr())
+                 prepared.descale.data_ptr(), out.data_ptr(), lse.data_ptr())
     scalars = (batch, heads, prepared.seq_len, padded, prepared.softmax_scale)
     return (*_pointers(addresses), *_scalars(scalars), *extra, stream)
 

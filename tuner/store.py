@@ -436,7 +436,9 @@ class Store:
     def import_winners(self, device_id: str, fingerprint: dict, entries) -> None:
         """Store the winners of a validated tuning table (tables.TableEntry) in ONE transaction:
         all or nothing. Each becomes a trial of role "imported" (and one for the default's time
-        when the table has it) and the best of its (device, problem, family set)."""
+        when the table has it) and the best of its (device, problem, family set). Idempotent:
+        an imported trial already stored with the same config, time and date is reused, so
+        importing a table twice adds no rows."""
         with self.session() as s:
             device = s.get(_Device, device_id)
             if device is None:
@@ -452,20 +454,19 @@ class Store:
                 common = dict(device_id=device_id, problem_id=problem_id, family_set=e.family_set,
                               family=e.family, role="imported", outcome="ok",
                               finished_at=decided or _now())
-                win = _Trial(config_json=json.dumps(config, sort_keys=True),
-                             config_hash=config_hash(e.family, config),
-                             message="imported from a tuning table", median_ms=f.get("median_ms"),
-                             iqr_ms=f.get("iqr_ms"), tflops=f.get("tflops"),
-                             rel_rms=f.get("rel_rms"), **common)
-                s.add(win)
+                win = self._imported_trial(s, _Trial(
+                    config_json=json.dumps(config, sort_keys=True),
+                    config_hash=config_hash(e.family, config),
+                    message="imported from a tuning table", median_ms=f.get("median_ms"),
+                    iqr_ms=f.get("iqr_ms"), tflops=f.get("tflops"), rel_rms=f.get("rel_rms"),
+                    **common))
                 default = None
                 if f.get("default_median_ms") is not None:
                     ms = f["default_median_ms"]
-                    default = _Trial(config_json="{}", config_hash="default",
-                                     message="imported: the family default's time, config not "
-                                             "in the table",
-                                     median_ms=ms, tflops=e.problem.tflops(ms), **common)
-                    s.add(default)
+                    default = self._imported_trial(s, _Trial(
+                        config_json="{}", config_hash="default",
+                        message="imported: the family default's time, config not in the table",
+                        median_ms=ms, tflops=e.problem.tflops(ms), **common))
                 s.flush()
                 best = s.scalar(select(_Best).where(
                     _Best.device_id == device_id, _Best.problem_id == problem_id,
@@ -479,6 +480,20 @@ class Store:
                 best.speedup_over_default = f.get("speedup_over_default")
                 best.decided_at = decided or _now()
                 best.imported_trials = f.get("trials")
+
+    @staticmethod
+    def _imported_trial(s: Session, row: _Trial) -> _Trial:
+        """The stored trial that `row` (of role "imported") repeats, else `row`, added."""
+        same = select(_Trial).where(
+            _Trial.device_id == row.device_id, _Trial.problem_id == row.problem_id,
+            _Trial.family_set == row.family_set, _Trial.family == row.family,
+            _Trial.role == row.role, _Trial.config_hash == row.config_hash,
+            _Trial.median_ms == row.median_ms, _Trial.finished_at == row.finished_at)
+        found = s.scalars(same.order_by(_Trial.id).limit(1)).first()
+        if found is not None:
+            return found
+        s.add(row)
+        return row
 
     # ---- reads -----------------------------------------------------------------------------------
 

@@ -156,7 +156,7 @@ class _Resolver:
 
             path = sqlite_path(url)
             if path is None or path.exists():  # never create an empty database on lookup
-                store = Store(url)
+                store = Store(url, readonly=True)
                 try:
                     winners = [
                         (Problem.from_key(w.problem_key), w.family, w.config)

@@ -206,7 +206,7 @@ def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool) -> i
 def run(args) -> int:
     from tuner.store import Store
 
-    store = Store(args.db)
+    store = Store(args.db, readonly=True)
     try:
         devices = _devices(store, args.gpu)
         if args.trials is not None:

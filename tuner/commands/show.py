@@ -94,6 +94,7 @@ def peer_rows(store, devices: dict[str, dict], rows: list[dict]) -> list[dict]:
             if t.role == "bench" and t.tflops:
                 latest[(r["device_id"], r["problem"], t.family)] = {
                     "system": t.family, "device": devices[r["device_id"]].get("name"),
+                    "problem": r["problem"],
                     "heads": problem.heads, "seq_len": problem.seq_len, "tflops": t.tflops,
                 }
     return list(latest.values())

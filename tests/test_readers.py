@@ -94,3 +94,15 @@ def test_a_file_without_our_tables_is_named_not_filled(tmp_path, capsys):
     assert "holds no tuner results" in capsys.readouterr().err
     con = sqlite3.connect(other)
     assert [r[0] for r in con.execute("SELECT name FROM sqlite_master")] == ["x"]
+
+
+def test_the_runtime_lookup_passes_over_an_empty_database_file(tmp_path, monkeypatch):
+    from tuner.gpus import PROFILES
+
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], "dev"))
+    runtime.clear_cache()
+    best = runtime.load_best_config(4096, heads=56, db=f"sqlite:///{empty}", with_source=True)
+    runtime.clear_cache()
+    assert best.source == "table-exact" and empty.stat().st_size == 0

@@ -152,21 +152,25 @@ class _Resolver:
     def _candidates(self, problem, heads, batch, gpu, url, device_id):
         """Yield (source, (problem, family, config)) in lookup order: db first, then table."""
         if device_id is not None:
-            from tuner.store import Store, sqlite_path
+            from tuner.store import NoResults, Store, sqlite_path
 
             path = sqlite_path(url)
             if path is None or path.exists():  # never create an empty database on lookup
-                store = Store(url, readonly=True)
                 try:
-                    winners = [
-                        (Problem.from_key(w.problem_key), w.family, w.config)
-                        for w in store.winners(device_id)
-                    ]
-                finally:
-                    store.close()
-                found = _nearest(winners, problem, heads, batch)
-                if found:
-                    yield "db", found
+                    store = Store(url, readonly=True)
+                except NoResults:  # an empty file (say): no winners, on to the table
+                    store = None
+                if store is not None:
+                    try:
+                        winners = [
+                            (Problem.from_key(w.problem_key), w.family, w.config)
+                            for w in store.winners(device_id)
+                        ]
+                    finally:
+                        store.close()
+                    found = _nearest(winners, problem, heads, batch)
+                    if found:
+                        yield "db", found
         from tuner.tables import load_table_entries
 
         table = TABLES_DIR / f"{gpu.name}.yaml"

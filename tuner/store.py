@@ -75,6 +75,10 @@ LOCK_NOTICE_S = 2.0
 OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "crash", "timeout", "wrong_result")
 
 
+class NoResults(TunerError):
+    """A read-only open found no tuner tables in the database (a file some other tool made)."""
+
+
 def default_db_path() -> Path:
     """$TUNER_HOME/tuner.sqlite, else <$XDG_DATA_HOME or ~/.local/share>/fp8-attn-tuner/..."""
     home = os.environ.get("TUNER_HOME")
@@ -398,7 +402,8 @@ class Store:
         ours = {t.name for t in _Base.metadata.sorted_tables}
         if not names & ours:
             if self.readonly:
-                raise TunerError(
+                self.engine.dispose()
+                raise NoResults(
                     f"{display_url(self.url)} holds no tuner results (no tuner_ tables); check "
                     "--db or TUNER_DB_URL (`tuner search` and `tuner import` write them)")
             _Base.metadata.create_all(self.engine)

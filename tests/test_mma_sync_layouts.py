@@ -26,8 +26,8 @@ traits and the same warp barrier serve Q, K, V and bank_period P, which are corr
 from __future__ import annotations
 
 import math
-import os
 import re
+from pathlib import Path
 
 import cutlass
 import cutlass.cute as cute
@@ -335,6 +335,11 @@ def _p_store_count(ptx: str) -> int:
     return len(re.findall(r"\bst\.shared\.b16\b", ptx))
 
 
+def _repo_root_files() -> dict[str, int]:
+    root = Path(__file__).resolve().parents[1]
+    return {p.name: p.stat().st_mtime_ns for p in root.iterdir() if p.is_file()}
+
+
 # Configs that failed validation on the H200 with the partition_C store (the seed's first kernel
 # among them), built for both archs, with the bank_period twin as a control: every P pair keeps
 # its own 16-bit store, and the addresses the PTX computes are those the host trace checked.
@@ -351,6 +356,7 @@ PTX_CONFIGS = [
                          f"{v['block_m']}x{v['block_n']}-r{v['rows_per_warp']}")
 def test_p_smem_addresses_in_ptx(arch, overrides, swizzle, tmp_path):
     from variants.common.abi import fake_args
+    from variants.dsl_compile import compile_for_arch
     from variants.mma_sync.config import SMEM_ALIGN
     from variants.mma_sync.kernel import MmaSyncAttention
 
@@ -358,16 +364,13 @@ def test_p_smem_addresses_in_ptx(arch, overrides, swizzle, tmp_path):
                  **overrides)
     problem = Problem(batch=1, heads=4, seq_len=77, head_dim=128)
     assert can_implement(cfg, problem, ARCH_GPUS[arch][0]) == (True, None)
-    cwd = os.getcwd()
-    os.chdir(tmp_path)  # --keep-* artifacts land in the working directory
-    try:
-        fn = cute.compile(MmaSyncAttention(cfg, problem.head_dim), *fake_args(),
-                          options=f"--gpu-arch={arch} --keep-ptx")
-    finally:
-        os.chdir(cwd)
-    ptx = fn.__ptx__
-    if ptx and os.path.exists(ptx):
-        ptx = open(ptx).read()
+    before = _repo_root_files()
+    # --keep-ptx without a --dump-dir writes into the working directory of the DSL's import
+    # (the repository root under pytest): compile_for_arch points it at tmp_path.
+    compile_for_arch(MmaSyncAttention(cfg, problem.head_dim), arch, fake_args(),
+                     keep="--keep-ptx", dump_dir=str(tmp_path))
+    assert _repo_root_files() == before, "the compile wrote into the repository root"
+    ptx = "".join(p.read_text() for p in tmp_path.glob("*.ptx"))
     assert ptx and ".entry" in ptx
     pairs = cfg.m_tiles * 2 * (cfg.block_n // 8)
     assert _p_store_count(ptx) == pairs

@@ -64,13 +64,14 @@ def test_heads_and_head_dim_must_match(db):
 
 def test_shipped_table_comes_before_the_default(db, tmp_path):
     url, _ = db
-    from tuner.tables import KIND, SCHEMA_VERSION, dump_table
+    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
 
     (tmp_path / "tables").mkdir()
+    entries = [{"problem": Problem(1, 56, 16384).to_dict(), "family": "mma_sync",
+                "config": ALT_CFG.to_dict(), "median_ms": 5.0}]
     doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
            "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
-           "entries": [{"problem": Problem(1, 56, 16384).to_dict(), "family": "mma_sync",
-                        "config": ALT_CFG.to_dict(), "median_ms": 5.0}]}
+           "entry_count": 1, "entries_sha256": entries_digest(entries), "entries": entries}
     (tmp_path / "tables" / "h200.yaml").write_text(dump_table(doc))
     best = runtime.load_best_config(16384, heads=56, db=url, with_source=True)
     assert (best.source, best.config) == ("table-exact", ALT_CFG)

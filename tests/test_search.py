@@ -3,6 +3,7 @@ feasibility before compile, the default first, mode choice, resume after a kill,
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -18,12 +19,12 @@ import pytest
 
 from tests.doubles import fake_family, fake_family_large
 from tuner.cli import main
+from tuner.commands._args import duration
 from tuner.problem import Problem
 from tuner.search import (
     ProblemSearch,
     SearchSettings,
     make_target,
-    parse_duration,
     pick_winner,
 )
 from tuner.store import Store, TrialRecord, config_hash
@@ -93,12 +94,12 @@ def run_cli(capsys, args: list[str]) -> dict:
 # ---- pure parts --------------------------------------------------------------------------------
 
 def test_parse_duration():
-    assert parse_duration("90") == 90
-    assert parse_duration("90s") == 90
-    assert parse_duration("10m") == 600
-    assert parse_duration("1.5h") == 5400
-    with pytest.raises(ValueError, match="bad duration"):
-        parse_duration("ten minutes")
+    assert duration("90") == 90
+    assert duration("90s") == 90
+    assert duration("10m") == 600
+    assert duration("1.5h") == 5400
+    with pytest.raises(argparse.ArgumentTypeError, match="bad duration"):
+        duration("ten minutes")
 
 
 @pytest.mark.parametrize("family,trials,mode", [

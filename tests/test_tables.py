@@ -1,6 +1,8 @@
 """YAML tuning tables: export -> import -> export round trip, and imports that change nothing."""
 
 import re
+import time
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +71,7 @@ def _corrupt(text, old, new):
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda t: _corrupt(t, "schema_version: 1", "schema_version: 7"),
+        (lambda t: _corrupt(t, "schema_version: 2", "schema_version: 7"),
          r"line \d+: schema_version: schema version 7"),
         (lambda t: _corrupt(t, "    warps: 4", "    warps: 4\n    wraps: 4"),
          r"line \d+: entries\.\d+\.config: .*unknown knobs \['wraps'\]"),
@@ -166,3 +168,99 @@ def test_bench_peers_join_the_plot_data(tmp_path):
     peers = peer_rows(store, store.devices(), rows)
     found = [(p["system"], p["seq_len"], p["tflops"]) for p in peers]
     assert found == [("cudnn-fp8", 30272, 838.0)]
+
+
+# ---- a table proves it is whole -----------------------------------------------------------------
+
+SHIPPED = Path(__file__).resolve().parents[1] / "db" / "tables" / "h200.yaml"
+
+
+def _cut_inside_a_value(text):
+    # Mid-number: `rel_rms: 0.02368` becomes `rel_rms: 0.02`, still a valid table entry by entry.
+    at = text.rindex("rel_rms: 0.0") + len("rel_rms: 0.0")
+    return text[: at + 2]
+
+
+def _cut_at_an_entry_boundary(text):
+    return text[: text.rindex("- problem:")]
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (_cut_inside_a_value, r"line \d+: entries_sha256: does not match the entries.*re-export"),
+    (_cut_at_an_entry_boundary, r"line \d+: entry_count: the table says 10 entries, the file "
+                                r"holds 9: .*re-export"),
+    (lambda t: _corrupt(t, "rel_rms: 0.02368", "rel_rms: 0.02"),
+     r"entries_sha256: does not match .*edited after export"),
+    (lambda t: re.sub(r"entries_sha256: .*\n", "", t),
+     r"line \d+: \(top\): entries_sha256 is missing; a version-2 table .* re-export"),
+], ids=["cut-in-a-value", "cut-at-an-entry", "edited", "no-checksum"])
+def test_a_table_that_is_not_whole_is_refused(tmp_path, mutate, expected):
+    store = Store(f"sqlite:///{tmp_path / 'w.sqlite'}")
+    bad = tmp_path / "cut.yaml"
+    bad.write_text(mutate(SHIPPED.read_text()))
+    with pytest.raises(TableError, match=expected):
+        import_table(store, bad, force=True)
+    assert store.winners() == []
+
+
+def test_a_version_1_table_imports_with_a_warning(tmp_path, caplog):
+    import yaml
+
+    doc = yaml.safe_load(SHIPPED.read_text())
+    doc["schema_version"] = 1
+    del doc["entry_count"], doc["entries_sha256"]
+    old = tmp_path / "v1.yaml"
+    old.write_text(yaml.safe_dump(doc, sort_keys=False))
+    store = Store(f"sqlite:///{tmp_path / 'v1.sqlite'}")
+    assert import_table(store, old, force=True) == 10
+    assert "version-1 table without entry_count and entries_sha256" in caplog.text
+
+
+def test_a_huge_file_is_refused_before_it_is_parsed(tmp_path):
+    junk = tmp_path / "junk.yaml"
+    with open(junk, "w") as fh:
+        fh.write("entries:\n" + "- [1, 2, 3]\n" * (5 * 2**20))  # 60 MB of valid YAML
+    start = time.perf_counter()
+    with pytest.raises(TableError, match=r"junk\.yaml is larger than 16 MiB, the limit"):
+        import_table(Store(f"sqlite:///{tmp_path / 'j.sqlite'}"), junk, force=True)
+    assert time.perf_counter() - start < 2.0
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ("seq_len: 4096", "seq_len: 99999999999999999999999",
+     r"entries\.0\.problem\.seq_len: Problem\.seq_len must be <= 1073741824"),
+    ("seq_len: 4096", f"seq_len: {2**40}", r"entries\.0\.problem\.seq_len: .* must be <= "),
+    ("heads: 56", "heads: 100000000",
+     r"entries\.0\.problem\.heads: Problem\.heads must be <= 65535"),
+    ("heads: 56", "heads: 1.0e+8", r"entries\.0\.problem\.heads: Problem\.heads must be an int"),
+    ("trials: 3", "trials: 99999999999999999999999", r"entries\.0\.trials: must be a count \(0 "),
+], ids=["seq_len-beyond-int64", "seq_len-2**40", "heads-1e8", "heads-float", "trials-huge"])
+def test_numbers_out_of_range_are_refused_naming_line_and_field(exported, tmp_path, old, new,
+                                                                field):
+    _, text = exported
+    bad = tmp_path / "big.yaml"
+    bad.write_text(_corrupt(text, old, new))
+    store = Store(f"sqlite:///{tmp_path / 'n.sqlite'}")
+    with pytest.raises(TableError, match=r"big\.yaml: line \d+: " + field):
+        import_table(store, bad, local_fingerprint=FINGERPRINT)
+    assert store.winners() == []
+
+
+def _row_counts(url):
+    import sqlite3
+
+    con = sqlite3.connect(url.removeprefix("sqlite:///"))
+    try:
+        return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("tuner_devices", "tuner_problems", "tuner_trials", "tuner_best")}
+    finally:
+        con.close()
+
+
+def test_importing_the_same_table_twice_changes_nothing(tmp_path, capsys):
+    url = f"sqlite:///{tmp_path / 'twice.sqlite'}"
+    assert main(["import", str(SHIPPED), "--db", url, "--force"]) == 0
+    once = _row_counts(url)
+    assert once["tuner_best"] == 10
+    assert main(["import", str(SHIPPED), "--db", url, "--force"]) == 0
+    assert _row_counts(url) == once

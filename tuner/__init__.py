@@ -2,6 +2,7 @@
 
 from tuner.problem import Problem
 from tuner.runtime import attention, load_best_config
+from tuner.sdpa import scaled_dot_product_attention
 
-__all__ = ["Problem", "attention", "load_best_config"]
+__all__ = ["Problem", "attention", "load_best_config", "scaled_dot_product_attention"]
 __version__ = "0.1.0"

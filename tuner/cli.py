@@ -2,14 +2,16 @@
 
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 Errors a user can fix (TunerError) and usage errors print as one line and exit 2; anything else
-prints one line and exits 1; `--debug` shows the traceback. Database URLs in messages are masked
-(tuner.dburl.display_url).
+prints one line and exits 1; `--debug` shows the traceback. A reader of stdout that goes away
+(`| head`) ends the command quietly with exit 141, as SIGPIPE ends other tools. Database URLs in
+messages are masked (tuner.dburl.display_url).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from tuner.errors import TunerError
@@ -42,6 +44,19 @@ def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
+# What a shell reports for a command killed by SIGPIPE (128 + 13), as `yes | head` gives.
+EXIT_BROKEN_PIPE = 141
+
+
+def _reader_gone() -> int:
+    """The reader of stdout has gone (`tuner show --json | head`): stop quietly. Python flushes
+    stdout again at exit, which would fail and print a message of its own; pointing stdout at
+    devnull first is the recipe of the Python docs (signal module, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tuner", description="Autotune FP8 flash-attention CuTe-DSL kernels for this GPU."
@@ -64,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._run(args) or 0)
+        code = int(args._run(args) or 0)
+        sys.stdout.flush()  # inside the try: a reader gone by now is a broken pipe here too
+        return code
+    except BrokenPipeError:
+        return _reader_gone()
     except TunerError as exc:
         if args.debug:
             raise

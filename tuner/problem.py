@@ -9,6 +9,31 @@ from tuner.errors import TunerError
 # head_dim values some family generates: the kernels' statement (variants/base.py), not ours.
 from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
 
+# Upper bounds of the other dimensions, the sane range a user-given number must fall in (a
+# larger one is a typo, and would otherwise overflow a launch argument or a database column):
+# batch and heads are grid dimensions of the mma_sync launch (CUDA caps gridDim.y and .z at
+# 65535); seq_len and its padded length are 32-bit launch arguments (2**30 leaves room for the
+# padding, and is 35000x the longest sequence tuned so far). All fit PostgreSQL's 32-bit INTEGER.
+MAX_DIMS = {"batch": 65535, "heads": 65535, "seq_len": 2**30}
+
+
+def check_dimension(name: str, value) -> None:
+    """One problem dimension (batch, heads, seq_len, head_dim) is an int in its range."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TunerError(f"Problem.{name} must be an int, got {value!r}")
+    if value < 1:
+        raise TunerError(
+            f"Problem.{name} must be >= 1, got {value}; "
+            "an empty attention has nothing to compute, skip the call instead"
+        )
+    if name in MAX_DIMS and value > MAX_DIMS[name]:
+        raise TunerError(f"Problem.{name} must be <= {MAX_DIMS[name]}, got {value}")
+    if name == "head_dim" and value not in SUPPORTED_HEAD_DIMS:
+        raise TunerError(
+            f"head_dim {value} is not supported; supported: {SUPPORTED_HEAD_DIMS} "
+            "(pad the head dimension with zeros to the next supported size)"
+        )
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -22,19 +47,7 @@ class Problem:
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq_len", "head_dim"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TunerError(f"Problem.{name} must be an int, got {value!r}")
-            if value < 1:
-                raise TunerError(
-                    f"Problem.{name} must be >= 1, got {value}; "
-                    "an empty attention has nothing to compute, skip the call instead"
-                )
-        if self.head_dim not in SUPPORTED_HEAD_DIMS:
-            raise TunerError(
-                f"head_dim {self.head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS} "
-                "(pad the head dimension with zeros to the next supported size)"
-            )
+            check_dimension(name, getattr(self, name))
         if not isinstance(self.causal, bool):
             raise TunerError(f"Problem.causal must be a bool, got {self.causal!r}")
         if self.causal:

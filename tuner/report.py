@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tuner.errors import TunerError
+from tuner.problem import Problem
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -38,20 +39,31 @@ def _plot_tflops(series: Series, path: str, title: str) -> Path:
 
 
 def plot_winners(rows: list[dict], path: str, peers: list[dict] | None = None) -> Path:
-    """Stored winners: one line per (device, heads) for the tuned config and one for the family
-    default; `peers` (stored by `tuner bench`) add a line per system. GPU and date in the title.
-    """
+    """Stored winners: one line per (device, batch, heads, head_dim) for the tuned config and one
+    for the family default; `peers` (stored by `tuner bench`) add a line per system. A label
+    names head_dim and heads always, batch where the rows hold more than one. GPU and date in
+    the title."""
     if not rows:
         raise TunerError("nothing to plot: no stored winners (run `tuner search` first)")
+    shape = {r["problem"]: Problem.from_key(r["problem"]) for r in rows}
+    shape.update({p["problem"]: Problem.from_key(p["problem"]) for p in peers or []})
+    several_batches = len({p.batch for p in shape.values()}) > 1
+
+    def group(device: str, key: str) -> str:
+        p = shape[key]
+        batch = f" B={p.batch}" if several_batches else ""
+        return f"{device}{batch} H={p.heads} D={p.head_dim}"
+
     series: Series = defaultdict(list)
     for r in rows:
-        group = f"{r['device']} H={r['heads']}"
+        label = group(r["device"], r["problem"])
         if r["tflops"]:
-            series[f"tuned ({group})"].append((r["seq_len"], r["tflops"]))
+            series[f"tuned ({label})"].append((r["seq_len"], r["tflops"]))
         if r.get("default_tflops"):
-            series[f"default ({group})"].append((r["seq_len"], r["default_tflops"]))
+            series[f"default ({label})"].append((r["seq_len"], r["default_tflops"]))
     for p in peers or []:
-        series[f"{p['system']} ({p['device']} H={p['heads']})"].append((p["seq_len"], p["tflops"]))
+        series[f"{p['system']} ({group(p['device'], p['problem'])})"].append(
+            (p["seq_len"], p["tflops"]))
     devices = sorted({r["device"] for r in rows})
     dates = sorted(r["decided_at"][:10] for r in rows if r.get("decided_at"))
     title = f"FP8 attention on {', '.join(devices)} (measured {dates[-1] if dates else '?'})"

@@ -152,21 +152,25 @@ class _Resolver:
     def _candidates(self, problem, heads, batch, gpu, url, device_id):
         """Yield (source, (problem, family, config)) in lookup order: db first, then table."""
         if device_id is not None:
-            from tuner.store import Store, sqlite_path
+            from tuner.store import NoResults, Store, sqlite_path
 
             path = sqlite_path(url)
             if path is None or path.exists():  # never create an empty database on lookup
-                store = Store(url)
                 try:
-                    winners = [
-                        (Problem.from_key(w.problem_key), w.family, w.config)
-                        for w in store.winners(device_id)
-                    ]
-                finally:
-                    store.close()
-                found = _nearest(winners, problem, heads, batch)
-                if found:
-                    yield "db", found
+                    store = Store(url, readonly=True)
+                except NoResults:  # an empty file (say): no winners, on to the table
+                    store = None
+                if store is not None:
+                    try:
+                        winners = [
+                            (Problem.from_key(w.problem_key), w.family, w.config)
+                            for w in store.winners(device_id)
+                        ]
+                    finally:
+                        store.close()
+                    found = _nearest(winners, problem, heads, batch)
+                    if found:
+                        yield "db", found
         from tuner.tables import load_table_entries
 
         table = TABLES_DIR / f"{gpu.name}.yaml"
@@ -260,26 +264,52 @@ def attention(
     bf16/fp16 on CUDA -> bf16 output (and fp32 LSE (batch, heads, seq_len) with return_lse).
 
     The first call for a (config, problem) compiles (or loads the disk cache); later calls only
-    quantize and launch, which also makes them capturable in a CUDA graph.
+    quantize and launch, which also makes them capturable in a CUDA graph. The work runs in the
+    custom op fp8_attn_tuner::attention (tuner.ops), so torch.compile(fullgraph=True) traces a
+    model through this call as one opaque node.
     """
+    from tuner.ops import attention_op, config_key
     from variants.prepare import check_qkv
 
-    # The NaN/Inf scan reads q, k, v once more and syncs the device: check_finite=False drops
-    # it from a hot loop whose inputs are known to be finite (shapes and dtypes are still checked).
-    check_qkv(q, k, v, require_cuda=True, check_finite=check_finite)
+    # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
+    # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the op.
+    # check_finite=False drops it (and its sync) from a hot loop whose inputs are known finite.
+    check_qkv(q, k, v, require_cuda=True, check_finite=False)
+    key = "" if config is None else config_key(config)
+    out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite)
+    return (out, lse) if return_lse else out
+
+
+def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool):
+    """The body of the custom op on real tensors: the config (pinned, or looked up now), its
+    kernel (compiled once), prepare and launch on the current stream."""
+    from variants.prepare import check_finite_inputs
+
+    if check_finite:
+        check_finite_inputs(q, k, v)
     batch, seq_len, heads, head_dim = q.shape
     problem = Problem(batch, heads, seq_len, head_dim)
-    if config is None:
+    if config_text:
+        family_name, config = _config_from_text(config_text)
+    else:
         best = load_best_config(
             seq_len, heads=heads, head_dim=head_dim, batch=None, gpu=gpu, db=db, with_source=True
         )
         family_name, config = best.family, best.config
-    else:
-        family_name = family_of(config)
     kernel = _kernel_for(family_name, config, problem, gpu)
     prepared = kernel.prepare(q, k, v, softmax_scale, validate=False)
-    out, lse = kernel.run(prepared)
-    return (out, lse) if return_lse else out
+    return kernel.run(prepared)
+
+
+@functools.lru_cache(maxsize=256)
+def _config_from_text(text: str):
+    """(family, Config) of ops.config_key's text; parsed once per distinct config."""
+    import json
+
+    from variants import load_family
+
+    doc = json.loads(text)
+    return doc["family"], load_family(doc["family"]).Config.from_dict(doc["config"])
 
 
 # The families' compile() caches builds too; this memo sits in front of it so that a hot call

@@ -178,22 +178,6 @@ def make_sampler(seed: int, trials: int) -> optuna.samplers.BaseSampler:
         )
 
 
-def parse_duration(text: str) -> float:
-    """"90", "90s", "10m", "1.5h" -> seconds."""
-    units = {"s": 1.0, "m": 60.0, "h": 3600.0}
-    text = text.strip().lower()
-    scale = units.get(text[-1:], None)
-    number = text[:-1] if scale else text
-    scale = scale or 1.0
-    try:
-        value = float(number) * scale
-    except ValueError:
-        from tuner.errors import TunerError
-
-        raise TunerError(f"bad duration {text!r}; use e.g. 600, 90s, 10m or 1.5h") from None
-    return value
-
-
 # ---- pipeline ----------------------------------------------------------------------------------
 
 class _Pipeline:

@@ -98,14 +98,33 @@ def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: 
             worker.close()
 
 
+_NUMBER = re.compile(r"\d+")
+
+
+def group_reasons(reasons: list[str]) -> dict[str, int]:
+    """Rejection reasons grouped by the constraint, most frequent first: reasons that differ
+    only in their numbers ("shared memory 110592 B per CTA > 101376 B ...") are one group,
+    shown with each number as its value, or its range min..max where the group's differ."""
+    groups: dict[str, list[list[int]]] = {}
+    for reason in reasons:
+        template = _NUMBER.sub("\0", reason)
+        groups.setdefault(template, []).append([int(n) for n in _NUMBER.findall(reason)])
+    shown = {}
+    for template, numbers in sorted(groups.items(), key=lambda g: -len(g[1])):
+        spans = [str(lo) if lo == hi else f"{lo}..{hi}"
+                 for lo, hi in ((min(col), max(col)) for col in zip(*numbers, strict=True))]
+        pieces = template.split("\0")
+        shown["".join(p + n for p, n in zip(pieces, [*spans, ""], strict=True))] = len(numbers)
+    return shown
+
+
 def summarize(rows: list[SpaceRow]) -> dict:
-    # Group rejections by the constraint, not by its numbers ("shared memory N B per CTA > ...").
-    rejected = Counter(re.sub(r"\d+", "N", r.reason) for r in rows if not r.feasible and r.reason)
     return {
         "total": len(rows),
         "feasible": sum(r.feasible for r in rows),
         "compiled": sum(r.status == "compiled" for r in rows),
         "compile_errors": sum(r.status == "compile_error" for r in rows),
         "mma_classes": dict(Counter(r.mma_class for r in rows if r.mma_class).most_common()),
-        "rejected_by_reason": dict(rejected.most_common()),
+        "rejected_by_reason": group_reasons(
+            [r.reason for r in rows if not r.feasible and r.reason]),
     }

@@ -6,8 +6,15 @@ so a `tuner show` during a search works) at `default_db_url()`; any SQLAlchemy U
 PostgreSQL for several hosts sharing one database. The Optuna study of a search lives in the same
 file by default; our tables are prefixed `tuner_` because Optuna already owns `trials`.
 
+Readers never wait for a writer: `Store(url, readonly=True)` (show, export, the runtime lookup)
+opens an existing database only (a missing one is a TunerError, never created), takes no lock
+file and reads in deferred transactions, which WAL serves at once from the last commit while
+another process writes. Writers take the write lock up front (BEGIN IMMEDIATE) and say what
+they wait for when another process holds it longer than LOCK_NOTICE_S.
+
 Contract for the runtime (issue 5) and the other commands:
   Store(url)                                  open (create on first use), check the schema version
+  Store(url, readonly=True)                   open an existing database for reading only
   best_for(device_id, problem, family_set)    the stored winner, or None
   winners(device_id=None)                     every stored winner
   trials(problem, device_id=None, ...)        the trials of a problem, oldest first
@@ -17,10 +24,12 @@ Records come back as frozen dataclasses, never ORM objects, so they outlive the 
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,7 +53,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.pool import NullPool
 
@@ -56,7 +65,18 @@ from tuner.problem import Problem
 # instead of being half-read.
 SCHEMA_VERSION = 1
 
+log = logging.getLogger("tuner.store")
+
+# How long a writer waits for another process's write transaction before it gives up (a search
+# holds one for the few milliseconds of storing a trial), and after how long it says so.
+BUSY_TIMEOUT_S = 60.0
+LOCK_NOTICE_S = 2.0
+
 OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "crash", "timeout", "wrong_result")
+
+
+class NoResults(TunerError):
+    """A read-only open found no tuner tables in the database (a file some other tool made)."""
 
 
 def default_db_path() -> Path:
@@ -273,13 +293,17 @@ def creation_lock(url: str) -> Iterator[None]:
 
 
 @contextmanager
-def opening(what: str, url: str) -> Iterator[None]:
-    """Create or open the database at `url` (ours or Optuna's): under creation_lock, with an
-    unreachable server, a refused connection or a missing driver reported as one
-    connection_error naming `what`."""
+def opening(what: str, url: str, *, lock: bool = True) -> Iterator[None]:
+    """Create or open the database at `url` (ours or Optuna's): under creation_lock (unless
+    `lock` is False: a reader creates nothing), with an unreachable server, a refused
+    connection or a missing driver reported as one connection_error naming `what`."""
     try:
-        with creation_lock(url):
+        with creation_lock(url) if lock else contextlib.nullcontext():
             yield
+    except OperationalError as exc:
+        if _locked(exc):
+            raise _lock_error(url) from None
+        raise connection_error(what, url, exc) from None
     except (DBAPIError, ArgumentError, ImportError) as exc:
         raise connection_error(what, url, exc) from None
 
@@ -287,12 +311,13 @@ def opening(what: str, url: str) -> Iterator[None]:
 def engine_kwargs(url: str) -> dict[str, Any]:
     """create_engine keyword arguments for `url`: on SQLite, wait for a concurrent writer
     instead of failing at once ("database is locked")."""
-    return {"connect_args": {"timeout": 60}} if is_sqlite(url) else {}
+    return {"connect_args": {"timeout": BUSY_TIMEOUT_S}} if is_sqlite(url) else {}
 
 
-def configure_sqlite(engine: Engine) -> None:
+def configure_sqlite(engine: Engine, *, readonly: bool = False) -> None:
     """WAL, foreign keys, a busy timeout, and every transaction BEGIN IMMEDIATE (why below);
-    for our engine and for Optuna's on the same file (search.open_storage)."""
+    for our engine and for Optuna's on the same file (search.open_storage). readonly: no
+    journal-mode change (itself a write), writes refused, and deferred read transactions."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn, _record):
@@ -300,28 +325,75 @@ def configure_sqlite(engine: Engine) -> None:
         # effect (the sqlite3 driver otherwise defers BEGIN to the first write).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
+        if readonly:
+            cur.execute("PRAGMA query_only=ON")
+        else:
+            cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA foreign_keys=ON")
-        cur.execute("PRAGMA busy_timeout=60000")
+        cur.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
         cur.close()
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
+        if readonly:
+            # A deferred transaction that only reads: under WAL it never waits for a writer.
+            conn.exec_driver_sql("BEGIN")
+            return
         # Take the write lock up front: a deferred transaction that reads and then writes can fail
         # with SQLITE_BUSY at the upgrade no matter the busy timeout, when another process commits
         # between the read and the write (two concurrent searches do exactly that).
+        _begin_immediate(conn, engine.url.database)
+
+
+def _begin_immediate(conn, database: str | None) -> None:
+    """BEGIN IMMEDIATE, waiting up to BUSY_TIMEOUT_S for another writer, and saying so once the
+    wait passes LOCK_NOTICE_S (a silent minute looks like a hang)."""
+    try:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={int(LOCK_NOTICE_S * 1000)}")
+        try:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            return
+        except OperationalError as exc:
+            if not _locked(exc):
+                raise
+        log.warning("tuner: waiting for the write lock on %s: another process holds a write "
+                    "transaction (giving up after %g s)", database, BUSY_TIMEOUT_S)
+        conn.exec_driver_sql(
+            f"PRAGMA busy_timeout={int((BUSY_TIMEOUT_S - LOCK_NOTICE_S) * 1000)}")
         conn.exec_driver_sql("BEGIN IMMEDIATE")
+    finally:
+        conn.exec_driver_sql(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
+
+
+def _locked(exc: OperationalError) -> bool:
+    text = str(exc.orig)
+    return "locked" in text or "busy" in text
+
+
+def _lock_error(url: str) -> TunerError:
+    return TunerError(
+        f"{display_url(url)} is still locked by another process's write transaction after "
+        f"{BUSY_TIMEOUT_S:g} s; retry when it has finished (a search holds the lock only while "
+        "it stores a trial, so a longer lock is a stuck process)")
 
 
 class Store:
     """Results database behind a handful of methods; see the module docstring for the contract."""
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, readonly: bool = False) -> None:
         self.url = engine_url(url or default_db_url())
-        with opening("results database", self.url):
+        self.readonly = readonly
+        if readonly:
+            path = sqlite_path(self.url)
+            if path is not None and not path.is_file():
+                raise TunerError(
+                    f"no results database at {path} (the file does not exist); check --db or "
+                    "TUNER_DB_URL (`tuner search` and `tuner import` create one)")
+        # A reader creates nothing: no schema, so no creation lock (and no lock file) either.
+        with opening("results database", self.url, lock=not readonly):
             self.engine = create_engine(self.url, **engine_kwargs(self.url))
             if is_sqlite(self.url):
-                configure_sqlite(self.engine)
+                configure_sqlite(self.engine, readonly=readonly)
             self._sessions = sessionmaker(self.engine, expire_on_commit=False)
             self._open_schema()
 
@@ -329,6 +401,11 @@ class Store:
         names = set(inspect(self.engine).get_table_names())
         ours = {t.name for t in _Base.metadata.sorted_tables}
         if not names & ours:
+            if self.readonly:
+                self.engine.dispose()
+                raise NoResults(
+                    f"{display_url(self.url)} holds no tuner results (no tuner_ tables); check "
+                    "--db or TUNER_DB_URL (`tuner search` and `tuner import` write them)")
             _Base.metadata.create_all(self.engine)
             with self.session() as s:
                 s.add(_SchemaVersion(version=SCHEMA_VERSION))
@@ -343,7 +420,8 @@ class Store:
                 f"tuner expects {SCHEMA_VERSION}; export its winners with the tuner version that "
                 "wrote it (`tuner export`), then point --db (or TUNER_DB_URL) at a new file"
             )
-        _Base.metadata.create_all(self.engine)  # a table added without a version bump: no-op
+        if not self.readonly:
+            _Base.metadata.create_all(self.engine)  # a table added without a version bump
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -352,6 +430,11 @@ class Store:
         try:
             yield session
             session.commit()
+        except OperationalError as exc:
+            session.rollback()
+            if _locked(exc):
+                raise _lock_error(self.url) from None
+            raise
         except BaseException:
             session.rollback()
             raise
@@ -436,7 +519,9 @@ class Store:
     def import_winners(self, device_id: str, fingerprint: dict, entries) -> None:
         """Store the winners of a validated tuning table (tables.TableEntry) in ONE transaction:
         all or nothing. Each becomes a trial of role "imported" (and one for the default's time
-        when the table has it) and the best of its (device, problem, family set)."""
+        when the table has it) and the best of its (device, problem, family set). Idempotent:
+        an imported trial already stored with the same config, time and date is reused, so
+        importing a table twice adds no rows."""
         with self.session() as s:
             device = s.get(_Device, device_id)
             if device is None:
@@ -452,20 +537,19 @@ class Store:
                 common = dict(device_id=device_id, problem_id=problem_id, family_set=e.family_set,
                               family=e.family, role="imported", outcome="ok",
                               finished_at=decided or _now())
-                win = _Trial(config_json=json.dumps(config, sort_keys=True),
-                             config_hash=config_hash(e.family, config),
-                             message="imported from a tuning table", median_ms=f.get("median_ms"),
-                             iqr_ms=f.get("iqr_ms"), tflops=f.get("tflops"),
-                             rel_rms=f.get("rel_rms"), **common)
-                s.add(win)
+                win = self._imported_trial(s, _Trial(
+                    config_json=json.dumps(config, sort_keys=True),
+                    config_hash=config_hash(e.family, config),
+                    message="imported from a tuning table", median_ms=f.get("median_ms"),
+                    iqr_ms=f.get("iqr_ms"), tflops=f.get("tflops"), rel_rms=f.get("rel_rms"),
+                    **common))
                 default = None
                 if f.get("default_median_ms") is not None:
                     ms = f["default_median_ms"]
-                    default = _Trial(config_json="{}", config_hash="default",
-                                     message="imported: the family default's time, config not "
-                                             "in the table",
-                                     median_ms=ms, tflops=e.problem.tflops(ms), **common)
-                    s.add(default)
+                    default = self._imported_trial(s, _Trial(
+                        config_json="{}", config_hash="default",
+                        message="imported: the family default's time, config not in the table",
+                        median_ms=ms, tflops=e.problem.tflops(ms), **common))
                 s.flush()
                 best = s.scalar(select(_Best).where(
                     _Best.device_id == device_id, _Best.problem_id == problem_id,
@@ -479,6 +563,20 @@ class Store:
                 best.speedup_over_default = f.get("speedup_over_default")
                 best.decided_at = decided or _now()
                 best.imported_trials = f.get("trials")
+
+    @staticmethod
+    def _imported_trial(s: Session, row: _Trial) -> _Trial:
+        """The stored trial that `row` (of role "imported") repeats, else `row`, added."""
+        same = select(_Trial).where(
+            _Trial.device_id == row.device_id, _Trial.problem_id == row.problem_id,
+            _Trial.family_set == row.family_set, _Trial.family == row.family,
+            _Trial.role == row.role, _Trial.config_hash == row.config_hash,
+            _Trial.median_ms == row.median_ms, _Trial.finished_at == row.finished_at)
+        found = s.scalars(same.order_by(_Trial.id).limit(1)).first()
+        if found is not None:
+            return found
+        s.add(row)
+        return row
 
     # ---- reads -----------------------------------------------------------------------------------
 

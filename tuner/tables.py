@@ -3,14 +3,21 @@
 A table is the unit a team commits and ships (db/tables/<gpu>.yaml). Import is all or nothing:
 the whole file is parsed and validated (schema version, known families and knobs, can_implement
 on the named GPU, device fingerprint) before a single row is written, in one transaction; every
-error names the line and the field. Export is deterministic (sorted, dates from the data, not
+error names the line and the field. A table proves it is whole: export writes the number of
+entries and a sha256 of them (`entry_count`, `entries_sha256`, schema version 2), and import
+refuses a file whose entries do not match, so a copy cut off mid-file or a value edited by hand
+never lands in a database; a version-1 table (written before the checksum) is still imported,
+with a warning that nothing proves it whole. A file over MAX_TABLE_BYTES is refused before it is
+parsed. Export is deterministic (sorted, dates from the data, not
 from the clock), so export -> import -> export gives the same bytes.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
+import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,9 +27,18 @@ import yaml
 
 from tuner.dburl import display_url
 from tuner.errors import TunerError
-from tuner.problem import Problem
+from tuner.problem import Problem, check_dimension
 
-SCHEMA_VERSION = 1
+log = logging.getLogger("tuner.tables")
+
+# 2 added entry_count and entries_sha256; version 1 tables are read without them.
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+# A table is a few KB per hundred problems (the shipped one: 10 entries, 6 KB); 16 MiB is room
+# for ~25000 entries and keeps a wrong file (a log, a checkpoint) from being parsed for minutes.
+MAX_TABLE_BYTES = 16 * 2**20
+# `trials` lands in an INTEGER column, 32-bit on PostgreSQL.
+MAX_TRIALS = 2**31 - 1
 KIND = "fp8-attn-tuner/tuning-table"
 ENTRY_FIELDS = {
     "problem",
@@ -133,12 +149,17 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
     if data.get("kind") != KIND:
         fail(("kind",), f"expected kind {KIND!r}, got {data.get('kind')!r}")
     version = data.get("schema_version")
-    if type(version) is not int or version != SCHEMA_VERSION:  # not True, not 1.0
+    if type(version) is not int or version not in READABLE_VERSIONS:  # not True, not 1.0
         fail(
             ("schema_version",),
-            f"schema version {data.get('schema_version')!r} is not "
-            f"{SCHEMA_VERSION}; re-export the table with a matching tuner version",
+            f"schema version {data.get('schema_version')!r} is not one of "
+            f"{READABLE_VERSIONS}; re-export the table with a matching tuner version",
         )
+    if version >= 2:
+        for field in ("entry_count", "entries_sha256"):
+            if field not in data:
+                fail((field,), f"{field} is missing; a version-{version} table proves it is "
+                     "whole with entry_count and entries_sha256: re-export it with `tuner export`")
     for field in ("gpu", "device"):
         if field not in data:
             fail((field,), "missing")
@@ -162,6 +183,12 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
             fail((*at, field), f"unknown field; known: {', '.join(sorted(ENTRY_FIELDS))}")
         if not isinstance(entry["problem"], dict):
             fail((*at, "problem"), "must be a mapping (batch, heads, seq_len, head_dim, causal)")
+        for field, value in entry["problem"].items():
+            if field in ("batch", "heads", "seq_len", "head_dim"):
+                try:
+                    check_dimension(field, value)
+                except TunerError as exc:
+                    fail((*at, "problem", field), str(exc))
         try:
             problem = Problem(**entry["problem"])
         except (TypeError, TunerError) as exc:
@@ -201,8 +228,8 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
             if entry.get(field) is not None and not _number(entry[field]):
                 fail((*at, field), f"must be a number or null, got {entry[field]!r}")
         trials = entry.get("trials")
-        if trials is not None and (type(trials) is not int or trials < 0):
-            fail((*at, "trials"), f"must be a count or null, got {trials!r}")
+        if trials is not None and (type(trials) is not int or not 0 <= trials <= MAX_TRIALS):
+            fail((*at, "trials"), f"must be a count (0 to {MAX_TRIALS}) or null, got {trials!r}")
         fields = {k: v for k, v in entry.items() if k not in ("problem", "family", "config")}
         try:
             fields["decided_at"] = _datetime(entry.get("decided_at"))
@@ -214,7 +241,26 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
     for i, key in enumerate(keys):
         if key in keys[:i]:
             fail(("entries", i, "problem"), f"duplicate entry for {key[0].key()} ({key[1]})")
+    # Last, so that a malformed entry is named by its own field first: a table that is valid
+    # entry by entry may still have lost entries or had a value cut short (`0.02368` -> `0.02`).
+    if version >= 2:
+        count = data["entry_count"]
+        if count != len(entries):
+            fail(("entry_count",), f"the table says {count!r} entries, the file holds "
+                 f"{len(entries)}: it was cut off or edited; re-export it with `tuner export` "
+                 "(or restore the complete file)")
+        if data["entries_sha256"] != entries_digest(entries):
+            fail(("entries_sha256",), "does not match the entries: the file was cut off or "
+                 "edited after export; re-export it with `tuner export` (or restore the "
+                 "complete file)")
     return result
+
+
+def entries_digest(entries: list) -> str:
+    """sha256 of the entries as plain data in canonical JSON (sorted keys, no spaces): the
+    same for the entries export writes and for those a YAML reader gets back from the file."""
+    text = json.dumps(entries, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _number(value) -> bool:
@@ -236,9 +282,16 @@ def _datetime(value) -> dt.datetime | None:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_TABLE_BYTES + 1)  # never more, whatever stat() said
     except OSError as exc:
         raise TableError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_TABLE_BYTES:
+        raise TableError(f"{path} is larger than {MAX_TABLE_BYTES // 2**20} MiB, the limit of a "
+                         "tuning table (one written by `tuner export` is a few KB): check the "
+                         "file name")
+    try:
+        return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TableError(f"{path}: byte {exc.start} is not UTF-8; a tuning table is text") from None
 
@@ -324,6 +377,8 @@ def build_table(store, device_id: str, gpu_name: str) -> dict:
         "tool_version": __version__,
         "dsl_version": fingerprint.get("cutlass_dsl"),
         "date": max(dates) if dates else None,
+        "entry_count": len(entries),
+        "entries_sha256": entries_digest(entries),
         "entries": entries,
     }
 
@@ -357,6 +412,10 @@ def import_table(
             f"known: {', '.join(PROFILES)}"
         )
     entries = validate_table(data, lines, str(path), PROFILES[gpu_name])
+    if data["schema_version"] < 2:
+        log.warning("tuner import: %s is a version-%s table without entry_count and "
+                    "entries_sha256: nothing proves it whole; re-export it to add them",
+                    path, data["schema_version"])
     table_device = data["device"]
     try:
         table_id = fingerprint_id(table_device)

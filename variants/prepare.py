@@ -117,7 +117,9 @@ def check_qkv(
                 "(batch, seq_len, heads, head_dim); add a batch dim with unsqueeze(0) or transpose "
                 "a (batch, heads, seq_len, head_dim) tensor with .transpose(1, 2)"
             )
-        if require_cuda and not t.is_cuda:
+        # Meta tensors pass: they only trace shapes (the custom op answers them with its fake
+        # implementation, without a GPU).
+        if require_cuda and not (t.is_cuda or t.is_meta):
             raise TunerError(
                 f"{name} is on {t.device}; the kernels run on a CUDA GPU: move it with .cuda()"
             )
@@ -144,16 +146,23 @@ def check_qkv(
             f"head_dim {head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS} "
             "(zero-pad the head dimension to the next supported size)"
         )
+    if check_finite:
+        check_finite_inputs(q, k, v)
+
+
+def check_finite_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """No NaN/Inf in q, k, v: FP8 scales from amax would be meaningless."""
     # The scan syncs the device, which a CUDA-graph capture forbids: captured calls skip it
     # (the eager call that precedes every capture has run it).
-    if check_finite and not _capturing():
-        for name, t in (("q", q), ("k", k), ("v", v)):
-            if not bool(torch.isfinite(t).all()):
-                bad = int((~torch.isfinite(t)).sum())
-                raise TunerError(
-                    f"{name} contains {bad} NaN/Inf values; FP8 scales from amax would be "
-                    "meaningless: fix the producer of the input (or nan_to_num it) first"
-                )
+    if _capturing():
+        return
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise TunerError(
+                f"{name} contains {bad} NaN/Inf values; FP8 scales from amax would be "
+                "meaningless: fix the producer of the input (or nan_to_num it) first"
+            )
 
 
 def _capturing() -> bool:

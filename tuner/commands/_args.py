@@ -1,35 +1,108 @@
-"""Argument types, argument groups and console setup shared by subcommands."""
+"""Argument types, argument groups and console setup shared by subcommands.
+
+The types check every value when argparse reads it, so a bad argument is named (exit 2) before
+a command looks for a GPU or opens a database.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+
+from tuner.errors import TunerError
+from tuner.problem import MAX_DIMS, SUPPORTED_HEAD_DIMS, check_dimension
 
 
-def int_list(text: str) -> list[int]:
-    """'4096,8192, 30272' -> [4096, 8192, 30272]; argparse turns the error into a usage line."""
+def _int(text: str) -> int:
     try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+        return int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+
+
+def dimension(name: str):
+    """An argparse type for one problem dimension (batch, heads, seq_len, head_dim), in the
+    bounds tuner.problem.check_dimension states."""
+
+    def parse(text: str) -> int:
+        value = _int(text)
+        try:
+            check_dimension(name, value)
+        except TunerError as exc:
+            # "Problem.seq_len must be >= 1, got 0; ..." -> "must be >= 1, got 0; ..."
+            raise argparse.ArgumentTypeError(str(exc).replace(f"Problem.{name} ", "")) from None
+        return value
+
+    parse.__name__ = name  # argparse names the type in its "invalid <type> value" message
+    return parse
+
+
+def int_list(text: str, item=_int) -> list[int]:
+    """'4096,8192, 30272' -> [4096, 8192, 30272]; argparse turns the error into a usage line."""
+    parts = [x for x in text.replace(" ", "").split(",") if x]
+    if not parts:
+        raise argparse.ArgumentTypeError("expected at least one value")
+    try:
+        return [item(x) for x in parts]
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (in {text!r}; expected comma-separated integers)") from None
+
+
+def seq_lens(text: str) -> list[int]:
+    return int_list(text, dimension("seq_len"))
+
+
+def at_least(minimum: int):
+    """An argparse type: an integer >= minimum."""
+
+    def parse(text: str) -> int:
+        value = _int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def duration(text: str) -> float:
+    """'90', '90s', '10m', '1.5h' -> seconds, > 0 (a budget of nothing would stop at once)."""
+    raw = text.strip().lower()
+    scale = _UNITS.get(raw[-1:])
+    try:
+        value = float(raw[:-1] if scale else raw) * (scale or 1.0)
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one value")
-    return values
+            f"bad duration {text!r}; use e.g. 600, 90s, 10m or 1.5h") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive duration, got {text!r}; use e.g. 600, 90s, 10m or 1.5h")
+    return value
 
 
 def add_problem_arguments(parser: argparse.ArgumentParser, *, seq_lens_example: str,
                           heads_default: int | None) -> None:
     """--seq-lens, --heads, --batch, --head-dim: the problems a command works on.
     heads_default=None makes --heads required."""
-    parser.add_argument("--seq-lens", type=int_list, required=True,
-                        help=f"e.g. {seq_lens_example}")
+    parser.add_argument("--seq-lens", type=seq_lens, required=True,
+                        help=f"sequence lengths (tokens), comma-separated, each 1 to "
+                        f"{MAX_DIMS['seq_len']}, e.g. {seq_lens_example}")
+    heads_help = f"attention heads of the model (1 to {MAX_DIMS['heads']})"
     if heads_default is None:
-        parser.add_argument("--heads", type=int, required=True)
+        parser.add_argument("--heads", type=dimension("heads"), required=True,
+                            help=f"{heads_help}; required")
     else:
-        parser.add_argument("--heads", type=int, default=heads_default)
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--head-dim", type=int, default=128)
+        parser.add_argument("--heads", type=dimension("heads"), default=heads_default,
+                            help=f"{heads_help} (default {heads_default})")
+    parser.add_argument("--batch", type=dimension("batch"), default=1,
+                        help=f"batch size (1 to {MAX_DIMS['batch']}; default 1)")
+    parser.add_argument("--head-dim", type=dimension("head_dim"), default=128,
+                        help="head dimension, one of "
+                        f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (default 128)")
 
 
 def wide_console(width_when_piped: int):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from tuner.commands._args import add_problem_arguments
+from tuner.commands._args import add_problem_arguments, at_least
 
 NAME = "bench"
 HELP = "time the tuned config, the default and peers (SDPA, cuDNN FP8) side by side"
@@ -20,7 +20,8 @@ def add_arguments(parser) -> None:
         help="comma-separated: default, sdpa (cuDNN + flash backends), "
         "sdpa-cudnn, sdpa-flash, cudnn-fp8",
     )
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=at_least(10), default=20,
+                        help="timed launches per system and seq_len, at least 10 (default 20)")
     parser.add_argument("--db", default=None, help="results database URL")
     parser.add_argument("--plot", default=None, help="write TFLOP/s vs seq_len to this image")
     parser.add_argument("--markdown", default=None, help="also write the table as markdown")

@@ -63,7 +63,7 @@ def run(args) -> int:
     from tuner.store import Store
     from tuner.tables import build_table, dump_table
 
-    store = Store(args.db)
+    store = Store(args.db, readonly=True)
     try:
         device_id, gpu_name = _pick_device(store, args.gpu, args.device_id)
         text = dump_table(build_table(store, device_id, gpu_name))

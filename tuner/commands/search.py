@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from tuner.commands._args import add_problem_arguments
+from tuner.commands._args import add_problem_arguments, at_least, duration
 from tuner.errors import TunerError
 
 NAME = "search"
@@ -42,19 +42,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--trials",
-        type=int,
+        type=at_least(1),
         default=d.trials,
         help="candidates that reach a compiler per sequence length, over all runs "
         f"of the study (default {d.trials})",
     )
     parser.add_argument(
         "--time-budget",
+        type=duration,
         default=None,
         help="wall time per sequence length, e.g. 600, 10m, 1h (default: none)",
     )
     parser.add_argument(
         "--patience",
-        type=int,
+        type=at_least(0),
         default=d.patience,
         help="stop after this many measured candidates without improvement "
         f"(0: never; default {d.patience})",
@@ -79,7 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--compile-jobs",
-        type=int,
+        type=at_least(1),
         default=_default_compile_jobs(),
         help="compile processes ahead of the GPU (default: CPU count - 1, max 8)",
     )
@@ -91,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--repeats",
-        type=int,
+        type=at_least(10),
         default=d.repeats,
         help=f"timed launches per candidate, at least 10 (default {d.repeats})",
     )
@@ -103,7 +104,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workers",
-        type=int,
+        type=at_least(1),
         default=1,
         help="search processes on this host, one per visible GPU, sharing one study; the "
         "winner is decided once, after all of them (default 1)",
@@ -120,7 +121,6 @@ def run(args: argparse.Namespace) -> int:
             SearchSettings,
             make_target,
             open_storage,
-            parse_duration,
             runs_on_cpu,
             summary,
         )
@@ -142,10 +142,6 @@ def run(args: argparse.Namespace) -> int:
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     if not families:
         raise TunerError("--families is empty; name at least one, e.g. --families mma_sync")
-    if args.trials < 1:
-        raise TunerError(f"--trials must be >= 1, got {args.trials}")
-    if args.compile_jobs < 1:
-        raise TunerError(f"--compile-jobs must be >= 1, got {args.compile_jobs}")
     modules = {}
     for name in families:
         try:
@@ -161,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     problems = [Problem(args.batch, args.heads, s, args.head_dim) for s in args.seq_lens]
     settings = SearchSettings(
         trials=args.trials,
-        time_budget_s=parse_duration(args.time_budget) if args.time_budget else None,
+        time_budget_s=args.time_budget,
         patience=args.patience or None,
         seed=args.seed,
         compile_jobs=args.compile_jobs,

@@ -94,6 +94,7 @@ def peer_rows(store, devices: dict[str, dict], rows: list[dict]) -> list[dict]:
             if t.role == "bench" and t.tflops:
                 latest[(r["device_id"], r["problem"], t.family)] = {
                     "system": t.family, "device": devices[r["device_id"]].get("name"),
+                    "problem": r["problem"],
                     "heads": problem.heads, "seq_len": problem.seq_len, "tflops": t.tflops,
                 }
     return list(latest.values())
@@ -206,7 +207,7 @@ def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool) -> i
 def run(args) -> int:
     from tuner.store import Store
 
-    store = Store(args.db)
+    store = Store(args.db, readonly=True)
     try:
         devices = _devices(store, args.gpu)
         if args.trials is not None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
-from tuner.commands._args import wide_console
+from tuner.commands._args import dimension, wide_console
 from tuner.errors import TunerError
 from tuner.gpus import resolve_gpu
 from tuner.problem import Problem
@@ -35,9 +36,15 @@ def add_arguments(parser) -> None:
         default=None,
         help="compile at most this many feasible configs (a quick check)",
     )
-    parser.add_argument("--seq-len", type=int, default=4096)
-    parser.add_argument("--heads", type=int, default=56)
-    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--seq-len", type=dimension("seq_len"), default=4096,
+                        help="sequence length can_implement checks against (default 4096)")
+    parser.add_argument("--heads", type=dimension("heads"), default=56,
+                        help="attention heads (default 56)")
+    parser.add_argument("--head-dim", type=dimension("head_dim"), default=128,
+                        help="head dimension, 64 or 128 (default 128)")
+    parser.add_argument("--rejected", action="store_true",
+                        help="also list every rejected config with its reason (default: the "
+                        "count per reason)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -69,7 +76,8 @@ def run(args) -> int:
         chosen = feasible[: args.limit]
         for r in feasible[len(chosen):]:
             r.reason = "not compiled (--limit)"  # still counted as feasible in the summary
-        compile_rows(chosen, gpu, problem, args.jobs)
+        with _compile_progress(len(chosen)) as advance:
+            compile_rows(chosen, gpu, problem, args.jobs, progress=advance)
     summary = summarize(rows)
     if args.json:
         print(
@@ -85,37 +93,72 @@ def run(args) -> int:
             )
         )
     else:
-        _print_table(gpu, rows, summary, args.compile)
+        _print_table(wide_console(200), gpu, rows, summary, args.compile, args.rejected)
     return 1 if summary["compile_errors"] else 0
 
 
-def _print_table(gpu, rows, summary, compiled: bool) -> None:
+@contextlib.contextmanager
+def _compile_progress(total: int):
+    """A progress bar on stderr while the builds run (about 2 s a config, minutes for a
+    space); yields the callback compile_rows calls after each build."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    progress = Progress(TextColumn("[bold]compiling"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=Console(stderr=True))
+    with progress:
+        task = progress.add_task("compile", total=total)
+        yield lambda: progress.advance(task)
+
+
+def _print_table(console, gpu, rows, summary, compiled: bool, list_rejected: bool) -> None:
+    """The configs as a table (the rejected ones only with --rejected), then the rejections
+    counted per reason. Columns with nothing to show are left out, and the config column is
+    never narrower than its longest knob=value, so a 100-column terminal wraps a config
+    between knobs instead of cutting values."""
     from rich.table import Table
 
-    console = wide_console(200)
+    shown = [r for r in rows if r.feasible or list_rejected]
+    columns = {
+        "family": lambda r: r.family,
+        "config": lambda r: " ".join(f"{k}={v}" for k, v in r.config.items()),
+        "status": lambda r: r.status,
+    }
+    if compiled:
+        columns.update({
+            "regs": lambda r: r.registers, "spill B": lambda r: r.spill_bytes,
+            "smem B": lambda r: r.smem_bytes, "mma_class": lambda r: r.mma_class,
+            "compile s": lambda r: r.compile_s,
+        })
+    columns["note"] = lambda r: r.error or r.reason or ""
+    cells = [[get(r) for get in columns.values()] for r in shown]
     table = Table(
         title=f"{gpu.name} ({gpu.arch}): {summary['feasible']} feasible of {summary['total']}"
+        + ("" if list_rejected else " (rejected: counted below; --rejected lists them)")
     )
-    for col in ("family", "config", "status", "regs", "spill B", "smem B", "mma_class",
-                "compile s", "note"):
-        table.add_column(col)
-    shown = [r for r in rows if r.feasible] if compiled else rows
-    for r in shown:
-        cfg = " ".join(f"{k}={v}" for k, v in r.config.items())
-
-        def cell(value):
-            return "-" if value is None else str(value)
-
-        table.add_row(
-            r.family,
-            cfg,
-            r.status,
-            cell(r.registers),
-            cell(r.spill_bytes),
-            cell(r.smem_bytes),
-            cell(r.mma_class),
-            cell(r.compile_s),
-            r.error or r.reason or "",
-        )
-    console.print(table)
-    console.print(f"summary: {json.dumps(summary)}")
+    keep = [i for i, name in enumerate(columns)
+            if name in ("family", "config", "status") or any(c[i] not in (None, "") for c in cells)]
+    longest = max((len(tok) for c in cells for tok in c[1].split()), default=6)
+    for i in keep:
+        name = list(columns)[i]
+        if name == "config":
+            table.add_column(name, min_width=longest)
+        elif name == "note":
+            table.add_column(name, overflow="fold")
+        else:
+            table.add_column(name, no_wrap=True)
+    for c in cells:
+        table.add_row(*("-" if c[i] is None else str(c[i]) for i in keep))
+    if shown:
+        console.print(table)
+    else:
+        console.print(table.title)
+    rejected = summary["total"] - summary["feasible"]
+    if rejected:
+        console.print(f"{rejected} rejected by can_implement:", highlight=False)
+        for reason, count in summary["rejected_by_reason"].items():
+            console.print(f"  {count:6d}  {reason}", highlight=False, soft_wrap=True)
+    console.print(f"summary: {summary['total']} configs, {summary['feasible']} feasible, "
+                  f"{summary['compiled']} compiled, {summary['compile_errors']} compile errors"
+                  + "".join(f"; {n} {cls}" for cls, n in summary.get("mma_classes", {}).items()),
+                  highlight=False)

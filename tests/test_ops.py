@@ -1,0 +1,103 @@
+"""The custom op without a GPU: its fake implementation under FakeTensorMode and on meta
+tensors, and torch.compile(fullgraph=True) tracing a model through tuner.attention and the SDPA
+drop-in as one opaque node (GPU execution: tests/gpu/test_compile_gpu.py)."""
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import tuner
+import tuner.ops  # registers fp8_attn_tuner::attention (tuner.attention imports it on first use)
+from tuner.errors import TunerError
+from variants import mma_sync
+
+OP = torch.ops.fp8_attn_tuner.attention.default
+
+
+def test_fake_gives_bf16_out_and_fp32_lse_shapes():
+    with FakeTensorMode():
+        q = torch.empty(2, 77, 3, 64, dtype=torch.float16, device="cuda")
+        out, lse = OP(q, q, q, None, "", "auto", None, True)
+    assert (out.shape, out.dtype, out.device.type) == ((2, 77, 3, 64), torch.bfloat16, "cuda")
+    assert (lse.shape, lse.dtype) == ((2, 3, 77), torch.float32)
+
+
+def test_meta_tensors_propagate_shapes_through_attention():
+    q = torch.empty(1, 100, 4, 128, dtype=torch.bfloat16, device="meta")
+    out, lse = tuner.attention(q, q, q, return_lse=True)
+    assert out.is_meta and out.shape == (1, 100, 4, 128) and lse.shape == (1, 4, 100)
+
+
+class Block(torch.nn.Module):
+    """A transformer attention block written against F.scaled_dot_product_attention."""
+
+    def __init__(self, sdpa, dim=256, heads=2):
+        super().__init__()
+        self.heads, self.sdpa = heads, sdpa
+        self.qkv = torch.nn.Linear(dim, 3 * dim, device="meta", dtype=torch.bfloat16)
+        self.proj = torch.nn.Linear(dim, dim, device="meta", dtype=torch.bfloat16)
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        out = self.sdpa(q, k, v)
+        return self.proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+def _traced_ops(fn, *args):
+    graphs = []
+
+    def backend(gm, _example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    result = torch.compile(fn, fullgraph=True, backend=backend)(*args)
+    targets = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    return result, targets
+
+
+def test_compile_fullgraph_traces_a_block_through_the_sdpa_drop_in():
+    x = torch.empty(1, 64, 256, dtype=torch.bfloat16, device="meta")
+    out, targets = _traced_ops(Block(tuner.scaled_dot_product_attention), x)
+    assert out.shape == (1, 64, 256) and out.dtype == torch.bfloat16
+    assert targets.count(OP) == 1
+
+
+def test_compile_fullgraph_bakes_a_pinned_config_into_the_graph():
+    cfg = mma_sync.default("sm_90a")
+    q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16, device="meta")
+    out, targets = _traced_ops(lambda q: tuner.attention(q, q, q, config=cfg), q)
+    assert out.shape == q.shape and targets.count(OP) == 1
+
+
+ARGS = dict(attn_mask=torch.empty(1, 64, 64, device="meta"), dropout_p=0.1, is_causal=True)
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    ("attn_mask", ARGS["attn_mask"], r"attn_mask is not supported.*call torch\.nn\.functional"),
+    ("dropout_p", 0.1, r"dropout_p=0.1 is not supported.*dropout_p=0\.0"),
+    ("is_causal", True, r"is_causal=True is not supported yet.*scaled_dot_product_attention"),
+])
+def test_sdpa_refuses_what_the_kernels_cannot_honour(name, value, expected):
+    q = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(TunerError, match=expected):
+        tuner.scaled_dot_product_attention(q, q, q, **{name: value})
+
+
+@pytest.mark.parametrize("kv_shape, gqa, expected", [
+    ((1, 1, 64, 128), True, r"query has 2 heads, key/value 1/1: grouped-query attention "
+                            r"\(enable_gqa=True\) is not supported yet; repeat"),
+    ((1, 2, 32, 128), False, r"query has 64 tokens, key/value 32/32: different query"),
+    ((2, 64, 128), False, r"key has shape \(2, 64, 128\); expected 4 dims"),
+])
+def test_sdpa_refuses_other_head_counts_and_lengths(kv_shape, gqa, expected):
+    q = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(*kv_shape, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(TunerError, match=expected):
+        tuner.scaled_dot_product_attention(q, kv, kv, enable_gqa=gqa)
+
+
+def test_sdpa_layout_and_dtype_follow_torch():
+    q = torch.empty(1, 2, 64, 128, dtype=torch.float16, device="meta")
+    out = tuner.scaled_dot_product_attention(q, q, q, scale=0.1)
+    assert out.shape == (1, 2, 64, 128) and out.dtype == torch.float16

@@ -1,0 +1,47 @@
+"""`fp8_attn_tuner::attention`: the tuned kernel as a torch.library custom op.
+
+torch.compile (and torch.export) treat a custom op as one opaque node: Dynamo never steps into
+the launch (whose raw CUDA stream handle it cannot trace), the config lookup (database reads, an
+lru_cache) or the finite-input scan (a device sync). The fake implementation gives the output
+shapes from the input shapes, which is all tracing needs; it also answers meta tensors, so a
+model built on the meta device propagates shapes through attention without a GPU.
+
+The op's schema holds only tensors and plain values: the config travels as `config_key(cfg)`
+text ("" = look up the tuned winner at run time, inside the op).
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import Tensor
+
+
+@torch.library.custom_op("fp8_attn_tuner::attention", mutates_args=())
+def attention_op(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None, config: str,
+                 gpu: str, db: str | None, check_finite: bool) -> tuple[Tensor, Tensor]:
+    """(out bf16 (batch, seq_len, heads, head_dim), lse fp32 (batch, heads, seq_len)) of q, k, v
+    (batch, seq_len, heads, head_dim) on CUDA; checked by tuner.attention before the call."""
+    from tuner.runtime import run_attention
+
+    return run_attention(q, k, v, softmax_scale, config, gpu, db, check_finite)
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, softmax_scale, config, gpu, db, check_finite):
+    batch, seq_len, heads, head_dim = q.shape
+    out = q.new_empty((batch, seq_len, heads, head_dim), dtype=torch.bfloat16)
+    lse = q.new_empty((batch, heads, seq_len), dtype=torch.float32)
+    return out, lse
+
+
+# A pinned config is a Python object the op schema cannot hold. Computed under torch.compile,
+# its text would be traced through json (which Dynamo cannot follow); as a constant result it is
+# evaluated once at trace time and baked into the graph (a config is frozen, so it cannot change).
+@torch.compiler.assume_constant_result
+def config_key(config) -> str:
+    """The text a Config travels as through the op: its family and knobs as sorted JSON."""
+    from tuner.runtime import family_of
+
+    return json.dumps({"family": family_of(config), "config": config.to_dict()}, sort_keys=True)

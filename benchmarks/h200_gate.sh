@@ -6,6 +6,10 @@
 #                                    # search); the gate's cost; both sm_90a spaces compiled
 #   bash benchmarks/h200_gate.sh S   # no-false-reject sweep: every feasible config of both
 #                                    # spaces at S = 1, 77, 4097; the best three at S = 30272
+#   bash benchmarks/h200_gate.sh V   # after the merges of the sixth session: planted bugs again,
+#                                    # mma_sync space (pv_accum=fp16 added) compiled and swept,
+#                                    # the GPU tests of issues 18 and 20, the crashing double in a
+#                                    # real search, the build cache, the gate's cost
 set -u
 source .device/env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -41,5 +45,22 @@ S)
   capped 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_wgmma_gpu.py \
     tests/gpu/test_mma_sync_gpu.py -k "best or target_shape" > "$OUT/best_30272.log" 2>&1
   echo "best at 30272 rc=$?"; tail -n 6 "$OUT/best_30272.log"
+  ;;
+V)
+  capped 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_gate_gpu.py \
+    > "$OUT/planted_gpu.log" 2>&1; echo "planted gpu rc=$?"; tail -n 3 "$OUT/planted_gpu.log"
+  capped 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_compile_gpu.py \
+    tests/gpu/test_runtime_gpu.py tests/gpu/test_build_cache_gpu.py > "$OUT/i18_gpu.log" 2>&1
+  echo "issue 18 + runtime gpu rc=$?"; tail -n 15 "$OUT/i18_gpu.log"
+  capped 150 python3 -m tuner space --gpu h200 --family mma_sync --compile --jobs 16 \
+    > "$OUT/space_mma_sync.txt" 2>&1; echo "space mma_sync rc=$?"; tail -n 2 "$OUT/space_mma_sync.txt" | cut -c1-300
+  capped 150 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_mma_sync_gpu.py \
+    -k "pv_accum or run_writes" > "$OUT/i20_gpu.log" 2>&1; echo "issue 20 gpu rc=$?"; tail -n 6 "$OUT/i20_gpu.log"
+  capped 150 python3 benchmarks/gate_sweep.py --family mma_sync --procs 14 --out "$OUT" \
+    > "$OUT/sweep_mma_sync.log" 2>&1; echo "sweep mma_sync rc=$?"; head -n 12 "$OUT/sweep_mma_sync.log"
+  capped 200 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_search_gpu.py \
+    > "$OUT/search_gpu.log" 2>&1; echo "search gpu rc=$?"; tail -n 4 "$OUT/search_gpu.log"
+  capped 100 python3 benchmarks/gate_cost.py > "$OUT/gate_cost.md" 2>&1
+  echo "gate cost rc=$?"; cat "$OUT/gate_cost.md"
   ;;
 esac

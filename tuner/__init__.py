@@ -1,7 +1,8 @@
 """FP8 flash-attention autotuner: find, store and serve the fastest correct CuTe-DSL variant."""
 
+from tuner.api import attention
 from tuner.problem import Problem
-from tuner.runtime import attention, load_best_config
+from tuner.runtime import load_best_config
 from tuner.sdpa import scaled_dot_product_attention
 
 __all__ = ["Problem", "attention", "load_best_config", "scaled_dot_product_attention"]

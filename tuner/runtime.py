@@ -248,38 +248,6 @@ def family_of(config) -> str:
     return parts[1]
 
 
-def attention(
-    q,
-    k,
-    v,
-    *,
-    softmax_scale: float | None = None,
-    return_lse: bool = False,
-    config=None,
-    gpu: str = "auto",
-    db: str | None = None,
-    check_finite: bool = True,
-):
-    """FP8 attention forward with the tuned kernel: q, k, v (batch, seq_len, heads, head_dim)
-    bf16/fp16 on CUDA -> bf16 output (and fp32 LSE (batch, heads, seq_len) with return_lse).
-
-    The first call for a (config, problem) compiles (or loads the disk cache); later calls only
-    quantize and launch, which also makes them capturable in a CUDA graph. The work runs in the
-    custom op fp8_attn_tuner::attention (tuner.ops), so torch.compile(fullgraph=True) traces a
-    model through this call as one opaque node.
-    """
-    from tuner.ops import attention_op, config_key
-    from variants.prepare import check_qkv
-
-    # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
-    # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the op.
-    # check_finite=False drops it (and its sync) from a hot loop whose inputs are known finite.
-    check_qkv(q, k, v, require_cuda=True, check_finite=False)
-    key = "" if config is None else config_key(config)
-    out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite)
-    return (out, lse) if return_lse else out
-
-
 def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool):
     """The body of the custom op on real tensors: the config (pinned, or looked up now), its
     kernel (compiled once), prepare and launch on the current stream."""

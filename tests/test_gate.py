@@ -54,13 +54,18 @@ def test_structured_inputs_are_peaked_sunk_and_have_an_outlier_head():
     torch.testing.assert_close(outlier, scaled, atol=2e-2, rtol=0)
 
 
-def test_long_sequences_check_both_ends_whole():
-    case = gate_cases(Problem(1, 2, 30272))[1]
-    rows = checked_rows(case, "cpu")
-    assert rows is not None and 1000 < rows.numel() < 2000
-    assert set(range(EDGE_ROWS)) <= set(rows.tolist())
-    assert set(range(case.seq_len - EDGE_ROWS, case.seq_len)) <= set(rows.tolist())
-    assert checked_rows(gate_cases(Problem(1, 2, 30272))[0], "cpu") is None  # random: all
+@pytest.mark.parametrize("which", [0, 1])
+def test_long_sequences_check_both_ends_whole_and_every_tile(which):
+    case = gate_cases(Problem(1, 2, 30272))[which]
+    rows = checked_rows(case, "cpu", seed=7)
+    assert rows is not None and 1000 < rows.numel() < 2000 and len(set(rows.tolist())) == len(rows)
+    got = set(rows.tolist())
+    assert set(range(EDGE_ROWS)) <= got
+    assert set(range(case.seq_len - EDGE_ROWS, case.seq_len)) <= got
+    # Every 64-row query tile holds a checked row; another seed checks other rows.
+    assert all(got & set(range(t, min(t + 64, case.seq_len))) for t in range(0, case.seq_len, 64))
+    assert set(checked_rows(case, "cpu", seed=8).tolist()) != got
+    assert checked_rows(gate_cases(Problem(1, 2, 8192))[0], "cpu") is None  # short: every row
 
 
 @pytest.mark.parametrize("seq_len", [64, 77])

@@ -30,14 +30,14 @@ from variants.mma_sync import Config, can_implement, compile, default, space  # 
 
 # The seed's first kernel: 64x64 tile, one stage, P through smem, the BF16-habit swizzle.
 BASELINE = Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=1,
-                  p_staging="smem", swizzle="chunk_elems", q_in_registers=False, mma="fp8")
+                  p_source="smem", swizzle="chunk_elems", q_in_registers=False, mma="fp8")
 LADDER = [
     ("baseline", BASELINE),
     ("+2 stages", dataclasses.replace(BASELINE, kv_stages=2)),
-    ("+register P", dataclasses.replace(BASELINE, kv_stages=2, p_staging="registers")),
-    ("+32 rows/warp", dataclasses.replace(BASELINE, kv_stages=2, p_staging="registers",
+    ("+register P", dataclasses.replace(BASELINE, kv_stages=2, p_source="registers")),
+    ("+32 rows/warp", dataclasses.replace(BASELINE, kv_stages=2, p_source="registers",
                                           block_m=128, rows_per_warp=32, block_n=32)),
-    ("+bank_period", dataclasses.replace(BASELINE, kv_stages=2, p_staging="registers",
+    ("+bank_period", dataclasses.replace(BASELINE, kv_stages=2, p_source="registers",
                                          block_m=128, rows_per_warp=32, block_n=32,
                                          swizzle="bank_period")),
 ]

@@ -25,24 +25,24 @@ GPUS = {"sm_120a": PROFILES["5080"], "sm_90a": PROFILES["h200"]}
 # the sm_120a space); each is feasible on both the 5080 and the H200.
 REPRESENTATIVE = [
     {},  # the default: the seed's final kernel
-    dict(p_staging="smem"),
+    dict(p_source="smem"),
     dict(kv_stages=1),
     dict(kv_stages=3),
-    dict(q_in_registers=True, block_m=128, warps=8, rows_per_warp=16, p_staging="smem"),
+    dict(q_in_registers=True, block_m=128, warps=8, rows_per_warp=16, p_source="smem"),
     dict(swizzle="chunk_elems"),
-    dict(p_staging="smem", block_m=64, rows_per_warp=16, kv_stages=3),
+    dict(p_source="smem", block_m=64, rows_per_warp=16, kv_stages=3),
     dict(block_m=64, rows_per_warp=16, block_n=64),
     dict(block_m=256, warps=8),
-    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_staging="smem"),
+    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_source="smem"),
     dict(block_m=64, rows_per_warp=16, q_in_registers=True, swizzle="chunk_elems", kv_stages=3),
     dict(block_m=128, warps=8, rows_per_warp=16, block_n=64, kv_stages=1),
     dict(block_m=64, rows_per_warp=16, block_n=128, swizzle="chunk_elems"),
     dict(pv_accum="fp16"),
-    dict(pv_accum="fp16", block_m=64, rows_per_warp=16, block_n=64, p_staging="smem",
+    dict(pv_accum="fp16", block_m=64, rows_per_warp=16, block_n=64, p_source="smem",
          swizzle="chunk_elems"),
 ]
 MXF8 = [dict(mma="mxf8"), dict(mma="mxf8", block_m=64, rows_per_warp=16, block_n=64,
-                              p_staging="smem", q_in_registers=True)]
+                              p_source="smem", q_in_registers=True)]
 
 
 def _cfg(arch: str, overrides: dict) -> Config:
@@ -90,7 +90,7 @@ def test_mxf8_compiles_for_sm120(overrides):
     assert 32 <= kernel.resources.registers <= 255
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(p_staging="smem", swizzle="chunk_elems",
+@pytest.mark.parametrize("overrides", [{}, dict(p_source="smem", swizzle="chunk_elems",
                                               block_m=64, rows_per_warp=16, block_n=64)],
                          ids=["default", "seed-first-kernel"])
 def test_compiles_for_sm89(overrides):

@@ -57,17 +57,17 @@ def test_default_is_in_space_and_feasible(gpu):
 def test_default_is_the_seed_final_config():
     cfg = default("sm_120a", PROBLEM)
     assert (cfg.block_m, cfg.block_n, cfg.warps, cfg.rows_per_warp) == (128, 32, 4, 32)
-    assert (cfg.kv_stages, cfg.p_staging, cfg.swizzle) == (2, "registers", "bank_period")
+    assert (cfg.kv_stages, cfg.p_source, cfg.swizzle) == (2, "registers", "bank_period")
     assert cfg.q_in_registers is False and cfg.mma == "fp8"
     # The path the seed measured (half rate on GeForce per the published rates: config.py).
     assert cfg.pv_accum == "fp32" and cfg.p_shift_log2 == 8
 
 
 def test_config_round_trip_and_hash():
-    cfg = _cfg(p_staging="smem", q_in_registers=True)
+    cfg = _cfg(p_source="smem", q_in_registers=True)
     assert Config.from_dict(cfg.to_dict()) == cfg
     assert hash(Config.from_dict(cfg.to_dict())) == hash(cfg)
-    assert len({cfg, _cfg(p_staging="smem", q_in_registers=True)}) == 1
+    assert len({cfg, _cfg(p_source="smem", q_in_registers=True)}) == 1
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.block_n = 64  # type: ignore[misc]
 
@@ -131,10 +131,10 @@ def test_mxf8_feasible_on_sm120():
 def test_smem_of_the_seed_steps():
     # The seed's numbers on the 5080 (Q + stages x (K + V) [+ P]): 28 KB for the 64x64 one-stage
     # kernel with P in smem, 44 KB with 2 stages, 40 KB with P in registers.
-    first = _cfg(block_m=64, rows_per_warp=16, block_n=64, kv_stages=1, p_staging="smem")
+    first = _cfg(block_m=64, rows_per_warp=16, block_n=64, kv_stages=1, p_source="smem")
     assert smem_bytes(first, 128) == 28 * 1024
     assert smem_bytes(dataclasses.replace(first, kv_stages=2), 128) == 44 * 1024
-    second = dataclasses.replace(first, kv_stages=2, p_staging="registers")
+    second = dataclasses.replace(first, kv_stages=2, p_source="registers")
     assert smem_bytes(second, 128) == 40 * 1024
 
 
@@ -215,3 +215,12 @@ def test_fp16_strip_sum_worst_case_stays_finite(block_n):
     shift = p_shift_log2("fp16", block_n)
     assert torch.isfinite(strip_sum(shift))
     assert torch.isinf(strip_sum(shift + 1))
+
+
+def test_the_old_name_of_p_source_still_loads():
+    # Tables and database rows written before the knob took wgmma's name say p_staging.
+    stored = {**default("sm_120a").to_dict(), "p_source": "smem"}
+    old = {("p_staging" if k == "p_source" else k): v for k, v in stored.items()}
+    assert Config.from_dict(old) == Config.from_dict(stored)
+    with pytest.raises(TunerError, match="both 'p_staging' and its new name 'p_source'"):
+        Config.from_dict({**old, "p_source": "smem"})

@@ -1,6 +1,6 @@
 """mma_sync family, CPU only: the P round trip through shared memory, address by address.
 
-With p_staging=smem each thread stores its S-accumulator (C layout) pairs of P to the swizzled P
+With p_source=smem each thread stores its S-accumulator (C layout) pairs of P to the swizzled P
 tile and the warp reads them back with ldmatrix in the A layout of the P @ V MMA. Both paths are
 built here by the kernel's own helpers (MmaSyncAttention._p_store_views, _p_load_partition) inside
 a host-side @cute.jit function that runs on the CPU: the thread index is a runtime value, exactly
@@ -58,11 +58,11 @@ def _p_key(cfg: Config) -> tuple:
 
 
 def _smem_p_cases() -> list[tuple[str, tuple]]:
-    """(arch, P key) for every feasible p_staging=smem config of every supported arch's space."""
+    """(arch, P key) for every feasible p_source=smem config of every supported arch's space."""
     cases = set()
     for arch in SUPPORTED_ARCHS:
         for cfg in enumerate_space(Config, space(arch)):
-            if cfg.p_staging == "smem" and any(
+            if cfg.p_source == "smem" and any(
                     can_implement(cfg, problem, gpu)[0]
                     for gpu in ARCH_GPUS[arch] for problem in PROBLEMS):
                 cases.add((arch, _p_key(cfg)))
@@ -100,7 +100,7 @@ def _trace_p_round_trip(key: tuple, arch: str, bases=BASES):
 
     bm, bn, warps, rpw, swizzle, mma = key
     cfg = Config(block_m=bm, block_n=bn, warps=warps, rows_per_warp=rpw, kv_stages=1,
-                 p_staging="smem", swizzle=swizzle, q_in_registers=False, mma=mma)
+                 p_source="smem", swizzle=swizzle, q_in_registers=False, mma=mma)
     kern = MmaSyncAttention(cfg, 128)
     threads, m_tiles = kern.threads, kern.m_tiles
     n_pairs = m_tiles * 2 * (bn // 8)
@@ -360,7 +360,7 @@ def test_p_smem_addresses_in_ptx(arch, overrides, swizzle, tmp_path):
     from variants.mma_sync.config import SMEM_ALIGN
     from variants.mma_sync.kernel import MmaSyncAttention
 
-    cfg = Config(p_staging="smem", swizzle=swizzle, q_in_registers=False, mma="fp8",
+    cfg = Config(p_source="smem", swizzle=swizzle, q_in_registers=False, mma="fp8",
                  **overrides)
     problem = Problem(batch=1, heads=4, seq_len=77, head_dim=128)
     assert can_implement(cfg, problem, ARCH_GPUS[arch][0]) == (True, None)

@@ -46,9 +46,9 @@ SPILL_FREE = [dict(kv_stages=s, mma=m, pv_accum=a)
               for s in (1, 2, 3) for m in ("fp8", "mxf8") for a in ("fp32", "fp16")]
 # Other tile shapes (other MMA counts) and P through shared memory.
 OTHER_SHAPES = [
-    dict(block_m=64, rows_per_warp=16, block_n=64, p_staging="smem", pv_accum="fp16"),
-    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_staging="smem", pv_accum="fp16"),
-    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_staging="smem", mma="mxf8"),
+    dict(block_m=64, rows_per_warp=16, block_n=64, p_source="smem", pv_accum="fp16"),
+    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_source="smem", pv_accum="fp16"),
+    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_source="smem", mma="mxf8"),
     dict(block_m=64, rows_per_warp=16, block_n=64, q_in_registers=True),
 ]
 

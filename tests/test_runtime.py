@@ -13,7 +13,7 @@ from variants import mma_sync
 DEVICE = "dev-h200"
 SEED_CFG = mma_sync.default("sm_90a")
 ALT_CFG = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
-                          p_staging="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+                          p_source="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
 
 
 @pytest.fixture

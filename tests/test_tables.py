@@ -17,7 +17,7 @@ FINGERPRINT = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 1
 OTHER_GPU = {"name": "NVIDIA H100 80GB HBM3", "compute_capability": "9.0", "sm_count": 132}
 SEED = mma_sync.default("sm_90a")
 SMALL = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
-                        p_staging="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+                        p_source="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
 
 
 def populated_store(url) -> tuple[Store, str]:

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import yaml
 
@@ -75,11 +75,22 @@ class ConfigMixin:
         """V's keys stored in the register-P order (prepare.register_p_key_order)."""
         return self.register_p
 
+    # Old knob name -> today's, for tables and database rows written before a rename.
+    RENAMED_KNOBS: ClassVar[dict[str, str]] = {}
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):
+        for old, new in cls.RENAMED_KNOBS.items():
+            if old in data:
+                if new in data:
+                    from variants.errors import TunerError
+
+                    raise TunerError(f"{cls.__name__}: both {old!r} and its new name {new!r} "
+                                     f"given; keep only {new!r}")
+                data = {(new if k == old else k): v for k, v in data.items()}
         fields = dataclasses.fields(cls)
         names = {f.name for f in fields}
         unknown = sorted(set(data) - names)

@@ -80,7 +80,7 @@ def test_batch_and_head_dim_64():
 @pytest.mark.parametrize("cfg", [
     default(ARCH),
     dataclasses.replace(default(ARCH), block_m=64, rows_per_warp=16, block_n=64, kv_stages=1,
-                        p_staging="smem"),
+                        p_source="smem"),
 ], ids=["default", "seed-first"])
 def test_target_shape(cfg):
     _check(cfg, Problem(batch=1, heads=56, seq_len=30272))
@@ -95,12 +95,12 @@ def test_target_shape(cfg):
 # test_sm90_space_is_correct.
 PV_FP16 = [dataclasses.replace(default(ARCH), pv_accum="fp16", **o) for o in (
     {},
-    dict(p_staging="smem", kv_stages=1),
+    dict(p_source="smem", kv_stages=1),
     dict(kv_stages=3, swizzle="chunk_elems"),
-    dict(block_m=64, rows_per_warp=16, block_n=64, p_staging="smem"),
+    dict(block_m=64, rows_per_warp=16, block_n=64, p_source="smem"),
     dict(block_m=64, rows_per_warp=16, block_n=64, q_in_registers=True),
     dict(block_m=128, warps=8, rows_per_warp=16, block_n=128),
-    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_staging="smem",
+    dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, p_source="smem",
          swizzle="chunk_elems"),
     dict(block_m=256, warps=8),
 )]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 from variants.base import ConfigMixin, load_space
 
 FAMILY = "mma_sync"
-P_STAGING = ("smem", "registers")
+P_SOURCES = ("smem", "registers")
 SWIZZLES = ("bank_period", "chunk_elems")
 MMAS = ("fp8", "mxf8")
 PV_ACCUMS = ("fp32", "fp16")
@@ -31,12 +32,15 @@ class Config(ConfigMixin):
     warps: int
     rows_per_warp: int
     kv_stages: int
-    p_staging: str
+    p_source: str
     swizzle: str
     q_in_registers: bool
     mma: str
     # Default = the kernel before the knob existed, so stored configs without it still load.
     pv_accum: str = "fp32"
+
+    # Where P comes from has one name in both families (wgmma's); rows written before load.
+    RENAMED_KNOBS: ClassVar[dict[str, str]] = {"p_staging": "p_source"}
 
     @property
     def threads(self) -> int:
@@ -50,7 +54,7 @@ class Config(ConfigMixin):
     @property
     def register_p(self) -> bool:
         """P stays in registers, so prepare stores V in the register-P key order."""
-        return self.p_staging == "registers"
+        return self.p_source == "registers"
 
     @property
     def p_shift_log2(self) -> int:
@@ -107,7 +111,7 @@ def default(arch: str, problem=None) -> Config:
     # space, so a search validates them on the GPU before one can win, and the winner must beat
     # this default by more than the noise.
     return Config(block_m=128, block_n=32, warps=4, rows_per_warp=32, kv_stages=2,
-                  p_staging="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
+                  p_source="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
 
 
 def smem_bytes(cfg: Config, head_dim: int) -> int:
@@ -115,7 +119,7 @@ def smem_bytes(cfg: Config, head_dim: int) -> int:
     fields = [cfg.block_m * head_dim,                       # Q tile
               cfg.kv_stages * cfg.block_n * head_dim,       # K ring
               cfg.kv_stages * head_dim * cfg.block_n]       # V ring (feature-major)
-    if cfg.p_staging == "smem":
+    if cfg.p_source == "smem":
         fields.append(cfg.block_m * cfg.block_n)            # P tile
     return sum(-(-f // SMEM_ALIGN) * SMEM_ALIGN for f in fields)
 
@@ -165,8 +169,8 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     if cfg.pv_accum == "fp16" and arch not in PV_FP16_ARCHS:
         return False, (f"pv_accum=fp16 (mma.sync .f16.e4m3.e4m3.f16) exists only on "
                        f"{PV_FP16_ARCHS}, not {arch}")
-    if cfg.p_staging not in P_STAGING:
-        return False, f"p_staging={cfg.p_staging!r} unknown; one of {P_STAGING}"
+    if cfg.p_source not in P_SOURCES:
+        return False, f"p_source={cfg.p_source!r} unknown; one of {P_SOURCES}"
     if cfg.swizzle not in SWIZZLES:
         return False, f"swizzle={cfg.swizzle!r} unknown; one of {SWIZZLES}"
     if cfg.rows_per_warp not in (16, 32):

@@ -80,7 +80,7 @@ class MmaSyncAttention:
         self.threads = cfg.warps * 32
         self.m_tiles = cfg.rows_per_warp // 16
         self.stages = cfg.kv_stages
-        self.register_p = cfg.p_staging == "registers"
+        self.register_p = cfg.p_source == "registers"
         self.q_in_registers = cfg.q_in_registers
         self.bank_period = cfg.swizzle == "bank_period"
         self.mxf8 = cfg.mma == "mxf8"

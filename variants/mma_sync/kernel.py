@@ -45,10 +45,8 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from variants.common.abi import output_views
+from variants.common.softmax import LOG2_E, exp2_argument, lse_natural, rescale_factor
 from variants.mma_sync.config import Config
-
-LOG2_E = 1.4426950408889634
-LN_2 = 0.6931471805599453
 
 
 def _register_p_slots(m_tiles: int, block_n: int) -> list[int]:
@@ -381,9 +379,10 @@ class MmaSyncAttention:
                     tile_max = cute.arch.fmax(
                         tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
                     m_new = cute.arch.fmax(row_max[st], tile_max * qk_log2)
-                    alpha = cute.math.exp2(row_max[st] - m_new, fastmath=True)
+                    alpha = rescale_factor(row_max[st], m_new)
                     # 2^shift * 2^(s - m): P in [0, 2^shift] (256 with pv_accum=fp32).
-                    p = cute.math.exp2(raw * qk_log2 - (m_new - self.p_shift), fastmath=True)
+                    p = cute.math.exp2(exp2_argument(raw, qk_log2, m_new, self.p_shift),
+                                       fastmath=True)
                     row_sum[st] = row_sum[st] * alpha + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
                     row_max[st] = m_new
                     s_row.store(p)
@@ -439,8 +438,7 @@ class MmaSyncAttention:
                 row = row_base + tOcO[(0, r), mt_i, 0][0]
                 if row < seq_len:
                     if lane % 4 == 0:
-                        lse = (row_max[st] - self.p_shift + cute.math.log2(total, fastmath=True))
-                        mLSE[batch, head, row] = lse * LN_2
+                        mLSE[batch, head, row] = lse_natural(row_max[st], total, self.p_shift)
                     for n in cutlass.range_constexpr(d // 8):
                         cute.autovec_copy(rO[(None, r), mt_i, n], tOgO[(None, r), mt_i, n])
 

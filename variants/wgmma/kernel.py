@@ -71,15 +71,12 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from variants.common.abi import output_views
+from variants.common.softmax import LOG2_E, exp2_argument, lse_natural, rescale_factor
 from variants.wgmma.barriers import p_store_barrier, sched_barrier
 from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
 from variants.wgmma.ptx import _exp2_polynomial
 from variants.wgmma.v_transpose import TRANSPOSE_WARPS, VTransposeMixin
 
-LOG2_E = 1.4426950408889634
-LN_2 = 0.6931471805599453
-# P = exp(s - m) * 256 before rounding to e4m3: 2^8 folded into the exponent.
-P_SHIFT_LOG2 = 8.0
 _DEBUG = False
 
 
@@ -454,8 +451,8 @@ class WgmmaAttention(VTransposeMixin):
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
             m_new = cute.arch.fmax(row_max[r], tile_max * qk_log2)
-            alpha[r] = cute.math.exp2(row_max[r] - m_new, fastmath=True)
-            x = raw * qk_log2 - (m_new - P_SHIFT_LOG2)
+            alpha[r] = rescale_factor(row_max[r], m_new)
+            x = exp2_argument(raw, qk_log2, m_new)
             if cutlass.const_expr(self.fma_exp2 == 0):
                 p = cute.math.exp2(x, fastmath=True)
                 s_mn[r, None].store(p)
@@ -631,8 +628,7 @@ class WgmmaAttention(VTransposeMixin):
                 row = row_base + c_mn[r, 0][0]
                 if row < seq_len:
                     if lane % 4 == 0:
-                        lse = row_max[r] - P_SHIFT_LOG2 + cute.math.log2(totals[r], fastmath=True)
-                        mLSE[batch, head, row] = lse * LN_2
+                        mLSE[batch, head, row] = lse_natural(row_max[r], totals[r])
                     for c in cutlass.range_constexpr(cute.size(r_mn, mode=[1]) // 2):
                         cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])
             tile += grid

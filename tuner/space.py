@@ -16,7 +16,7 @@ from pathlib import Path
 from tuner.gpus import GpuProfile
 from tuner.problem import Problem
 from variants import load_family
-from variants.base import enumerate_space
+from variants.base import judge_space
 
 
 @dataclass
@@ -47,12 +47,8 @@ class SpaceRow:
 
 def enumerate_rows(gpu: GpuProfile, family_name: str, problem: Problem) -> list[SpaceRow]:
     family = load_family(family_name)
-    domains = family.space(gpu.arch)
-    rows = []
-    for cfg in enumerate_space(family.Config, domains):
-        ok, reason = family.can_implement(cfg, problem, gpu)
-        rows.append(SpaceRow(family_name, cfg.to_dict(), ok, reason))
-    return rows
+    return [SpaceRow(family_name, cfg.to_dict(), ok, reason)
+            for cfg, ok, reason in judge_space(family, problem, gpu)]
 
 
 # A build takes ~1 s; one that runs this long is hung and is killed.

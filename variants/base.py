@@ -130,3 +130,11 @@ def enumerate_space(config_cls, space: dict[str, list]):
         raise KeyError(f"search space lacks knobs {missing} of {config_cls.__name__}")
     for values in itertools.product(*(space[n] for n in names)):
         yield config_cls(**dict(zip(names, values, strict=True)))
+
+
+def judge_space(family, problem, gpu):
+    """(config, ok, reason) for every config of `family`'s space on gpu.arch, with
+    can_implement's verdict: the one enumeration the search and `tuner space` share."""
+    for cfg in enumerate_space(family.Config, family.space(gpu.arch)):
+        ok, reason = family.can_implement(cfg, problem, gpu)
+        yield cfg, ok, reason

@@ -140,11 +140,11 @@ class _Trial(_Base):
     family_set: Mapped[str] = mapped_column(String(128))
     study_name: Mapped[str | None] = mapped_column(String(256), index=True)
     optuna_number: Mapped[int | None] = mapped_column(Integer)
-    role: Mapped[str] = mapped_column(String(16))  # default | search | retime
+    role: Mapped[str] = mapped_column(String(16))  # a tuner.outcomes.Role value
     family: Mapped[str] = mapped_column(String(128))
     config_json: Mapped[str] = mapped_column(Text)
     config_hash: Mapped[str] = mapped_column(String(32), index=True)
-    outcome: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str] = mapped_column(String(16))  # a tuner.outcomes.Outcome value
     message: Mapped[str | None] = mapped_column(Text)
     median_ms: Mapped[float | None] = mapped_column(Float)
     iqr_ms: Mapped[float | None] = mapped_column(Float)

@@ -23,7 +23,7 @@ class DEFAULTS:
 
 
 def _default_compile_jobs() -> int:
-    # One core stays with the main process and the GPU worker; compiles are CPU-bound.
+    # One core stays with the main process and the GPU sandbox; compiles are CPU-bound.
     return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 

@@ -14,7 +14,9 @@ under the same deferred Ctrl-C as the ask, so that:
     unless those trials are older than any candidate can take (a dead remote host).
 
 Why not Optuna's heartbeat (RDBStorage(heartbeat_interval=, grace_period=) with
-optuna.storages.fail_stale_trials), tried for this and not taken (Optuna 5.0):
+optuna.storages.fail_stale_trials, experimental), tried for this and not taken (Optuna 5.0.0, on
+SQLite: an asked trial left silent past the grace period is still RUNNING after
+fail_stale_trials; one that Optuna's private HeartbeatThread beat for a while is failed):
   - heartbeats are recorded only inside Study.optimize, by a thread per trial in _run_trial; the
     search uses ask/tell so that compiles run ahead of the GPU with several trials in flight, and
     Study.ask only warns that heartbeats are meant for optimize. Beating ourselves would take

@@ -49,6 +49,9 @@ class Progress:
 
 
 class ProblemSearch:
+    """One study on one problem: run() searches it and decides (or leaves the decision to
+    whoever searches it last); decide() alone is the parent's part for `--workers N`."""
+
     def __init__(self, problem: Problem, families: list[str], target: Target, store: Store,
                  storage: optuna.storages.BaseStorage, settings: SearchSettings,
                  on_progress: Callable[[Progress], None] | None = None) -> None:

@@ -112,8 +112,9 @@ def test_mode_follows_feasible_space_size(tmp_path, family, trials, mode):
     search = ProblemSearch(PROBLEM, [family], make_target("h200", modules),
                            Store(f"sqlite:///{tmp_path / 'db.sqlite'}"),
                            optuna.storages.InMemoryStorage(), SearchSettings(trials=trials))
-    assert search.mode == mode
-    assert len(search.feasible) == (14 if family == SMALL else 140)
+    progress = search.progress()
+    assert progress.mode == mode
+    assert progress.feasible == (14 if family == SMALL else 140)
 
 
 def test_cli_defaults_match_the_search_settings():
@@ -274,7 +275,7 @@ def test_a_process_finishing_while_another_still_searches_leaves_it_the_decision
     assert result["winner"] is None and "left to elsewhere:4242" in result["stopped"]
     assert retimes() == decided
     # A trial older than any candidate can take belongs to a dead host: it blocks nothing.
-    monkeypatch.setattr(ProblemSearch, "_longest_candidate", lambda self: dt.timedelta(0))
+    monkeypatch.setattr(SearchSettings, "longest_candidate", lambda self: dt.timedelta(0))
     assert run_cli(capsys, args)["results"][0]["winner"] is not None
     assert retimes() > decided
     monkeypatch.undo()

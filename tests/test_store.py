@@ -177,3 +177,17 @@ def test_concurrent_writers_create_and_update_the_same_rows(db_url_any):
     store = Store(db_url_any)
     assert len(store.winners()) == 15 and len(set(ids)) == 30
     assert all(w.trial.id in ids for w in store.winners())
+
+
+def test_enum_outcomes_and_roles_are_stored_and_printed_as_their_plain_values(store):
+    import json
+
+    from tuner.outcomes import Outcome, Role
+
+    # --json and the rows must read as before the enums: plain strings, not "Outcome.OK".
+    assert json.dumps({Outcome.WRONG_RESULT: 1, "role": Role.RETIME}) == \
+        '{"wrong_result": 1, "role": "retime"}'
+    store.record_trial(trial({"a": 9}, outcome=Outcome.TIMEOUT, role=Role.RETIME))
+    (got,) = [t for t in store.trials(P4K) if t.config == {"a": 9}]
+    assert type(got.outcome) is str and got.outcome == "timeout" == Outcome.TIMEOUT
+    assert type(got.role) is str and got.role == "retime" == Role.RETIME

@@ -113,6 +113,7 @@ def bench_seq_len(
 def store_peer_rows(store, device_id: str, problem: Problem, rows: list[BenchRow]) -> None:
     """Peers' timings go into the trials table (role 'bench'), so `tuner show --plot` can draw
     them beside the tuned line."""
+    from tuner.outcomes import Outcome, Role
     from tuner.store import TrialRecord
 
     for row in rows:
@@ -127,8 +128,8 @@ def store_peer_rows(store, device_id: str, problem: Problem, rows: list[BenchRow
                 family=row.system,
                 config={"detail": row.detail},
                 config_hash=row.system,
-                outcome="ok",
-                role="bench",
+                outcome=Outcome.OK,
+                role=Role.BENCH,
                 median_ms=row.median_ms,
                 iqr_ms=row.iqr_ms,
                 tflops=row.tflops,

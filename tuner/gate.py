@@ -1,4 +1,4 @@
-"""The correctness gate a candidate passes before it is timed (runs inside the worker).
+"""The correctness gate a candidate passes before it is timed (runs inside the sandbox).
 
 Two input sets per candidate, each run into NaN-poisoned outputs and compared with the fp32
 reference of variants/reference.py on the gate's own quantization of the inputs:

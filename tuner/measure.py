@@ -1,4 +1,4 @@
-"""Validate, then time, one compiled kernel (runs inside the worker subprocess).
+"""Validate, then time, one compiled kernel (runs inside the sandbox subprocess).
 
 Validation: the correctness gate of tuner/gate.py (random and structured inputs, outputs poisoned
 with NaN, the fp32 reference on the gate's own quantization of the inputs).
@@ -26,7 +26,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Substrings of CUDA errors after which the context is unusable ("sticky" errors): the worker must
+from tuner.outcomes import Outcome
+
+# Substrings of CUDA errors after which the context is unusable ("sticky" errors): the sandbox must
 # be restarted, so they are crashes rather than launch errors.
 _STICKY_CUDA_ERRORS = (
     "illegal memory access", "illegal address", "misaligned address", "illegal instruction",
@@ -38,17 +40,18 @@ MIN_REPEATS = 10
 
 
 class CandidateFailure(Exception):
-    """A candidate failed in its own code; `outcome` is one of store.OUTCOMES."""
+    """A candidate failed in its own code, with the outcome that says how."""
 
-    def __init__(self, outcome: str, message: str) -> None:
+    def __init__(self, outcome: Outcome, message: str) -> None:
         super().__init__(message)
         self.outcome = outcome
         self.message = message
 
 
-def classify_launch_error(exc: BaseException) -> str:
+def classify_launch_error(exc: BaseException) -> Outcome:
     text = str(exc).lower()
-    return "crash" if any(marker in text for marker in _STICKY_CUDA_ERRORS) else "launch_error"
+    sticky = any(marker in text for marker in _STICKY_CUDA_ERRORS)
+    return Outcome.CRASH if sticky else Outcome.LAUNCH_ERROR
 
 
 def guarded(stage: str, fn: Callable[..., Any], *args, sync: Callable[[], None] | None = None,
@@ -64,7 +67,7 @@ def guarded(stage: str, fn: Callable[..., Any], *args, sync: Callable[[], None] 
             sync()
         return result
     except Exception as exc:  # noqa: BLE001 - anything the candidate raises is data
-        outcome = "compile_error" if stage == "compile" else classify_launch_error(exc)
+        outcome = Outcome.COMPILE_ERROR if stage == "compile" else classify_launch_error(exc)
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise CandidateFailure(outcome, f"{stage}: {type(exc).__name__}: {first}"[:2000]) from exc
 

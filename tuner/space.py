@@ -57,25 +57,26 @@ COMPILE_TIMEOUT_S = 600.0
 
 def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: int,
                  progress=None) -> None:
-    """Compile the feasible rows in `jobs` isolated compile workers (the search's own
-    tuner.worker.Worker: spawned, killed on a hang, restarted after a crash), filling the rows
+    """Compile the feasible rows in `jobs` isolated compile sandboxes (the search's own
+    tuner.sandbox.Sandbox: spawned, killed on a hang, restarted after a crash), filling the rows
     in place. A build that fails, crashes or hangs becomes that row's error."""
-    from tuner.worker import Task, Worker, poll
+    from tuner.outcomes import Outcome
+    from tuner.sandbox import Sandbox, Task, poll
     from variants.cubin import disassemble, mma_class, mma_opcodes, nvdisasm_path
 
     can_disassemble = nvdisasm_path() is not None
     todo = [r for r in rows if r.feasible]
-    workers = [Worker(f"space-{i}", preload=("variants",)) for i in range(max(1, jobs))]
+    sandboxes = [Sandbox(f"space-{i}", preload=("variants",)) for i in range(max(1, jobs))]
     try:
-        while todo or any(w.busy for w in workers):
-            for worker in workers:
-                if not worker.busy and todo:
+        while todo or any(w.busy for w in sandboxes):
+            for sandbox in sandboxes:
+                if not sandbox.busy and todo:
                     row = todo.pop(0)
-                    worker.submit(Task(kind="compile", family=row.family, config=row.config,
-                                       problem=problem.to_dict(), arch=gpu.arch,
-                                       timeout_s=COMPILE_TIMEOUT_S), row)
-            for _, (row, result) in poll(workers, 1.0):
-                if result.outcome == "ok":
+                    sandbox.submit(Task(kind="compile", family=row.family, config=row.config,
+                                        problem=problem.to_dict(), arch=gpu.arch,
+                                        timeout_s=COMPILE_TIMEOUT_S), row)
+            for _, (row, result) in poll(sandboxes, 1.0):
+                if result.outcome == Outcome.OK:
                     row.registers = result.resources["registers"]
                     row.spill_bytes = result.resources["spill_bytes"]
                     row.smem_bytes = result.resources["smem_bytes"]
@@ -90,8 +91,8 @@ def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: 
                 if progress:
                     progress()
     finally:
-        for worker in workers:
-            worker.close()
+        for sandbox in sandboxes:
+            sandbox.close()
 
 
 _NUMBER = re.compile(r"\d+")

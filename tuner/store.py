@@ -59,6 +59,7 @@ from sqlalchemy.pool import NullPool
 
 from tuner.dburl import connection_error, display_url, engine_url
 from tuner.errors import TunerError
+from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem
 
 # Bump on any change to the tables below; an older or newer file is refused with a clear error
@@ -72,7 +73,7 @@ log = logging.getLogger("tuner.store")
 BUSY_TIMEOUT_S = 60.0
 LOCK_NOTICE_S = 2.0
 
-OUTCOMES = ("ok", "infeasible", "compile_error", "launch_error", "crash", "timeout", "wrong_result")
+OUTCOMES = tuple(Outcome)
 
 
 class NoResults(TunerError):
@@ -100,7 +101,7 @@ def config_hash(family: str, config: dict) -> str:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(tzinfo=None)
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
 class _Base(DeclarativeBase):
@@ -139,11 +140,11 @@ class _Trial(_Base):
     family_set: Mapped[str] = mapped_column(String(128))
     study_name: Mapped[str | None] = mapped_column(String(256), index=True)
     optuna_number: Mapped[int | None] = mapped_column(Integer)
-    role: Mapped[str] = mapped_column(String(16))  # default | search | retime
+    role: Mapped[str] = mapped_column(String(16))  # a tuner.outcomes.Role value
     family: Mapped[str] = mapped_column(String(128))
     config_json: Mapped[str] = mapped_column(Text)
     config_hash: Mapped[str] = mapped_column(String(32), index=True)
-    outcome: Mapped[str] = mapped_column(String(16))
+    outcome: Mapped[str] = mapped_column(String(16))  # a tuner.outcomes.Outcome value
     message: Mapped[str | None] = mapped_column(Text)
     median_ms: Mapped[float | None] = mapped_column(Float)
     iqr_ms: Mapped[float | None] = mapped_column(Float)
@@ -192,9 +193,9 @@ class TrialRecord:
     family: str
     config: dict
     config_hash: str
-    outcome: str
+    outcome: Outcome | str  # a str as read back from the database, equal to its Outcome
     message: str | None = None
-    role: str = "search"
+    role: Role | str = Role.SEARCH
     study_name: str | None = None
     optuna_number: int | None = None
     median_ms: float | None = None
@@ -488,7 +489,10 @@ class Store:
                 problem_id=self._problem_id(s, Problem.from_key(rec.problem_key)),
                 config_json=json.dumps(rec.config, sort_keys=True),
                 timing_json=json.dumps(rec.timing) if rec.timing is not None else None,
-                **{name: getattr(rec, name) for name in _PLAIN if name != "finished_at"},
+                **{name: getattr(rec, name) for name in _PLAIN
+                   if name not in ("finished_at", "outcome", "role")},
+                # Plain str: a DB driver may adapt an Enum by its name ("OK"), not its value.
+                outcome=str(rec.outcome), role=str(rec.role),
                 finished_at=rec.finished_at or _now(),
             )
             s.add(row)
@@ -535,7 +539,7 @@ class Store:
                     decided = dt.datetime.fromisoformat(decided)
                 problem_id = self._problem_id(s, e.problem)
                 common = dict(device_id=device_id, problem_id=problem_id, family_set=e.family_set,
-                              family=e.family, role="imported", outcome="ok",
+                              family=e.family, role=str(Role.IMPORTED), outcome=str(Outcome.OK),
                               finished_at=decided or _now())
                 win = self._imported_trial(s, _Trial(
                     config_json=json.dumps(config, sort_keys=True),

@@ -27,6 +27,7 @@ import yaml
 
 from tuner.dburl import display_url
 from tuner.errors import TunerError
+from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem, check_dimension
 
 log = logging.getLogger("tuner.tables")
@@ -276,7 +277,7 @@ def _datetime(value) -> dt.datetime | None:
     if not isinstance(value, dt.datetime):  # a bare date, a number, a list
         raise ValueError(value)
     if value.tzinfo is not None:
-        value = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
     return value
 
 
@@ -341,7 +342,7 @@ def build_table(store, device_id: str, gpu_name: str) -> dict:
         if trials is None:
             trials = sum(1 for t in store.trials(problem, device_id=device_id,
                                                  family_set=w.family_set)
-                         if t.outcome != "infeasible" and t.role != "retime")
+                         if t.outcome != Outcome.INFEASIBLE and t.role != Role.RETIME)
         entries.append(
             {
                 "problem": problem.to_dict(),

@@ -7,7 +7,7 @@ grid size) are runtime arguments of the compiled function, so problems that shar
 share one build. On disk each entry keeps, under $TUNER_CACHE_DIR (default
 ~/.cache/fp8-attn-tuner)/<family>/<key>/, the cubin, its resource usage and the whole compiled
 function as a relocatable object (`kernel.o`: host launch code + cubin, from CuTe DSL's
-`dump_to_object`). Another process (a search's GPU worker after the compile pool built the
+`dump_to_object`). Another process (a search's GPU sandbox after the compile pool built the
 candidate, or the next Python session calling `tuner.attention`) loads that object with
 `cutlass.runtime.load_module` in milliseconds instead of compiling again. CuTe DSL's own file cache
 (CUTE_DSL_CACHE_DIR) is pointed beside it unless the user set it.

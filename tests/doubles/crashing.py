@@ -1,5 +1,5 @@
 """A family whose one config crashes the GPU context, around a real family: the search must
-record `crash`, restart its GPU worker and go on (tests/gpu/test_search_gpu.py).
+record `crash`, restart its GPU sandbox and go on (tests/gpu/test_search_gpu.py).
 
 The space is `pick` in 0..PICKS-1, the pick-th feasible config of the base family in its
 enumeration order (0 is the base default); the config at CRASH_PICK runs its kernel and then a

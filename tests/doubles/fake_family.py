@@ -2,7 +2,7 @@
 
 The "kernel" computes the fp32 reference on the CPU and then sleeps `cost_ms(cfg)` more, a
 deterministic cost surface with its optimum away from the default, so the search has something to
-find. Planted configs exercise every outcome (see PLANTED). `DEVICE = "cpu"` tells the worker to
+find. Planted configs exercise every outcome (see PLANTED). `DEVICE = "cpu"` tells the sandbox to
 time with perf_counter on the CPU.
 
 Set FAKE_FAMILY_COMPILE_LOG to a file path to get one JSON line per compile() call, in whatever
@@ -63,9 +63,11 @@ def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
 def cost_ms(cfg) -> float:
     if _planted(cfg) == "wrong_result":
         return 1.0  # a kernel that skips work is fast: the search must still not pick it
-    # The default (64, 2) is 2 ms behind the optimum: more than a loaded 2-core CI machine adds
-    # to the spread, so the search's "beaten by more than the IQR" rule can tell them apart.
-    return 2.0 + 3.0 * abs(math.log2(cfg.tile / 64)) + 2.0 * abs(cfg.stages - 3)
+    # The default (64, 2) and the optimum's other neighbours are 4 ms behind the optimum (64, 3).
+    # The re-time keeps the default unless the lead exceeds the IQR, and on a 2-core machine
+    # shared with other test runs a sleep overshoots by the scheduler's latency: 2 ms of lead left
+    # the winner of test_workers_share_one_study_and_decide_once within reach of that noise.
+    return 2.0 + 6.0 * abs(math.log2(cfg.tile / 64)) + 4.0 * abs(cfg.stages - 3)
 
 
 def _planted(cfg) -> str | None:

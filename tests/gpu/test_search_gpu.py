@@ -2,7 +2,7 @@
 
 The planted crash is a family of its own (tests/doubles/crashing_mma_sync.py: mma_sync configs,
 one of which faults the GPU context after its kernel): its outcome must be "crash" and the search
-must go on in a restarted worker. No production module knows about it.
+must go on in a restarted sandbox. No production module knows about it.
 """
 
 from __future__ import annotations
@@ -57,6 +57,6 @@ def test_planted_crash_is_recorded_and_the_search_goes_on(tmp_path):
     assert [t.config for t in crash] == [{"pick": 1}]
     assert result["outcomes"].get("crash", 0) == 1, [(t.config, t.message) for t in crash]
     assert len(crash) == 1 and crash[0].message
-    # Candidates after the crash were measured in a restarted worker, and a winner was chosen.
+    # Candidates after the crash were measured in a restarted sandbox, and a winner was chosen.
     assert result["outcomes"].get("ok", 0) >= 2
     assert result["winner"] is not None

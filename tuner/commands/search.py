@@ -9,6 +9,7 @@ import sys
 
 from tuner.commands._args import add_problem_arguments, at_least, duration
 from tuner.errors import TunerError
+from tuner.outcomes import Outcome
 
 NAME = "search"
 HELP = "tune kernel configs for this GPU and store the winner per sequence length"
@@ -22,7 +23,7 @@ class DEFAULTS:
 
 
 def _default_compile_jobs() -> int:
-    # One core stays with the main process and the GPU worker; compiles are CPU-bound.
+    # One core stays with the main process and the GPU sandbox; compiles are CPU-bound.
     return max(1, min(8, (os.cpu_count() or 2) - 1))
 
 
@@ -122,7 +123,6 @@ def run(args: argparse.Namespace) -> int:
             make_target,
             open_storage,
             runs_on_cpu,
-            summary,
         )
     except ModuleNotFoundError as exc:
         raise TunerError(
@@ -180,9 +180,9 @@ def run(args: argparse.Namespace) -> int:
                 search = ProblemSearch(
                     problem, families, target, store, storage, settings, on_progress=view.update
                 )
-                view.start(search)
+                view.start(search.progress())
                 results.append(search.run(decide=not args.no_decide))
-                view.done(search, results[-1])
+                view.done(results[-1])
     if args.json:
         json.dump(
             {
@@ -199,6 +199,27 @@ def run(args: argparse.Namespace) -> int:
     else:
         SearchView.table(results)
     return 0
+
+
+def summary(result) -> dict:
+    """JSON-ready view of a tuner.search.ProblemResult (the --json output, one per problem)."""
+    def trial(rec) -> dict | None:
+        if rec is None:
+            return None
+        return {"family": rec.family, "config": rec.config, "median_ms": rec.median_ms,
+                "iqr_ms": rec.iqr_ms, "tflops": rec.tflops, "rel_rms": rec.rel_rms,
+                "trial_id": rec.id}
+
+    return {
+        "problem": result.problem.key(), "seq_len": result.problem.seq_len,
+        "study": result.study_name, "seed": result.seed, "mode": result.mode,
+        "feasible": result.feasible, "stopped": result.stopped,
+        "measured_here": result.measured_here,
+        # Outcome keys are StrEnum members: JSON writes their plain values ("ok", ...).
+        "outcomes": dict(result.outcomes),
+        "winner": trial(result.winner), "default": trial(result.default),
+        "speedup_over_default": result.speedup, "default_kept": result.default_kept,
+    }
 
 
 def _results_url(args) -> str | None:
@@ -224,8 +245,8 @@ def _search_on_workers(args, devices, problems, families, target, store, storage
     with pinned(devices[0]), decision_pipeline() as pipeline:
         for i, problem in enumerate(problems):
             search = ProblemSearch(problem, families, target, store, storage, settings)
-            stopped, search.outcomes, search.measured_here = merged(docs, i)
-            results.append(search.decide(stopped, pipeline))
+            stopped, outcomes, measured_here = merged(docs, i)
+            results.append(search.decide(stopped, pipeline, outcomes, measured_here))
     return results
 
 
@@ -263,38 +284,32 @@ class SearchView:
     def __exit__(self, *exc):
         return self.progress.__exit__(*exc)
 
-    def start(self, search) -> None:
-        self.tasks[search.name] = self.progress.add_task(
-            "", total=search.settings.trials, seq_len=search.problem.seq_len, best="", fails=""
+    def start(self, p) -> None:
+        """`p`: the search's tuner.search.Progress."""
+        self.tasks[p.study_name] = self.progress.add_task(
+            "", total=p.trials, seq_len=p.problem.seq_len, best="", fails=""
         )
-        self.console.log(
-            f"s={search.problem.seq_len}: {search.mode} over {len(search.feasible)} "
-            f"feasible configs, seed {search.seed}, study {search.name}"
-        ) if self.enabled else None
-        self.update(search)
+        if self.enabled:
+            self.console.log(f"s={p.problem.seq_len}: {p.mode} over {p.feasible} feasible "
+                             f"configs, seed {p.seed}, study {p.study_name}")
+        self.update(p)
 
-    def update(self, search) -> None:
-        task = self.tasks.get(search.name)
+    def update(self, p) -> None:
+        task = self.tasks.get(p.study_name)
         if task is None:
             return
         best = ""
-        if search.best_ms is not None:
-            tflops = search.problem.tflops(search.best_ms)
-            best = f"best {search.best_ms:.3f} ms {tflops:.0f} TFLOP/s"
-        fails = " ".join(f"{k}:{n}" for k, n in sorted(search.outcomes.items()) if k != "ok")
-        self.progress.update(
-            task,
-            completed=min(search.measured_count(), search.settings.trials),
-            best=best,
-            fails=fails,
-        )
+        if p.best_ms is not None:
+            best = f"best {p.best_ms:.3f} ms {p.problem.tflops(p.best_ms):.0f} TFLOP/s"
+        fails = " ".join(f"{k}:{n}" for k, n in sorted(p.outcomes.items()) if k != Outcome.OK)
+        self.progress.update(task, completed=min(p.measured, p.trials), best=best, fails=fails)
 
-    def done(self, search, result) -> None:
-        task = self.tasks.get(search.name)
+    def done(self, result) -> None:
+        task = self.tasks.get(result.study_name)
         if task is not None:
             self.progress.update(task, description="done")
         if self.enabled:
-            self.console.log(f"s={search.problem.seq_len}: stopped ({result.stopped})")
+            self.console.log(f"s={result.problem.seq_len}: stopped ({result.stopped})")
 
     @staticmethod
     def short_label(winner, default) -> str:

@@ -9,6 +9,7 @@ from collections import Counter
 from tuner.commands._args import wide_console
 from tuner.dburl import display_url
 from tuner.errors import TunerError
+from tuner.outcomes import Role
 from tuner.problem import Problem
 
 NAME = "show"
@@ -91,7 +92,7 @@ def peer_rows(store, devices: dict[str, dict], rows: list[dict]) -> list[dict]:
     for r in rows:
         problem = Problem.from_key(r["problem"])
         for t in store.trials(problem, device_id=r["device_id"], family_set="bench"):
-            if t.role == "bench" and t.tflops:
+            if t.role == Role.BENCH and t.tflops:
                 latest[(r["device_id"], r["problem"], t.family)] = {
                     "system": t.family, "device": devices[r["device_id"]].get("name"),
                     "problem": r["problem"],

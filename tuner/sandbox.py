@@ -2,16 +2,19 @@
 
 A candidate's kernel can fault (illegal address poisons the CUDA context for good), hang, or take
 the whole process down; none of that may reach the search. So each candidate is compiled,
-validated and timed in a `Worker`: a multiprocessing *spawn* child (fork after CUDA init would
+validated and timed in a `Sandbox`: a multiprocessing *spawn* child (fork after CUDA init would
 copy a context the child cannot use) that serves tasks over a pipe, one at a time. The parent
 enforces a deadline per task and kills the child on timeout; a child that dies is seen as EOF
 and reported as a crash; either way the next task starts a fresh child.
 
 Why not concurrent.futures.ProcessPoolExecutor for the compile pool: it cannot kill one hung task,
-and one dead child breaks the whole pool. A list of Workers is the pool (see search.py).
+and one dead child breaks the whole pool. A list of Sandboxes is the pool (tuner/search/pool.py).
+
+("Sandbox", not "worker": `tuner search --workers N` names the search processes, one per GPU,
+each of which runs its own sandboxes.)
 
 Outcomes come back as `CandidateResult` values; an exception in the tuner's own code inside the
-child comes back as a traceback and is raised in the parent as `WorkerBug`, never stored as the
+child comes back as a traceback and is raised in the parent as `SandboxBug`, never stored as the
 candidate's fault.
 """
 
@@ -27,13 +30,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.measure import CandidateFailure, guarded
+from tuner.outcomes import Outcome
 
 # A child that is not ready after this long (imports hang, a broken environment) is killed.
 STARTUP_TIMEOUT_S = 300.0
 
 
-class WorkerBug(RuntimeError):
-    """The tuner's own code failed inside a worker (not the candidate's fault)."""
+class SandboxBug(RuntimeError):
+    """The tuner's own code failed inside a sandbox (not the candidate's fault)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class Task:
 
 @dataclass
 class CandidateResult:
-    outcome: str
+    outcome: Outcome
     message: str | None = None
     compile_s: float | None = None
     resources: dict | None = None  # registers, spill_bytes, smem_bytes
@@ -101,14 +105,14 @@ def _evaluate(task: Task) -> CandidateResult:
     metrics = validate_kernel(kernel, problem, device, task.seed + 1)
     validate_s = time.perf_counter() - t0
     if not metrics.passed:
-        return CandidateResult("wrong_result", metrics.reason, compile_s, _resources(kernel),
+        return CandidateResult(Outcome.WRONG_RESULT, metrics.reason, compile_s, _resources(kernel),
                                accuracy=metrics.to_dict())
     t0 = time.perf_counter()
     timing = time_kernel(kernel, problem, device, task.seed + 2, task.l2_bytes,
                          repeats=task.repeats, warmup=task.warmup)
     # Wall time of each stage (inputs, reference, launches): where a search's time goes.
     stages = {"validate_s": round(validate_s, 4), "time_s": round(time.perf_counter() - t0, 4)}
-    return CandidateResult("ok", None, compile_s, _resources(kernel),
+    return CandidateResult(Outcome.OK, None, compile_s, _resources(kernel),
                            {**timing.to_dict(), **stages}, metrics.to_dict())
 
 
@@ -116,7 +120,7 @@ def _run_task(task: Task) -> CandidateResult:
     if task.kind == "compile":
         _, kernel, compile_s = _compile(task)
         cubin = getattr(kernel, "cubin_path", None)
-        return CandidateResult("ok", None, compile_s, _resources(kernel),
+        return CandidateResult(Outcome.OK, None, compile_s, _resources(kernel),
                                extra={"cubin": str(cubin)} if cubin else {})
     if task.kind == "evaluate":
         return _evaluate(task)
@@ -148,13 +152,13 @@ def _serve(conn, preload: tuple[str, ...]) -> None:
             continue
         result.wall_s = time.perf_counter() - t0
         conn.send(("result", result))
-        if result.outcome == "crash":
-            return  # the CUDA context is poisoned: exit, the parent restarts this worker
+        if result.outcome == Outcome.CRASH:
+            return  # the CUDA context is poisoned: exit, the parent restarts this sandbox
 
 
 # ---- parent side ---------------------------------------------------------------------------------
 
-class Worker:
+class Sandbox:
     """A spawn-context child serving Tasks one at a time, with a deadline per task."""
 
     def __init__(self, name: str, preload: tuple[str, ...] = ()) -> None:
@@ -194,7 +198,7 @@ class Worker:
 
     def submit(self, task: Task, payload: Any = None) -> None:
         if self.busy:
-            raise RuntimeError(f"worker {self.name} is busy")
+            raise RuntimeError(f"sandbox {self.name} is busy")
         if self._proc is None or not self._proc.is_alive():
             self._start()
         self.task, self.payload = task, payload
@@ -221,16 +225,16 @@ class Worker:
             else:
                 how = f"exit code {code}"
             self._reap()
-            return self._finish(CandidateResult("crash", f"worker died ({how})"))
+            return self._finish(CandidateResult(Outcome.CRASH, f"sandbox died ({how})"))
         if kind == "ready":
             self.ready = True
             if self.busy:
                 self.deadline = time.monotonic() + self.task.timeout_s
             return None
         if kind == "bug":
-            self._finish(CandidateResult("crash"))
-            raise WorkerBug(f"tuner bug inside worker {self.name}:\n{value}")
-        if value.outcome == "crash":
+            self._finish(CandidateResult(Outcome.CRASH))
+            raise SandboxBug(f"tuner bug inside sandbox {self.name}:\n{value}")
+        if value.outcome == Outcome.CRASH:
             # The child exits after a crash (its CUDA context is poisoned). Wait for it here:
             # a submit() racing its exit would hand the next candidate to a dying process and
             # record a second, false crash.
@@ -243,7 +247,8 @@ class Worker:
             return None
         timeout = self.task.timeout_s
         self.kill()
-        return self._finish(CandidateResult("timeout", f"no result after {timeout:g} s; killed"))
+        killed = CandidateResult(Outcome.TIMEOUT, f"no result after {timeout:g} s; killed")
+        return self._finish(killed)
 
     def _reap(self) -> None:
         if self._conn is not None:
@@ -273,19 +278,19 @@ class Worker:
         self.task = self.payload = None
 
 
-def poll(workers, timeout_s: float) -> list[tuple[Worker, tuple[Any, CandidateResult]]]:
-    """Wait up to timeout_s for the busy ones of `workers`; returns (worker, (payload, result))
+def poll(sandboxes, timeout_s: float) -> list[tuple[Sandbox, tuple[Any, CandidateResult]]]:
+    """Wait up to timeout_s for the busy ones of `sandboxes`; returns (sandbox, (payload, result))
     for each that finished: answered, died (a crash result) or ran past its deadline (killed,
     a timeout result). The one scheduling loop of the search's pipeline and `tuner space`."""
     from multiprocessing.connection import wait
 
-    busy = [w for w in workers if w.busy]
+    busy = [w for w in sandboxes if w.busy]
     if not busy:
         return []
     readable = wait([w.connection for w in busy], timeout=timeout_s)
     finished = []
-    for worker in busy:
-        got = worker.collect() if worker.connection in readable else worker.expire()
+    for sandbox in busy:
+        got = sandbox.collect() if sandbox.connection in readable else sandbox.expire()
         if got is not None:
-            finished.append((worker, got))
+            finished.append((sandbox, got))
     return finished

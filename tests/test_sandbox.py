@@ -1,4 +1,4 @@
-"""Worker isolation and the measuring helpers that need no GPU."""
+"""Sandbox isolation and the measuring helpers that need no GPU."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tuner.measure import (
     rotation_sets,
     summarize,
 )
-from tuner.worker import Task, Worker, WorkerBug
+from tuner.sandbox import Sandbox, SandboxBug, Task
 
 PROBLEM = dict(batch=1, heads=2, seq_len=64, head_dim=64, causal=False)
 
@@ -25,16 +25,16 @@ def task(kind: str, tile: int, stages: int, timeout_s: float = 30.0) -> Task:
                 device="cpu", timeout_s=timeout_s, repeats=10)
 
 
-def result_of(worker: Worker):
+def result_of(sandbox: Sandbox):
     while True:
-        readable = wait([worker.connection], timeout=0.5)
-        got = worker.collect() if readable else worker.expire()
+        readable = wait([sandbox.connection], timeout=0.5)
+        got = sandbox.collect() if readable else sandbox.expire()
         if got is not None:
             return got[1]
 
 
-def test_compile_worker_survives_a_dying_compiler_and_restarts():
-    w = Worker("compile-test", preload=("variants",))
+def test_compile_sandbox_survives_a_dying_compiler_and_restarts():
+    w = Sandbox("compile-test", preload=("variants",))
     try:
         w.submit(task("compile", 16, 2))  # the fake compiler calls os._exit(7)
         dead = result_of(w)
@@ -51,17 +51,17 @@ def test_compile_worker_survives_a_dying_compiler_and_restarts():
 
 
 def test_a_bug_in_the_tuner_is_raised_not_stored():
-    w = Worker("bug-test")
+    w = Sandbox("bug-test")
     try:
         w.submit(task("no-such-kind", 64, 2))
-        with pytest.raises(WorkerBug, match="unknown task kind"):
+        with pytest.raises(SandboxBug, match="unknown task kind"):
             result_of(w)
     finally:
         w.close()
 
 
 def test_hung_kernel_is_killed_at_its_deadline_and_the_next_candidate_runs():
-    w = Worker("gpu-test", preload=("torch", "tuner.measure", "variants.reference"))
+    w = Sandbox("gpu-test", preload=("torch", "tuner.measure", "variants.reference"))
     try:
         # The deadline starts when the child is ready: torch's import is not the task's time.
         w.submit(task("evaluate", 16, 4, timeout_s=1.0))  # the fake kernel sleeps for an hour

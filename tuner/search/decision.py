@@ -1,0 +1,81 @@
+"""The decision for one problem: the top candidates and the family default re-timed side by side,
+and the default kept unless the fastest beats it by more than the measured spread."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tuner.outcomes import Outcome, Role
+from tuner.problem import Problem
+from tuner.sandbox import Task
+from tuner.search.pool import Pipeline
+from tuner.search.records import Candidate, Records
+from tuner.store import TrialRecord, config_hash
+
+TOP_K_RETIME = 3
+
+
+@dataclass
+class ProblemResult:
+    problem: Problem
+    study_name: str
+    seed: int
+    mode: str
+    feasible: int
+    stopped: str
+    outcomes: Counter = field(default_factory=Counter)  # measured in this run, by outcome
+    measured_here: int = 0
+    winner: TrialRecord | None = None
+    default: TrialRecord | None = None
+    speedup: float | None = None
+    default_kept: bool = False
+    # Another process still searching this study when this one stopped: it decides.
+    deferred_to: str = ""
+
+
+def pick_winner(valid: list[TrialRecord], default: TrialRecord | None
+                ) -> tuple[TrialRecord, bool]:
+    """From the re-timed valid candidates (fastest first) and the re-timed default (None if it
+    failed): the fastest, unless its lead over the default is within the measured spread (the
+    larger IQR of the two); then the default, kept. Returns (winner, default kept)."""
+    winner = valid[0]
+    if default is not None and winner is not default:
+        spread = max(winner.iqr_ms or 0.0, default.iqr_ms or 0.0)
+        if default.median_ms - winner.median_ms <= spread:
+            return default, True
+    return winner, False
+
+
+def _fastest_first(records) -> list[TrialRecord]:
+    return sorted((r for r in records if r.outcome == Outcome.OK), key=lambda r: r.median_ms)
+
+
+def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
+           pipeline: Pipeline, task_of: Callable[[Candidate], Task]) -> ProblemResult:
+    """Re-time the top TOP_K_RETIME of the study and the default on the GPU sandbox of
+    `pipeline`, store the winner, and fill it into `result`. Without a valid candidate (or
+    without a valid re-time) no winner is stored."""
+    ok = _fastest_first(records.stored().values())
+    if not ok:
+        return result
+    default_hash = config_hash(*default)
+    picks = [(r.family, r.config, r.config_hash) for r in ok[:TOP_K_RETIME]]
+    if default_hash not in {p[2] for p in picks}:
+        picks.append((*default, default_hash))
+    retimed: dict[str, TrialRecord] = {}
+    for family, config, digest in picks:
+        cand = Candidate(None, family, config, digest, Role.RETIME)
+        retimed[digest] = records.record(cand, pipeline.evaluate_now(task_of(cand)))
+    valid = _fastest_first(retimed.values())
+    if not valid:
+        return result
+    base = retimed.get(default_hash)
+    base = base if base is not None and base.outcome == Outcome.OK else None
+    winner, result.default_kept = pick_winner(valid, base)
+    speedup = base.median_ms / winner.median_ms if base is not None else None
+    records.store.set_best(records.device_id, records.problem, records.family_set, winner.id,
+                           base.id if base else None, speedup)
+    result.winner, result.default, result.speedup = winner, base, speedup
+    return result

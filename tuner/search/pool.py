@@ -1,0 +1,116 @@
+"""The evaluation pipeline: compile sandboxes ahead of one GPU sandbox (tuner/sandbox.py), so
+that the GPU times one candidate while the next ones compile."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections import deque
+
+from tuner.outcomes import Outcome
+from tuner.problem import Problem
+from tuner.sandbox import CandidateResult, Sandbox, Task, poll
+from tuner.search.records import Candidate
+from tuner.search.settings import SearchSettings
+from tuner.search.target import Target
+
+
+def task_for(cand: Candidate, problem: Problem, target: Target, settings: SearchSettings,
+             seed: int, kind: str = "compile") -> Task:
+    # A seed per trial: each candidate is validated on inputs of its own, the same on a re-run.
+    number = cand.trial.number if cand.trial is not None else 0
+    return Task(
+        kind=kind, family=cand.family, config=cand.config, problem=problem.to_dict(),
+        arch=target.gpu.arch, l2_bytes=target.gpu.l2_bytes, seed=seed + number * 16,
+        device=target.device, repeats=settings.repeats, warmup=settings.warmup,
+        timeout_s=settings.timeout_s,
+    )
+
+
+class Pipeline:
+    """Compile sandboxes ahead of one GPU sandbox. The GPU times one candidate at a time."""
+
+    def __init__(self, compile_jobs: int) -> None:
+        self.compilers = [Sandbox(f"compile-{i}", preload=("variants",))
+                          for i in range(max(1, compile_jobs))]
+        self.gpu = Sandbox("gpu", preload=("torch", "tuner.measure", "variants.reference"))
+        self.ready: deque[tuple[Candidate, Task]] = deque()  # compiled, waiting for the GPU
+
+    def _all(self) -> tuple[Sandbox, ...]:
+        return (*self.compilers, self.gpu)
+
+    def in_flight(self) -> list[Candidate]:
+        busy = [s.payload[0] for s in self._all() if s.busy and s.payload]
+        return busy + [c for c, _ in self.ready]
+
+    def has_room(self) -> bool:
+        idle = any(not s.busy for s in self.compilers)
+        return idle and len(self.ready) < len(self.compilers)
+
+    def compile(self, cand: Candidate, task: Task) -> None:
+        sandbox = next(s for s in self.compilers if not s.busy)
+        sandbox.submit(dataclasses.replace(task, kind="compile"), (cand, task))
+
+    def step(self, poll_s: float = 1.0) -> list[tuple[Candidate, CandidateResult]]:
+        """Move candidates along; returns those that finished (failed compile or evaluated)."""
+        finished = []
+        self._feed_gpu()
+        busy = [s for s in self._all() if s.busy]
+        if not busy:
+            return finished
+        timeout = max(0.0, min(poll_s, min(s.deadline for s in busy) - time.monotonic()))
+        for sandbox, ((cand, task), result) in poll(busy, timeout):
+            if sandbox is self.gpu:
+                result.compile_s = cand.compile_result.compile_s
+                finished.append((cand, result))
+            elif result.outcome == Outcome.OK:
+                cand.compile_result = result
+                self.ready.append((cand, task))
+            else:
+                # Anything that goes wrong in the compiler (a crash or hang included) is the
+                # candidate's compile failure.
+                if result.outcome in (Outcome.CRASH, Outcome.TIMEOUT):
+                    result.message = f"compiler {result.outcome}: {result.message}"
+                    if result.outcome == Outcome.CRASH:
+                        result.outcome = Outcome.COMPILE_ERROR
+                finished.append((cand, result))
+        self._feed_gpu()
+        return finished
+
+    def _feed_gpu(self) -> None:
+        if not self.gpu.busy and self.ready:
+            cand, task = self.ready.popleft()
+            self.gpu.submit(dataclasses.replace(task, kind="evaluate"), (cand, task))
+
+    def evaluate_now(self, task: Task) -> CandidateResult:
+        """Blocking evaluation on the GPU sandbox (the final re-time), with its deadline."""
+        self.gpu.submit(dataclasses.replace(task, kind="evaluate"), None)
+        while True:
+            for _, (_, result) in poll([self.gpu], 1.0):
+                return result
+
+    def drop(self) -> None:
+        """Kill what is in flight (its candidates are abandoned, not measured)."""
+        for sandbox in self._all():
+            if sandbox.busy:
+                sandbox.kill()
+                sandbox.task = sandbox.payload = None
+        self.ready.clear()
+
+    def close(self) -> None:
+        for sandbox in self._all():
+            sandbox.close()
+
+
+@contextlib.contextmanager
+def decision_pipeline():
+    """A GPU sandbox for a run of decisions (ProblemSearch.decide): `--workers N` decides every
+    problem in the parent process, and a sandbox of its own per problem cost a process start,
+    imports and a CUDA context each time (7-8 s per problem on the two-H200 machine, serially
+    after the children's parallel search: benchmarks/RESULTS.md)."""
+    pipeline = Pipeline(compile_jobs=1)  # sandboxes start on first use: only the GPU one does
+    try:
+        yield pipeline
+    finally:
+        pipeline.close()

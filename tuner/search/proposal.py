@@ -1,0 +1,162 @@
+"""What to measure next: the feasible space of a problem, the mode it implies, and the next
+candidate from the study.
+
+Parameters are named "<family>.<knob>" after a categorical "family", so that several families
+share one study with knobs conditional on the family (multivariate TPE with group=True).
+
+Modes: "exhaustive" when the feasible space is no larger than the trial budget: the next feasible
+config that nobody has measured or claimed is enqueued before each ask (default first), so no
+infeasible point is ever asked; "tpe" otherwise: multivariate TPE where each trial sets a
+constraint, so configs that are infeasible or fail teach the sampler where not to go. Either way
+only configs that pass can_implement reach a compiler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.outcomes import Outcome, Role
+from tuner.problem import Problem
+from tuner.sandbox import CandidateResult
+from tuner.search.claims import RUNNING, Claims, owner
+from tuner.search.interrupts import sigint_deferred
+from tuner.search.records import Candidate, Records
+from tuner.search.settings import FAILED_VALUE_MS, MAX_BARREN_ASKS
+from tuner.store import TrialRecord, config_hash
+from variants.base import enumerate_space
+
+
+def suggest(trial: optuna.Trial, families: list[str], spaces: dict[str, dict]) -> tuple[str, dict]:
+    """Define-by-run: the family first, then that family's knobs."""
+    family = trial.suggest_categorical("family", families)
+    config = {knob: trial.suggest_categorical(f"{family}.{knob}", values)
+              for knob, values in spaces[family].items()}
+    return family, config
+
+
+def params_of(family: str, config: dict) -> dict:
+    return {"family": family, **{f"{family}.{k}": v for k, v in config.items()}}
+
+
+def feasible_configs(modules: dict, problem: Problem, gpu) -> list[tuple[str, dict]]:
+    """Every (family, config) that can_implement accepts, in enumeration order."""
+    found = []
+    for name, module in modules.items():
+        for cfg in enumerate_space(module.Config, module.space(gpu.arch)):
+            if module.can_implement(cfg, problem, gpu)[0]:
+                found.append((name, cfg.to_dict()))
+    return found
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, outcome: Outcome,
+         median_ms: float | None) -> None:
+    ok = outcome == Outcome.OK and median_ms is not None
+    trial.set_user_attr("outcome", str(outcome))
+    trial.set_constraint("valid", 0.0 if ok else 1.0)
+    study.tell(trial, median_ms if ok else FAILED_VALUE_MS)
+
+
+@dataclass
+class Space:
+    """The families of a search on one problem and GPU: their knob domains, the feasible
+    configs, the default (of the first family) and the mode."""
+
+    families: list[str]
+    modules: dict
+    spaces: dict[str, dict]
+    feasible: list[tuple[str, dict]]
+    default: tuple[str, dict]
+    mode: str
+
+    @classmethod
+    def build(cls, modules: dict, problem: Problem, gpu, exhaustive_up_to: int) -> Space:
+        families = list(modules)
+        feasible = feasible_configs(modules, problem, gpu)
+        default = (families[0], modules[families[0]].default(gpu.arch, problem).to_dict())
+        mode = "exhaustive" if len(feasible) <= exhaustive_up_to else "tpe"
+        return cls(families, modules, {n: m.space(gpu.arch) for n, m in modules.items()},
+                   feasible, default, mode)
+
+    @property
+    def default_hash(self) -> str:
+        return config_hash(*self.default)
+
+    @property
+    def feasible_hashes(self) -> set[str]:
+        return {config_hash(f, c) for f, c in self.feasible}
+
+
+class Proposer:
+    """The next candidate for the compiler; proposals that are infeasible or already measured
+    are settled here (told, and an infeasible one stored) without one."""
+
+    def __init__(self, study: optuna.Study, space: Space, claims: Claims, records: Records,
+                 problem: Problem, gpu) -> None:
+        self.study, self.space, self.claims, self.records = study, space, claims, records
+        self.problem, self.gpu = problem, gpu
+        self._feasible_hashes = space.feasible_hashes
+
+    def next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> Candidate | None:
+        """None when the sampler has nothing new in MAX_BARREN_ASKS proposals."""
+        space = self.space
+        for _ in range(MAX_BARREN_ASKS):
+            with sigint_deferred():  # a trial must never exist without its owner
+                self._enqueue_next(stored, in_flight)
+                trial = self.study.ask()
+                trial.set_user_attr("owner", owner())
+                family, config = suggest(trial, space.families, space.spaces)
+            digest = config_hash(family, config)
+            role = Role(trial.user_attrs.get("role", Role.SEARCH))
+            cand = Candidate(trial, family, config, digest,
+                             Role.DEFAULT if digest == space.default_hash else role)
+            module = space.modules[family]
+            ok, reason = module.can_implement(module.Config.from_dict(config), self.problem,
+                                              self.gpu)
+            if not ok:
+                if digest not in stored:
+                    stored[digest] = self.records.record(
+                        cand, CandidateResult(Outcome.INFEASIBLE, reason))
+                tell(self.study, trial, Outcome.INFEASIBLE, None)
+                continue
+            if digest in stored:
+                # Measured before (an earlier run, or another process): tell the stored value.
+                tell(self.study, trial, stored[digest].outcome, stored[digest].median_ms)
+                continue
+            if digest in in_flight or self.claims.held_by_earlier(trial, digest):
+                self.study.tell(trial, state=TrialState.FAIL)
+                continue
+            return cand
+        return None
+
+    def all_done(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> bool:
+        """Every feasible config measured, in flight here or held by a live process. A WAITING
+        trial is not done: the next ask pops it."""
+        def covered() -> bool:
+            return self._feasible_hashes <= set(stored) | in_flight | self.claims.claimed(RUNNING)
+
+        if not covered():
+            return False
+        # Held by a process that died after this search began? Free those and look again.
+        self.claims.fail_dead()
+        return covered()
+
+    def _enqueue_next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> None:
+        """Put the next config nobody has measured or claimed in the study's queue: the
+        default first (so that the tuned result is never worse than it), then, in exhaustive
+        mode, every feasible config in turn. Two processes may race and enqueue one config
+        twice; the later trial backs off (Claims.held_by_earlier)."""
+        space = self.space
+        taken = set(stored) | in_flight | self.claims.claimed()
+        order = [space.default] + (space.feasible if space.mode == "exhaustive" else [])
+        for family, config in order:
+            digest = config_hash(family, config)
+            if digest not in taken:
+                role = Role.DEFAULT if digest == space.default_hash else Role.SEARCH
+                # The owner goes in with the params: a kill right after the ask pops this trial
+                # must still leave it attributable to a (dead) process.
+                self.study.enqueue_trial(params_of(family, config),
+                                         user_attrs={"role": str(role), "owner": owner()})
+                return

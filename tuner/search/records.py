@@ -1,0 +1,92 @@
+"""From a sandbox's result to the Store: the candidate on its way, the one row that records its
+measurement (or rejection), and what the Store already holds for the study."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.outcomes import Role
+from tuner.problem import Problem
+from tuner.sandbox import CandidateResult
+from tuner.store import Store, TrialRecord
+
+# TrialRecord columns copied by name from the dicts of a CandidateResult.
+_FROM_TIMING = ("median_ms", "iqr_ms", "prepare_ms", "sm_clock_mhz", "temperature_c")
+_FROM_ACCURACY = ("rel_rms", "max_abs", "lse_max_err", "nonfinite")
+_FROM_RESOURCES = ("registers", "spill_bytes", "smem_bytes")
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+@dataclass
+class Candidate:
+    """A config on its way from the study through the sandboxes to the Store. `trial` is None
+    for the final re-time, which is no trial of the study."""
+
+    trial: object  # optuna.Trial | None
+    family: str
+    config: dict
+    hash: str
+    role: Role
+    started_at: dt.datetime = dataclasses.field(default_factory=utcnow)
+    compile_result: CandidateResult | None = None
+
+
+def code_version(family_module) -> str:
+    """Hash of the family's source files and the tuner's measuring code: a stored time is only
+    comparable with times the same code measured."""
+    path = Path(family_module.__file__)
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+    tuner = Path(__file__).parents[1]
+    files += [tuner / "measure.py", tuner / "sandbox.py"]
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Records:
+    """The rows of one study in the Store: what every row of it shares, written once here."""
+
+    store: Store
+    device_id: str
+    problem: Problem
+    family_set: str
+    study_name: str
+    seed: int
+    versions: dict[str, str]  # family -> code_version
+
+    def record(self, cand: Candidate, result: CandidateResult) -> TrialRecord:
+        """Store the result of `cand`; returns the row as stored, with its id."""
+        timing, accuracy = result.timing or {}, result.accuracy or {}
+        measured = {**{k: timing.get(k) for k in _FROM_TIMING},
+                    **{k: accuracy.get(k) for k in _FROM_ACCURACY},
+                    **{k: (result.resources or {}).get(k) for k in _FROM_RESOURCES}}
+        median = measured["median_ms"]
+        rec = TrialRecord(
+            id=None, device_id=self.device_id, problem_key=self.problem.key(),
+            family_set=self.family_set, family=cand.family, config=cand.config,
+            config_hash=cand.hash, outcome=result.outcome, message=result.message,
+            role=cand.role, study_name=self.study_name,
+            optuna_number=cand.trial.number if cand.trial is not None else None,
+            tflops=self.problem.tflops(median) if median else None, compile_s=result.compile_s,
+            timing=timing or None, seed=self.seed, code_version=self.versions[cand.family],
+            started_at=cand.started_at, **measured,
+        )
+        return dataclasses.replace(rec, id=self.store.record_trial(rec))
+
+    def stored(self) -> dict[str, TrialRecord]:
+        """config hash -> the first stored search/default trial of this study, by any process."""
+        found: dict[str, TrialRecord] = {}
+        for rec in self.store.trials(self.problem, self.device_id, self.family_set,
+                                     study_name=self.study_name):
+            if rec.role != Role.RETIME:
+                found.setdefault(rec.config_hash, rec)
+        return found

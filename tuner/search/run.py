@@ -1,0 +1,199 @@
+"""One problem's search: ask -> feasibility -> compile sandboxes -> GPU sandbox -> Store -> tell,
+until a budget or the space runs out; then the decision (decision.py), here or elsewhere.
+
+Optuna owns proposal and bookkeeping of the study (RDB storage, so that a re-run with the same
+arguments resumes it); our Store owns the measurements. The two are written in that order for
+each candidate, under one deferred Ctrl-C, so that a kill between them loses nothing measured:
+on resume a config already in the Store is not measured again, its stored value is told instead.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import optuna
+from optuna.trial import TrialState
+
+from tuner.outcomes import Outcome
+from tuner.problem import Problem
+from tuner.sandbox import CandidateResult, Task
+from tuner.search.claims import Claims
+from tuner.search.decision import ProblemResult, decide
+from tuner.search.interrupts import sigint_deferred
+from tuner.search.pool import Pipeline, task_for
+from tuner.search.proposal import Proposer, Space, tell
+from tuner.search.records import Candidate, Records, code_version
+from tuner.search.settings import SearchSettings
+from tuner.search.storage import family_set_name, open_study, study_name
+from tuner.search.target import Target
+from tuner.store import Store
+from variants import load_family
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a view of a running search shows (tuner/commands/search.py)."""
+
+    study_name: str
+    problem: Problem
+    mode: str
+    feasible: int
+    seed: int
+    trials: int  # the study's budget
+    measured: int  # by every process of the study, infeasible proposals not counted
+    best_ms: float | None  # the best valid time this process has seen
+    outcomes: Counter  # measured in this run, by outcome
+
+
+class ProblemSearch:
+    """One study on one problem: run() searches it and decides (or leaves the decision to
+    whoever searches it last); decide() alone is the parent's part for `--workers N`."""
+
+    def __init__(self, problem: Problem, families: list[str], target: Target, store: Store,
+                 storage: optuna.storages.BaseStorage, settings: SearchSettings,
+                 on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.problem, self.target, self.settings = problem, target, settings
+        modules = {name: load_family(name) for name in families}
+        self.space = Space.build(modules, problem, target.gpu,
+                                 settings.exhaustive_threshold or settings.trials)
+        self.name = study_name(target.device_id, families, problem)
+        self.study, self.seed = open_study(
+            storage, self.name, settings,
+            {"problem": problem.key(), "families": families, "mode": self.space.mode})
+        self.claims = Claims(self.study, families)
+        self.claims.fail_dead()
+        self.records = Records(store, target.device_id, problem, family_set_name(families),
+                               self.name, self.seed,
+                               {name: code_version(m) for name, m in modules.items()})
+        self.proposer = Proposer(self.study, self.space, self.claims, self.records, problem,
+                                 target.gpu)
+        self._on_progress = on_progress or (lambda _p: None)
+        self._outcomes: Counter = Counter()
+        self._measured_here = 0
+        self._best_ms: float | None = None
+        self._since_improvement = 0
+
+    def progress(self) -> Progress:
+        return Progress(self.name, self.problem, self.space.mode, len(self.space.feasible),
+                        self.seed, self.settings.trials, _measured(self.records.stored()),
+                        self._best_ms, Counter(self._outcomes))
+
+    def run(self, decide: bool = True) -> ProblemResult:
+        """Search; then, unless `decide` is False (one of the processes of `--workers N`, whose
+        parent decides once: decide()), re-time and store the winner, or leave that to another
+        process still searching this study (hosts sharing one database): the process that
+        finishes last decides, with every host's trials stored."""
+        pipeline = Pipeline(self.settings.compile_jobs)
+        try:
+            stopped = self._search(pipeline) or "trial budget"
+            self._abandon(pipeline)
+            if not decide:
+                return self._result(stopped)
+            # This process has nothing in flight any more: the last one always sees no other.
+            others = self.claims.others_searching(self.settings.longest_candidate())
+            if others:
+                result = self._result(f"{stopped}; the winner is left to {others[0]}, still "
+                                      "searching this study")
+                result.deferred_to = others[0]
+                return result
+            return self.decide(stopped, pipeline)
+        finally:
+            self._abandon(pipeline)
+            pipeline.close()
+
+    def decide(self, stopped: str, pipeline: Pipeline, outcomes: Counter | None = None,
+               measured_here: int | None = None) -> ProblemResult:
+        """The decision alone, on the GPU sandbox of `pipeline` (pool.decision_pipeline(): one
+        for every problem of a run, for `--workers N`, whose children report `outcomes` and
+        `measured_here` instead of this process)."""
+        if outcomes is not None:
+            self._outcomes = Counter(outcomes)
+        if measured_here is not None:
+            self._measured_here = measured_here
+        return decide(self._result(stopped), self.records, self.space.default, pipeline,
+                      lambda cand: self._task(cand, "evaluate"))
+
+    def _search(self, pipeline: Pipeline) -> str:
+        """The loop; returns why it stopped ("" when the trial budget ran out in flight)."""
+        s = self.settings
+        start = time.monotonic()
+        stored = self.records.stored()
+        self._best_ms = min((r.median_ms for r in stored.values() if r.outcome == Outcome.OK),
+                            default=None)
+        self._on_progress(self.progress())
+        stopped, asking = "", True
+        while True:
+            if asking:  # what the other processes of this study measured meanwhile
+                stored = self.records.stored()
+            in_flight = pipeline.in_flight()
+            flight = {c.hash for c in in_flight}
+            measured = _measured(stored)
+            if asking:
+                stopped = self._stop_reason(measured, start, stored, flight)
+                asking = not stopped
+            # The budget is the study's: trials of every process that searches it count,
+            # measured or in flight (RUNNING), ours included.
+            room = s.trials - measured - max(self.claims.running(), len(in_flight))
+            while asking and pipeline.has_room() and room > 0:
+                cand = self.proposer.next(stored, flight)
+                if cand is None:
+                    stopped, asking = "the sampler proposes nothing new", False
+                    break
+                pipeline.compile(cand, self._task(cand))
+                flight.add(cand.hash)
+                room -= 1
+            if not pipeline.in_flight():
+                return stopped
+            if s.time_budget_s and time.monotonic() - start > s.time_budget_s:
+                return "time budget"  # what is in flight is abandoned (run(): told FAIL)
+            for cand, result in pipeline.step():
+                with sigint_deferred():  # stored and told, or neither
+                    self._finish(cand, result)
+
+    def _stop_reason(self, measured: int, start: float, stored, in_flight: set[str]) -> str:
+        s = self.settings
+        if measured >= s.trials:
+            return "trial budget"
+        if s.time_budget_s and time.monotonic() - start > s.time_budget_s:
+            return "time budget"
+        if s.patience and self._since_improvement >= s.patience:
+            return f"no improvement in {s.patience} trials"
+        if self.proposer.all_done(stored, in_flight):
+            return "space exhausted"
+        return ""
+
+    def _finish(self, cand: Candidate, result: CandidateResult) -> None:
+        self.records.record(cand, result)  # the Store first: a kill after this loses nothing
+        median = (result.timing or {}).get("median_ms")
+        tell(self.study, cand.trial, result.outcome, median)
+        self._outcomes[result.outcome] += 1
+        self._measured_here += 1
+        if result.outcome == Outcome.OK and (self._best_ms is None or median < self._best_ms):
+            self._best_ms, self._since_improvement = median, 0
+        else:
+            self._since_improvement += 1
+        self._on_progress(self.progress())
+
+    def _abandon(self, pipeline: Pipeline) -> None:
+        """Ctrl-C or a budget: what is still in flight is not measured; FAIL frees its trial in
+        the study (a re-run proposes it again), and the Store never saw it."""
+        with sigint_deferred():
+            for cand in pipeline.in_flight():
+                self.study.tell(cand.trial, state=TrialState.FAIL)
+        pipeline.drop()
+
+    def _task(self, cand: Candidate, kind: str = "compile") -> Task:
+        return task_for(cand, self.problem, self.target, self.settings, self.seed, kind)
+
+    def _result(self, stopped: str) -> ProblemResult:
+        return ProblemResult(self.problem, self.name, self.seed, self.space.mode,
+                             len(self.space.feasible), stopped, self._outcomes,
+                             self._measured_here)
+
+
+def _measured(stored: dict) -> int:
+    """Stored configs that reached a compiler (the trial budget counts these)."""
+    return sum(1 for r in stored.values() if r.outcome != Outcome.INFEASIBLE)

@@ -1,0 +1,36 @@
+"""What a search is asked to do (SearchSettings) and the constants every part of it shares.
+
+No Optuna here: `tuner search --help` and the CLI defaults test import this without it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+
+# Told to Optuna for candidates that did not produce a valid time; the constraint value, not this
+# number, is what keeps TPE away from them (infeasible trials rank behind every feasible one).
+FAILED_VALUE_MS = 1e9
+# Consecutive proposals that reach no compiler (infeasible or already measured) before the
+# sampler is deemed to have nothing new to offer.
+MAX_BARREN_ASKS = 200
+
+
+@dataclass(frozen=True)
+class SearchSettings:
+    trials: int = 64  # candidates that reach a compiler, over all runs of the study
+    time_budget_s: float | None = None  # wall time of this run
+    patience: int | None = 32  # stop after this many measured candidates without improvement
+    seed: int | None = None  # None: the study's recorded seed, else a fresh random one
+    compile_jobs: int = 2
+    timeout_s: float = 600.0  # per candidate and stage (compile, evaluate)
+    repeats: int = 20
+    warmup: int = 3
+    exhaustive_threshold: int | None = None  # None: the trial budget
+    resume: bool = False  # require an existing study
+
+    def longest_candidate(self) -> dt.timedelta:
+        """How long a trial can stay RUNNING in a live process: compile, wait behind the compile
+        pool's other candidates on the GPU, evaluate, each within the per-stage timeout. A
+        RUNNING trial older than this belongs to a dead process."""
+        return dt.timedelta(seconds=self.timeout_s * (2 + self.compile_jobs))

@@ -44,10 +44,11 @@ _KERNELS: dict[str, CompiledKernel] = {}  # codegen key / problem key -> kernel
 @cache
 def source_hash(src_dir: str) -> str:
     """Hash of a family's *.py files: editing the kernel invalidates its cached builds."""
-    return _files_hash(sorted(Path(src_dir).glob("*.py")))
+    return files_hash(sorted(Path(src_dir).glob("*.py")))
 
 
-def _files_hash(paths) -> str:
+def files_hash(paths) -> str:
+    """sha256 (16 hex digits) of the named files' names and contents, in the given order."""
     h = hashlib.sha256()
     for path in paths:
         h.update(path.name.encode())
@@ -78,7 +79,7 @@ def shared_source_hash() -> str:
     family shares (common/) and the contract they implement: the cache launches what it
     stores, so an edit there must not reuse old objects."""
     here = Path(__file__).resolve().parent
-    return _files_hash([*(here / name for name in ("build.py", "base.py", "cubin.py",
+    return files_hash([*(here / name for name in ("build.py", "base.py", "cubin.py",
                                                    "dsl_compile.py")),
                         *sorted((here / "common").glob("*.py"))])
 

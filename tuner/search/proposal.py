@@ -26,7 +26,7 @@ from tuner.search.interrupts import sigint_deferred
 from tuner.search.records import Candidate, Records
 from tuner.search.settings import FAILED_VALUE_MS, MAX_BARREN_ASKS
 from tuner.store import TrialRecord, config_hash
-from variants.base import enumerate_space
+from variants.base import judge_space
 
 
 def suggest(trial: optuna.Trial, families: list[str], spaces: dict[str, dict]) -> tuple[str, dict]:
@@ -43,12 +43,8 @@ def params_of(family: str, config: dict) -> dict:
 
 def feasible_configs(modules: dict, problem: Problem, gpu) -> list[tuple[str, dict]]:
     """Every (family, config) that can_implement accepts, in enumeration order."""
-    found = []
-    for name, module in modules.items():
-        for cfg in enumerate_space(module.Config, module.space(gpu.arch)):
-            if module.can_implement(cfg, problem, gpu)[0]:
-                found.append((name, cfg.to_dict()))
-    return found
+    return [(name, cfg.to_dict()) for name, module in modules.items()
+            for cfg, ok, _ in judge_space(module, problem, gpu) if ok]
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, outcome: Outcome,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from tuner.outcomes import Role
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult
 from tuner.store import Store, TrialRecord
+from variants.build import files_hash
 
 # TrialRecord columns copied by name from the dicts of a CandidateResult.
 _FROM_TIMING = ("median_ms", "iqr_ms", "prepare_ms", "sm_clock_mhz", "temperature_c")
@@ -44,11 +44,7 @@ def code_version(family_module) -> str:
     path = Path(family_module.__file__)
     files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     tuner = Path(__file__).parents[1]
-    files += [tuner / "measure.py", tuner / "sandbox.py"]
-    digest = hashlib.sha256()
-    for f in files:
-        digest.update(f.read_bytes())
-    return digest.hexdigest()[:12]
+    return files_hash([*files, tuner / "measure.py", tuner / "sandbox.py"])[:12]
 
 
 @dataclass(frozen=True)

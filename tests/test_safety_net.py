@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.doubles import fake_family_noisy as noisy
+from tuner import runtime
 from tuner.cli import main
+from tuner.gpus import PROFILES
 from tuner.problem import Problem
-from tuner.store import Store
+from tuner.store import Store, TrialRecord
+from variants import mma_sync
 
 NOISY = "tests.doubles.fake_family_noisy"
 PROBLEM = Problem(1, 2, 64, 64)
@@ -43,3 +48,89 @@ def test_a_search_keeps_the_default_when_the_lead_is_within_the_spread(tmp_path,
         assert min(retimed, key=lambda t: t.median_ms).config != default
     finally:
         store.close()
+
+
+# ---- 2, 3. runtime lookup: the database before the table; nearest seq_len ties ---------------
+
+DEVICE = "dev-h200"
+SEED_CFG = mma_sync.default("sm_90a")
+ALT_CFG = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
+                          p_staging="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+
+
+@pytest.fixture
+def lookup(tmp_path, monkeypatch):
+    """(database URL, add(seq_len, cfg) to the database, table(entries) as db/tables/h200.yaml)
+    for load_best_config on a pretend H200."""
+    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
+
+    url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
+    monkeypatch.setattr(runtime, "TABLES_DIR", tables)
+    runtime.clear_cache()
+    store = Store(url)
+    store.record_device(DEVICE, {"name": "NVIDIA H200", "compute_capability": "9.0",
+                                 "sm_count": 132})
+
+    def add(seq_len, cfg):
+        problem = Problem(1, 56, seq_len)
+        trial_id = store.record_trial(TrialRecord(
+            id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
+            family="mma_sync", config=cfg.to_dict(), config_hash="x", outcome="ok",
+            median_ms=1.0))
+        store.set_best(DEVICE, problem, "mma_sync", trial_id, None, None)
+
+    def table(*entries):
+        rows = [{"problem": Problem(1, 56, s).to_dict(), "family": "mma_sync",
+                 "config": cfg.to_dict(), "median_ms": 1.0} for s, cfg in entries]
+        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
+               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
+               "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
+        (tables / "h200.yaml").write_text(dump_table(doc))
+        runtime.clear_cache()
+
+    yield url, add, table
+    store.close()
+    runtime.clear_cache()
+
+
+def _best(url, seq_len):
+    best = runtime.load_best_config(seq_len, heads=56, db=url, with_source=True)
+    return best.source, best.tuned_seq_len, best.config
+
+
+def test_the_database_is_consulted_before_the_shipped_table(lookup):
+    url, add, table = lookup
+    table((4096, SEED_CFG), (16384, SEED_CFG))
+    add(4096, ALT_CFG)
+    assert _best(url, 4096) == ("db-exact", 4096, ALT_CFG)
+    # Nearest in the database still comes before exact in the table (README, lookup order).
+    assert _best(url, 16384) == ("db-nearest", 4096, ALT_CFG)
+    # A problem the database has nothing for (other head_dim) goes on to the table, whose
+    # head_dim-128 entries do not match either: the default.
+    other = runtime.load_best_config(4096, heads=56, head_dim=64, db=url, with_source=True)
+    assert other.source == "default"
+
+
+@pytest.mark.parametrize("tuned, want, chosen", [
+    ((2048, 8192), 4096, 8192),  # in floats, 4096/2048 came out an ulp nearer than 8192/4096
+    ((1000, 4000), 2000, 4000),  # a tie in floats too
+    ((100, 900), 300, 900),
+    ((8192, 2048), 4096, 8192),  # the order they are stored in does not matter
+], ids=["2048|8192->4096", "1000|4000->2000", "100|900->300", "reversed"])
+@pytest.mark.parametrize("source", ["db", "table"])
+def test_a_nearest_seq_len_tie_goes_to_the_larger(lookup, tuned, want, chosen, source):
+    url, add, table = lookup
+    cfgs = {chosen: SEED_CFG}
+    cfgs.update({s: ALT_CFG for s in tuned if s != chosen})
+    if source == "db":
+        for s in tuned:
+            add(s, cfgs[s])
+    else:
+        table(*[(s, cfgs[s]) for s in tuned])
+    assert _best(url, want) == (f"{source}-nearest", chosen, SEED_CFG)
+    # One step off the tie, the nearer one wins either way.
+    lower = min(tuned)
+    assert _best(url, want - 1)[1] == lower

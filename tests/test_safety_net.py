@@ -134,3 +134,62 @@ def test_a_nearest_seq_len_tie_goes_to_the_larger(lookup, tuned, want, chosen, s
     # One step off the tie, the nearer one wins either way.
     lower = min(tuned)
     assert _best(url, want - 1)[1] == lower
+
+
+# ---- 4. a resumed TPE study never measures a stored config again ------------------------------
+
+def test_a_resumed_tpe_study_tells_stored_configs_instead_of_measuring_them(tmp_path,
+                                                                           monkeypatch):
+    """The Store holds results the study does not (a kill between the Store write and the tell,
+    or a lost --storage): when the sampler proposes those configs again, their stored values are
+    told and nothing is compiled or measured twice."""
+    import optuna
+
+    from tests.doubles import fake_family_large as large
+    from tuner.search import ProblemSearch, SearchSettings, make_target, params_of
+
+    family = "tests.doubles.fake_family_large"
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv("FAKE_FAMILY_COMPILE_LOG", str(log))
+    target = make_target("h200", {family: large})
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.record_device(target.device_id, target.fingerprint)
+
+    def search(storage, trials):
+        settings = SearchSettings(trials=trials, seed=3, compile_jobs=1, timeout_s=1, repeats=5,
+                                  warmup=1, patience=None)
+        return ProblemSearch(PROBLEM, [family], target, store, storage, settings)
+
+    try:
+        first = search(optuna.storages.InMemoryStorage(), 5)
+        assert first.mode == "tpe"
+        first.run(decide=False)
+        def measured():  # what reached a compiler (TPE proposes infeasible configs too)
+            return [r for r in store.trials(PROBLEM, study_name=first.name)
+                    if r.outcome != "infeasible"]
+
+        stored = {r.config_hash: r for r in measured()}
+        assert len(stored) == 5
+        first_log = len(log.read_text().splitlines())
+        # The study forgot them; the sampler proposes every one of them first.
+        again = search(optuna.storages.InMemoryStorage(), 8)
+        for rec in stored.values():
+            again.study.enqueue_trial(params_of(rec.family, rec.config))
+        result = again.run(decide=False)
+        assert result.mode == "tpe" and result.measured_here == 3
+        hashes = [r.config_hash for r in measured()]
+        assert len(hashes) == len(set(hashes)) == 8, "a stored config was measured again"
+        compiled_again = [json.loads(line) for line in log.read_text().splitlines()[first_log:]]
+        assert compiled_again, "the compile log is empty: did the workers see the environment?"
+        stored_configs = [r.config for r in stored.values()]
+        assert not [c for c in compiled_again
+                    if {k: c[k] for k in stored_configs[0]} in stored_configs]
+        # What was told for each: the stored time (or the failure), not a new measurement.
+        told = {t.number: t for t in again.study.get_trials(deepcopy=False)}
+        for number, rec in enumerate(stored.values()):
+            trial = told[number]
+            assert trial.state == optuna.trial.TrialState.COMPLETE
+            if rec.outcome == "ok":
+                assert trial.value == rec.median_ms
+    finally:
+        store.close()

@@ -193,3 +193,36 @@ def test_a_resumed_tpe_study_tells_stored_configs_instead_of_measuring_them(tmp_
                 assert trial.value == rec.median_ms
     finally:
         store.close()
+
+
+# ---- 5. can_implement, pinned: feasible counts per space and arch ------------------------------
+# Counted 2026-12-01 at B=1 H=2 S=4096 (seq_len and heads enter no constraint; head_dim does).
+# A change here is a change of what the search may compile: regenerate the counts only with a
+# reason (a measured spill, a new knob value) in the commit that moves them.
+FEASIBLE = {
+    # family, GPU profile (its arch), head_dim: (space size, feasible)
+    ("wgmma", "h200", 128): (3456, 1572),       # sm_90a
+    ("wgmma", "h200", 64): (3456, 2352),
+    ("wgmma", "4090", 128): (3456, 0),          # sm_89: no wgmma
+    ("wgmma", "5080", 128): (3456, 0),          # sm_120a: no wgmma
+    ("mma_sync", "h200", 128): (1728, 288),     # sm_90a
+    ("mma_sync", "h200", 64): (1728, 384),
+    ("mma_sync", "4090", 128): (1728, 272),     # sm_89: 99 KB of shared memory a block
+    ("mma_sync", "4090", 64): (1728, 384),
+    ("mma_sync", "5080", 128): (3456, 544),     # sm_120a: mma=mxf8 doubles the space
+    ("mma_sync", "5080", 64): (3456, 768),
+}
+
+
+@pytest.mark.parametrize("family, gpu, head_dim", sorted(FEASIBLE),
+                         ids=lambda v: str(v))
+def test_feasible_counts_per_space_and_arch_are_pinned(family, gpu, head_dim):
+    from variants import load_family
+    from variants.base import enumerate_space
+
+    module = load_family(family)
+    profile = PROFILES[gpu]
+    problem = Problem(1, 2, 4096, head_dim)
+    configs = list(enumerate_space(module.Config, module.space(profile.arch)))
+    feasible = sum(module.can_implement(cfg, problem, profile)[0] for cfg in configs)
+    assert (len(configs), feasible) == FEASIBLE[family, gpu, head_dim]

@@ -5,6 +5,7 @@ tried)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from variants import mma_sync
 
 NOISY = "tests.doubles.fake_family_noisy"
 PROBLEM = Problem(1, 2, 64, 64)
+REPO = Path(__file__).resolve().parents[1]
 SEARCH = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
           "--repeats", "10", "--timeout", "5", "--compile-jobs", "1", "--json"]
 
@@ -226,3 +228,47 @@ def test_feasible_counts_per_space_and_arch_are_pinned(family, gpu, head_dim):
     configs = list(enumerate_space(module.Config, module.space(profile.arch)))
     feasible = sum(module.can_implement(cfg, problem, profile)[0] for cfg in configs)
     assert (len(configs), feasible) == FEASIBLE[family, gpu, head_dim]
+
+
+# ---- 6. tuner import stores a table in one transaction ---------------------------------------
+
+def test_an_import_that_fails_midway_stores_nothing(tmp_path, monkeypatch, capsys):
+    """The database fails on the 5th trial insert of the shipped table's import: the command
+    fails and not one of the entries before it is stored."""
+    import sqlite3
+
+    from sqlalchemy import event
+
+    from tuner.store import _Trial
+
+    shipped = REPO / "db" / "tables" / "h200.yaml"
+    db = tmp_path / "db.sqlite"
+    inserts = []
+
+    def fail_on_the_fifth(mapper, connection, target):
+        inserts.append(target)
+        if len(inserts) == 5:
+            raise RuntimeError("planted: the database fails midway")
+
+    event.listen(_Trial, "before_insert", fail_on_the_fifth)
+    try:
+        assert main(["import", str(shipped), "--db", f"sqlite:///{db}", "--force"]) != 0
+    finally:
+        event.remove(_Trial, "before_insert", fail_on_the_fifth)
+    assert "planted: the database fails midway" in capsys.readouterr().err
+    assert len(inserts) == 5
+    con = sqlite3.connect(db)
+    try:
+        for table in ("tuner_trials", "tuner_best", "tuner_problems", "tuner_devices"):
+            assert con.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,), table
+    finally:
+        con.close()
+    # ... and the same import, nothing planted, then stores the whole table.
+    assert main(["import", str(shipped), "--db", f"sqlite:///{db}", "--force"]) == 0
+    store = Store(f"sqlite:///{db}", readonly=True)
+    try:
+        import yaml
+
+        assert len(store.winners()) == yaml.safe_load(shipped.read_text())["entry_count"] > 2
+    finally:
+        store.close()

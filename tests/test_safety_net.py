@@ -272,3 +272,44 @@ def test_an_import_that_fails_midway_stores_nothing(tmp_path, monkeypatch, capsy
         assert len(store.winners()) == yaml.safe_load(shipped.read_text())["entry_count"] > 2
     finally:
         store.close()
+
+
+# ---- 7. a connection error never prints the password ------------------------------------------
+
+PLAIN_URL = "postgresql://user:secret@127.0.0.1:1/db"  # port 1 on loopback refuses at once
+COMMANDS = {
+    "show": ["show", "--db", PLAIN_URL],
+    "import": ["import", str(REPO / "db" / "tables" / "h200.yaml"), "--db", PLAIN_URL,
+               "--force"],
+    "search": [*SEARCH, "--families", NOISY, "--trials", "1", "--db", PLAIN_URL],
+}
+
+
+@pytest.fixture
+def echoing_driver(monkeypatch):
+    """A driver whose error quotes the connection string it was given, password and all (as
+    libpq's "invalid connection option" and several drivers' DSN errors do)."""
+    psycopg = pytest.importorskip("psycopg")
+
+    def connect(*args, **kwargs):
+        conninfo = " ".join(f"{k}={v}" for k, v in kwargs.items())
+        raise psycopg.OperationalError(f"could not connect with conninfo '{conninfo}'\n"
+                                       "second line: password=secret")
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+
+
+@pytest.mark.parametrize("driver", ["refusing", "echoing"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_connection_error_is_one_masked_line(command, driver, request, capsys, caplog):
+    import logging
+
+    if driver == "echoing":
+        request.getfixturevalue("echoing_driver")
+    with caplog.at_level(logging.DEBUG):
+        code = main(list(COMMANDS[command]))
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert err.endswith("\n") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "://user:***@127.0.0.1:1/db" in err, err  # the URL as the engine got it
+    assert "secret" not in out + err + caplog.text

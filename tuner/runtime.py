@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 import os
 import threading
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -42,16 +42,19 @@ class BestConfig:
     detail: str = ""
 
 
-def _log_distance(a: int, b: int) -> float:
-    return abs(math.log(a) - math.log(b))
+def _log_distance(a: int, b: int) -> Fraction:
+    """|log a - log b|, as the ratio max/min it is a monotone function of: exact, so that a tie
+    is a tie (in floats, log 4096 - log 2048 and log 8192 - log 4096 differ by an ulp)."""
+    return Fraction(max(a, b), min(a, b))
 
 
 def _nearest(
     candidates: list[tuple[Problem, str, dict]], want: Problem, heads: int | None, batch: int | None
 ):
     """Among (problem, family, config) entries with the same head_dim (and heads/batch if given),
-    the one whose seq_len is nearest on a log scale; ties go to the larger seq_len, whose tiles
-    are the more conservative choice for a long sequence."""
+    the one whose seq_len is nearest on a log scale; an exact tie (2048 and 8192 for 4096: the
+    same ratio) goes to the larger seq_len, whose tiles are the more conservative choice for a
+    long sequence; entries of one seq_len keep their given order (the first wins)."""
     usable = [
         c
         for c in candidates

@@ -1,0 +1,315 @@
+"""The safety net of issue #16: each test here fails under one mutation of the production code
+that the rest of the suite let through (benchmarks/mutations.md lists them and how each was
+tried)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.doubles import fake_family_noisy as noisy
+from tuner import runtime
+from tuner.cli import main
+from tuner.gpus import PROFILES
+from tuner.problem import Problem
+from tuner.store import Store, TrialRecord
+from variants import mma_sync
+
+NOISY = "tests.doubles.fake_family_noisy"
+PROBLEM = Problem(1, 2, 64, 64)
+REPO = Path(__file__).resolve().parents[1]
+SEARCH = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
+          "--repeats", "10", "--timeout", "5", "--compile-jobs", "1", "--json"]
+
+
+# ---- 1. the spread rule, end to end ------------------------------------------------------------
+
+def test_a_search_keeps_the_default_when_the_lead_is_within_the_spread(tmp_path, capsys):
+    """Both candidates measure faster than the default, by 0.5 and 1 ms, with an IQR of about
+    4 ms each (tests/doubles/fake_family_noisy.py): the stored winner is the default, kept."""
+    db = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    assert main([*SEARCH, "--families", NOISY, "--trials", "3", "--seed", "1", "--db", db]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    (result,) = doc["results"]
+    assert result["mode"] == "exhaustive" and result["outcomes"] == {"ok": 3}
+    default = noisy.default("sm_90a", None).to_dict()
+    winner, kept = result["winner"], result["default"]
+    assert kept["config"] == default
+    assert kept["iqr_ms"] > 2 * noisy.LEAD_MS  # the double does make the spread it promises
+    assert result["default_kept"] is True, result
+    assert winner["config"] == default and winner["trial_id"] == kept["trial_id"]
+    assert result["speedup_over_default"] == 1.0
+    store = Store(db, readonly=True)
+    try:
+        best = store.best_for(doc["device"], PROBLEM)
+        assert best.config == default and best.default_trial.id == best.trial.id
+        # The candidates were re-timed beside it, and did measure faster than the default.
+        retimed = [t for t in store.trials(PROBLEM, outcome="ok") if t.role == "retime"]
+        assert min(retimed, key=lambda t: t.median_ms).config != default
+    finally:
+        store.close()
+
+
+# ---- 2, 3. runtime lookup: the database before the table; nearest seq_len ties ---------------
+
+DEVICE = "dev-h200"
+SEED_CFG = mma_sync.default("sm_90a")
+ALT_CFG = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
+                          p_staging="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+
+
+@pytest.fixture
+def lookup(tmp_path, monkeypatch):
+    """(database URL, add(seq_len, cfg) to the database, table(entries) as db/tables/h200.yaml)
+    for load_best_config on a pretend H200."""
+    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
+
+    url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
+    monkeypatch.setattr(runtime, "TABLES_DIR", tables)
+    runtime.clear_cache()
+    store = Store(url)
+    store.record_device(DEVICE, {"name": "NVIDIA H200", "compute_capability": "9.0",
+                                 "sm_count": 132})
+
+    def add(seq_len, cfg):
+        problem = Problem(1, 56, seq_len)
+        trial_id = store.record_trial(TrialRecord(
+            id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
+            family="mma_sync", config=cfg.to_dict(), config_hash="x", outcome="ok",
+            median_ms=1.0))
+        store.set_best(DEVICE, problem, "mma_sync", trial_id, None, None)
+
+    def table(*entries):
+        rows = [{"problem": Problem(1, 56, s).to_dict(), "family": "mma_sync",
+                 "config": cfg.to_dict(), "median_ms": 1.0} for s, cfg in entries]
+        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
+               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
+               "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
+        (tables / "h200.yaml").write_text(dump_table(doc))
+        runtime.clear_cache()
+
+    yield url, add, table
+    store.close()
+    runtime.clear_cache()
+
+
+def _best(url, seq_len):
+    best = runtime.load_best_config(seq_len, heads=56, db=url, with_source=True)
+    return best.source, best.tuned_seq_len, best.config
+
+
+def test_the_database_is_consulted_before_the_shipped_table(lookup):
+    url, add, table = lookup
+    table((4096, SEED_CFG), (16384, SEED_CFG))
+    add(4096, ALT_CFG)
+    assert _best(url, 4096) == ("db-exact", 4096, ALT_CFG)
+    # Nearest in the database still comes before exact in the table (README, lookup order).
+    assert _best(url, 16384) == ("db-nearest", 4096, ALT_CFG)
+    # A problem the database has nothing for (other head_dim) goes on to the table, whose
+    # head_dim-128 entries do not match either: the default.
+    other = runtime.load_best_config(4096, heads=56, head_dim=64, db=url, with_source=True)
+    assert other.source == "default"
+
+
+@pytest.mark.parametrize("tuned, want, chosen", [
+    ((2048, 8192), 4096, 8192),  # in floats, 4096/2048 came out an ulp nearer than 8192/4096
+    ((1000, 4000), 2000, 4000),  # a tie in floats too
+    ((100, 900), 300, 900),
+    ((8192, 2048), 4096, 8192),  # the order they are stored in does not matter
+], ids=["2048|8192->4096", "1000|4000->2000", "100|900->300", "reversed"])
+@pytest.mark.parametrize("source", ["db", "table"])
+def test_a_nearest_seq_len_tie_goes_to_the_larger(lookup, tuned, want, chosen, source):
+    url, add, table = lookup
+    cfgs = {chosen: SEED_CFG}
+    cfgs.update({s: ALT_CFG for s in tuned if s != chosen})
+    if source == "db":
+        for s in tuned:
+            add(s, cfgs[s])
+    else:
+        table(*[(s, cfgs[s]) for s in tuned])
+    assert _best(url, want) == (f"{source}-nearest", chosen, SEED_CFG)
+    # One step off the tie, the nearer one wins either way.
+    lower = min(tuned)
+    assert _best(url, want - 1)[1] == lower
+
+
+# ---- 4. a resumed TPE study never measures a stored config again ------------------------------
+
+def test_a_resumed_tpe_study_tells_stored_configs_instead_of_measuring_them(tmp_path,
+                                                                           monkeypatch):
+    """The Store holds results the study does not (a kill between the Store write and the tell,
+    or a lost --storage): when the sampler proposes those configs again, their stored values are
+    told and nothing is compiled or measured twice."""
+    import optuna
+
+    from tests.doubles import fake_family_large as large
+    from tuner.search import ProblemSearch, SearchSettings, make_target, params_of
+
+    family = "tests.doubles.fake_family_large"
+    log = tmp_path / "compiles.jsonl"
+    monkeypatch.setenv("FAKE_FAMILY_COMPILE_LOG", str(log))
+    target = make_target("h200", {family: large})
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    store.record_device(target.device_id, target.fingerprint)
+
+    def search(storage, trials):
+        settings = SearchSettings(trials=trials, seed=3, compile_jobs=1, timeout_s=1, repeats=5,
+                                  warmup=1, patience=None)
+        return ProblemSearch(PROBLEM, [family], target, store, storage, settings)
+
+    try:
+        first = search(optuna.storages.InMemoryStorage(), 5)
+        assert first.mode == "tpe"
+        first.run(decide=False)
+        def measured():  # what reached a compiler (TPE proposes infeasible configs too)
+            return [r for r in store.trials(PROBLEM, study_name=first.name)
+                    if r.outcome != "infeasible"]
+
+        stored = {r.config_hash: r for r in measured()}
+        assert len(stored) == 5
+        first_log = len(log.read_text().splitlines())
+        # The study forgot them; the sampler proposes every one of them first.
+        again = search(optuna.storages.InMemoryStorage(), 8)
+        for rec in stored.values():
+            again.study.enqueue_trial(params_of(rec.family, rec.config))
+        result = again.run(decide=False)
+        assert result.mode == "tpe" and result.measured_here == 3
+        hashes = [r.config_hash for r in measured()]
+        assert len(hashes) == len(set(hashes)) == 8, "a stored config was measured again"
+        compiled_again = [json.loads(line) for line in log.read_text().splitlines()[first_log:]]
+        assert compiled_again, "the compile log is empty: did the workers see the environment?"
+        stored_configs = [r.config for r in stored.values()]
+        assert not [c for c in compiled_again
+                    if {k: c[k] for k in stored_configs[0]} in stored_configs]
+        # What was told for each: the stored time (or the failure), not a new measurement.
+        told = {t.number: t for t in again.study.get_trials(deepcopy=False)}
+        for number, rec in enumerate(stored.values()):
+            trial = told[number]
+            assert trial.state == optuna.trial.TrialState.COMPLETE
+            if rec.outcome == "ok":
+                assert trial.value == rec.median_ms
+    finally:
+        store.close()
+
+
+# ---- 5. can_implement, pinned: feasible counts per space and arch ------------------------------
+# Counted 2026-12-01 at B=1 H=2 S=4096 (seq_len and heads enter no constraint; head_dim does).
+# A change here is a change of what the search may compile: regenerate the counts only with a
+# reason (a measured spill, a new knob value) in the commit that moves them.
+FEASIBLE = {
+    # family, GPU profile (its arch), head_dim: (space size, feasible)
+    ("wgmma", "h200", 128): (3456, 1572),       # sm_90a
+    ("wgmma", "h200", 64): (3456, 2352),
+    ("wgmma", "4090", 128): (3456, 0),          # sm_89: no wgmma
+    ("wgmma", "5080", 128): (3456, 0),          # sm_120a: no wgmma
+    ("mma_sync", "h200", 128): (1728, 288),     # sm_90a
+    ("mma_sync", "h200", 64): (1728, 384),
+    ("mma_sync", "4090", 128): (1728, 272),     # sm_89: 99 KB of shared memory a block
+    ("mma_sync", "4090", 64): (1728, 384),
+    ("mma_sync", "5080", 128): (3456, 544),     # sm_120a: mma=mxf8 doubles the space
+    ("mma_sync", "5080", 64): (3456, 768),
+}
+
+
+@pytest.mark.parametrize("family, gpu, head_dim", sorted(FEASIBLE),
+                         ids=lambda v: str(v))
+def test_feasible_counts_per_space_and_arch_are_pinned(family, gpu, head_dim):
+    from variants import load_family
+    from variants.base import enumerate_space
+
+    module = load_family(family)
+    profile = PROFILES[gpu]
+    problem = Problem(1, 2, 4096, head_dim)
+    configs = list(enumerate_space(module.Config, module.space(profile.arch)))
+    feasible = sum(module.can_implement(cfg, problem, profile)[0] for cfg in configs)
+    assert (len(configs), feasible) == FEASIBLE[family, gpu, head_dim]
+
+
+# ---- 6. tuner import stores a table in one transaction ---------------------------------------
+
+def test_an_import_that_fails_midway_stores_nothing(tmp_path, monkeypatch, capsys):
+    """The database fails on the 5th trial insert of the shipped table's import: the command
+    fails and not one of the entries before it is stored."""
+    import sqlite3
+
+    from sqlalchemy import event
+
+    from tuner.store import _Trial
+
+    shipped = REPO / "db" / "tables" / "h200.yaml"
+    db = tmp_path / "db.sqlite"
+    inserts = []
+
+    def fail_on_the_fifth(mapper, connection, target):
+        inserts.append(target)
+        if len(inserts) == 5:
+            raise RuntimeError("planted: the database fails midway")
+
+    event.listen(_Trial, "before_insert", fail_on_the_fifth)
+    try:
+        assert main(["import", str(shipped), "--db", f"sqlite:///{db}", "--force"]) != 0
+    finally:
+        event.remove(_Trial, "before_insert", fail_on_the_fifth)
+    assert "planted: the database fails midway" in capsys.readouterr().err
+    assert len(inserts) == 5
+    con = sqlite3.connect(db)
+    try:
+        for table in ("tuner_trials", "tuner_best", "tuner_problems", "tuner_devices"):
+            assert con.execute(f"SELECT COUNT(*) FROM {table}").fetchone() == (0,), table
+    finally:
+        con.close()
+    # ... and the same import, nothing planted, then stores the whole table.
+    assert main(["import", str(shipped), "--db", f"sqlite:///{db}", "--force"]) == 0
+    store = Store(f"sqlite:///{db}", readonly=True)
+    try:
+        import yaml
+
+        assert len(store.winners()) == yaml.safe_load(shipped.read_text())["entry_count"] > 2
+    finally:
+        store.close()
+
+
+# ---- 7. a connection error never prints the password ------------------------------------------
+
+PLAIN_URL = "postgresql://user:secret@127.0.0.1:1/db"  # port 1 on loopback refuses at once
+COMMANDS = {
+    "show": ["show", "--db", PLAIN_URL],
+    "import": ["import", str(REPO / "db" / "tables" / "h200.yaml"), "--db", PLAIN_URL,
+               "--force"],
+    "search": [*SEARCH, "--families", NOISY, "--trials", "1", "--db", PLAIN_URL],
+}
+
+
+@pytest.fixture
+def echoing_driver(monkeypatch):
+    """A driver whose error quotes the connection string it was given, password and all (as
+    libpq's "invalid connection option" and several drivers' DSN errors do)."""
+    psycopg = pytest.importorskip("psycopg")
+
+    def connect(*args, **kwargs):
+        conninfo = " ".join(f"{k}={v}" for k, v in kwargs.items())
+        raise psycopg.OperationalError(f"could not connect with conninfo '{conninfo}'\n"
+                                       "second line: password=secret")
+
+    monkeypatch.setattr(psycopg, "connect", connect)
+
+
+@pytest.mark.parametrize("driver", ["refusing", "echoing"])
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_a_connection_error_is_one_masked_line(command, driver, request, capsys, caplog):
+    import logging
+
+    if driver == "echoing":
+        request.getfixturevalue("echoing_driver")
+    with caplog.at_level(logging.DEBUG):
+        code = main(list(COMMANDS[command]))
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert err.endswith("\n") and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "://user:***@127.0.0.1:1/db" in err, err  # the URL as the engine got it
+    assert "secret" not in out + err + caplog.text

@@ -57,7 +57,7 @@ def test_a_search_keeps_the_default_when_the_lead_is_within_the_spread(tmp_path,
 DEVICE = "dev-h200"
 SEED_CFG = mma_sync.default("sm_90a")
 ALT_CFG = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
-                          p_staging="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+                          p_source="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
 
 
 @pytest.fixture
@@ -164,7 +164,7 @@ def test_a_resumed_tpe_study_tells_stored_configs_instead_of_measuring_them(tmp_
 
     try:
         first = search(optuna.storages.InMemoryStorage(), 5)
-        assert first.mode == "tpe"
+        assert first.progress().mode == "tpe"
         first.run(decide=False)
         def measured():  # what reached a compiler (TPE proposes infeasible configs too)
             return [r for r in store.trials(PROBLEM, study_name=first.name)

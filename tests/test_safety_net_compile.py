@@ -31,7 +31,7 @@ PROBLEM = Problem(batch=1, heads=2, seq_len=77, head_dim=128)
 SLACK = {"sm_120a": 11, "sm_90a": 23}
 SAMPLE = [
     {},  # the default: 32 rows/warp, 32-key strips (estimate 252)
-    dict(block_m=64, rows_per_warp=16, block_n=128, p_staging="smem"),  # estimate 244
+    dict(block_m=64, rows_per_warp=16, block_n=128, p_source="smem"),  # estimate 244
     dict(block_m=128, warps=8, rows_per_warp=16, block_n=64, q_in_registers=True),  # 200
     dict(block_m=64, rows_per_warp=16, block_n=32, kv_stages=1),  # 160
 ]

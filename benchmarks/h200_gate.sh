@@ -10,6 +10,9 @@
 #                                    # mma_sync space (pv_accum=fp16 added) compiled and swept,
 #                                    # the GPU tests of issues 18 and 20, the crashing double in a
 #                                    # real search, the build cache, the gate's cost
+#   bash benchmarks/h200_gate.sh F   # final: the search package on the GPU (search, bench and
+#                                    # runtime tests), the planted search again, the best configs
+#                                    # at S = 30272 and the gate's cost with sampled rows
 set -u
 source .device/env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -62,5 +65,20 @@ V)
     > "$OUT/search_gpu.log" 2>&1; echo "search gpu rc=$?"; tail -n 4 "$OUT/search_gpu.log"
   capped 100 python3 benchmarks/gate_cost.py > "$OUT/gate_cost.md" 2>&1
   echo "gate cost rc=$?"; cat "$OUT/gate_cost.md"
+  ;;
+F)
+  capped 240 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_search_gpu.py \
+    tests/gpu/test_bench_gpu.py tests/gpu/test_runtime_gpu.py tests/gpu/test_gate_gpu.py \
+    > "$OUT/final_gpu.log" 2>&1; echo "search/bench/runtime/planted gpu rc=$?"; tail -n 3 "$OUT/final_gpu.log"
+  capped 90 python3 -m tuner search --gpu h200 --families tests.doubles.planted_wgmma \
+    --seq-lens 4097 --heads 8 --db "sqlite:///$OUT/planted.sqlite" --json \
+    > "$OUT/planted_search.json" 2> "$OUT/planted_search.log"; echo "planted search rc=$?"
+  python3 -m tuner show --gpu h200 --db "sqlite:///$OUT/planted.sqlite" --trials 4097 --json \
+    > "$OUT/planted_trials.json" 2>&1; echo "show rc=$?"
+  capped 100 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_wgmma_gpu.py \
+    -k best > "$OUT/best_30272.log" 2>&1; echo "best at 30272 rc=$?"; tail -n 2 "$OUT/best_30272.log"
+  capped 100 python3 benchmarks/gate_cost.py > "$OUT/gate_cost.md" 2>&1
+  echo "gate cost rc=$?"; cat "$OUT/gate_cost.md"
+  rm -f "$OUT"/*.lock
   ;;
 esac

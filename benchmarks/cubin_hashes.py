@@ -26,28 +26,22 @@ TARGETS = (("wgmma", "sm_90a"), ("mma_sync", "sm_90a"), ("mma_sync", "sm_120a"))
 
 
 def sample(fam, arch: str, problem) -> list:
-    from variants.base import enumerate_space
-
-    default = fam.default(arch, problem)
-    gpu = {"sm_90a": "h200", "sm_120a": "5080"}[arch]
+    """The default, then per knob value the default with that value, or where that is
+    infeasible the first feasible config holding it."""
     from tuner.gpus import PROFILES
+    from variants.base import judge_space
 
+    gpu = PROFILES[{"sm_90a": "h200", "sm_120a": "5080"}[arch]]
+    feasible = [cfg for cfg, ok, _ in judge_space(fam, problem, gpu) if ok]
+    default = fam.default(arch, problem)
     configs = [default]
     for name, values in fam.space(arch).items():
         for value in values:
             cfg = dataclasses.replace(default, **{name: value})
-            if cfg not in configs and fam.can_implement(cfg, problem, PROFILES[gpu])[0]:
+            if cfg not in feasible:
+                cfg = next(c for c in feasible if getattr(c, name) == value)
+            if cfg not in configs:
                 configs.append(cfg)
-                continue
-            if cfg in configs:
-                continue
-            # The one-knob change is infeasible: the first feasible config holding that value.
-            for other in enumerate_space(fam.Config, fam.space(arch)):
-                if getattr(other, name) == value and \
-                        fam.can_implement(other, problem, PROFILES[gpu])[0]:
-                    if other not in configs:
-                        configs.append(other)
-                    break
     return configs
 
 

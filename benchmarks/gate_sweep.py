@@ -27,12 +27,11 @@ def feasible(family: str, heads: int):
     from tuner.gpus import PROFILES
     from tuner.problem import Problem
     from variants import load_family
-    from variants.base import enumerate_space
+    from variants.base import judge_space
 
     fam = load_family(family)
-    problem = Problem(1, heads, 4096)
-    return [c.to_dict() for c in enumerate_space(fam.Config, fam.space("sm_90a"))
-            if fam.can_implement(c, problem, PROFILES["h200"])[0]]
+    return [c.to_dict() for c, ok, _ in judge_space(fam, Problem(1, heads, 4096), PROFILES["h200"])
+            if ok]
 
 
 def work(args) -> list[dict]:

@@ -13,6 +13,8 @@
 #   bash benchmarks/h200_gate.sh F   # final: the search package on the GPU (search, bench and
 #                                    # runtime tests), the planted search again, the best configs
 #                                    # at S = 30272 and the gate's cost with sampled rows
+#   bash benchmarks/h200_gate.sh R   # after the review commit (prepare, gate inputs): prepare's
+#                                    # and the planted GPU tests, both families' targeted tests
 set -u
 source .device/env.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -80,5 +82,14 @@ F)
   capped 100 python3 benchmarks/gate_cost.py > "$OUT/gate_cost.md" 2>&1
   echo "gate cost rc=$?"; cat "$OUT/gate_cost.md"
   rm -f "$OUT"/*.lock
+  ;;
+R)
+  capped 90 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/test_prepare.py \
+    tests/test_quantize_kernel.py tests/gpu/test_gate_gpu.py tests/gpu/test_runtime_gpu.py \
+    > "$OUT/r_prepare_gate.log" 2>&1; echo "prepare+planted+runtime rc=$?"; tail -n 2 "$OUT/r_prepare_gate.log"
+  capped 110 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_mma_sync_gpu.py \
+    -k "not sm90_space" > "$OUT/r_mma.log" 2>&1; echo "mma_sync targeted rc=$?"; tail -n 2 "$OUT/r_mma.log"
+  capped 110 python3 -m pytest -m gpu -q -p no:cacheprovider -rfE tests/gpu/test_wgmma_gpu.py \
+    -k "not feasible_space" > "$OUT/r_wgmma.log" 2>&1; echo "wgmma targeted rc=$?"; tail -n 2 "$OUT/r_wgmma.log"
   ;;
 esac

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.doubles import fake_family_noisy as noisy
+from tests.test_runtime import ALT_CFG, DEVICE, SEED_CFG
 from tuner import runtime
 from tuner.cli import main
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from tuner.store import Store, TrialRecord
-from variants import mma_sync
 
 NOISY = "tests.doubles.fake_family_noisy"
 PROBLEM = Problem(1, 2, 64, 64)
@@ -54,10 +54,7 @@ def test_a_search_keeps_the_default_when_the_lead_is_within_the_spread(tmp_path,
 
 # ---- 2, 3. runtime lookup: the database before the table; nearest seq_len ties ---------------
 
-DEVICE = "dev-h200"
-SEED_CFG = mma_sync.default("sm_90a")
-ALT_CFG = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
-                          p_source="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+# The two configs and the pretend device are the runtime tests' (tests/test_runtime.py).
 
 
 @pytest.fixture
@@ -220,14 +217,11 @@ FEASIBLE = {
                          ids=lambda v: str(v))
 def test_feasible_counts_per_space_and_arch_are_pinned(family, gpu, head_dim):
     from variants import load_family
-    from variants.base import enumerate_space
+    from variants.base import judge_space
 
-    module = load_family(family)
-    profile = PROFILES[gpu]
-    problem = Problem(1, 2, 4096, head_dim)
-    configs = list(enumerate_space(module.Config, module.space(profile.arch)))
-    feasible = sum(module.can_implement(cfg, problem, profile)[0] for cfg in configs)
-    assert (len(configs), feasible) == FEASIBLE[family, gpu, head_dim]
+    verdicts = [ok for _, ok, _ in judge_space(load_family(family), Problem(1, 2, 4096, head_dim),
+                                                PROFILES[gpu])]
+    assert (len(verdicts), sum(verdicts)) == FEASIBLE[family, gpu, head_dim]
 
 
 # ---- 6. tuner import stores a table in one transaction ---------------------------------------

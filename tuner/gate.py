@@ -84,26 +84,31 @@ def case_inputs(case: GateCase, head_dim: int, device, seed: int, dtype=None):
     """q, k, v (batch, seq_len, heads, head_dim) for one gate case, from a seeded generator."""
     import torch
 
+    from tuner.measure import random_inputs
+    from tuner.problem import Problem
+
+    if not case.structured:  # the timing inputs' draw, in the target dtype (no fp32 copy)
+        return random_inputs(Problem(case.batch, case.heads, case.seq_len, head_dim), device,
+                             seed, dtype)
     dtype = dtype or torch.bfloat16
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(int(seed))
     shape = (case.batch, case.seq_len, case.heads, head_dim)
     # fp32 construction, cast once at the end: the structure must survive in the caller's dtype.
     q, k, v = (torch.randn(shape, generator=gen, device=device) for _ in range(3))
-    if case.structured:
-        scale = head_dim**-0.5
-        # Batch 0, peaked: key j is PEAK_GAIN q_{L-1-j}.
-        k[0] = PEAK_GAIN * q[0].flip(0)
-        # Batch 1, a sink at key 0 along a random unit direction u per head:
-        # s_i0 = scale (z_i . u + SINK_OFFSET) b = SINK_LOGIT +- SINK_LOGIT / SINK_OFFSET.
-        u = torch.randn((case.heads, head_dim), generator=gen, device=device)
-        u = u / u.norm(dim=-1, keepdim=True)
-        q[1] += SINK_OFFSET * u
-        k[1, 0] = (SINK_LOGIT / (SINK_OFFSET * scale)) * u
-        # The last head: 1000x amax of q and v, 1/1000 of k's: logits unchanged.
-        q[..., -1, :] *= OUTLIER_GAIN
-        k[..., -1, :] /= OUTLIER_GAIN
-        v[..., -1, :] *= OUTLIER_GAIN
+    scale = head_dim**-0.5
+    # Batch 0, peaked: key j is PEAK_GAIN q_{L-1-j}.
+    k[0] = PEAK_GAIN * q[0].flip(0)
+    # Batch 1, a sink at key 0 along a random unit direction u per head:
+    # s_i0 = scale (z_i . u + SINK_OFFSET) b = SINK_LOGIT +- SINK_LOGIT / SINK_OFFSET.
+    u = torch.randn((case.heads, head_dim), generator=gen, device=device)
+    u = u / u.norm(dim=-1, keepdim=True)
+    q[1] += SINK_OFFSET * u
+    k[1, 0] = (SINK_LOGIT / (SINK_OFFSET * scale)) * u
+    # The last head: 1000x amax of q and v, 1/1000 of k's: logits unchanged.
+    q[..., -1, :] *= OUTLIER_GAIN
+    k[..., -1, :] /= OUTLIER_GAIN
+    v[..., -1, :] *= OUTLIER_GAIN
     return tuple(x.to(dtype) for x in (q, k, v))
 
 

@@ -54,10 +54,7 @@ class Fp8Inputs:
         whatever layout the kernel asked for (the reference and the metrics read V through it)."""
         if not self.v_feature_major:
             return self.v[b, :, h].t()
-        v = self.v[b, h]
-        if self.key_permuted:
-            v = v[:, _inverse_key_order_on(v.shape[-1], v.device)]
-        return v
+        return self.v[b, h][:, self.natural_key_slots()]
 
     @property
     def padded_len(self) -> int:
@@ -68,11 +65,12 @@ class Fp8Inputs:
         that multiplies a masked P of 0 by a NaN code of V would still produce NaN)."""
         s = self.seq_len
         v = self.v.float()
-        v_pad = v[:, s:] if not self.v_feature_major else v[..., self._natural_keys()[s:]]
+        v_pad = v[:, s:] if not self.v_feature_major else v[..., self.natural_key_slots()[s:]]
         return self.q[:, s:].float(), self.k[:, s:].float(), v_pad
 
-    def _natural_keys(self) -> torch.Tensor:
-        """Stored key position of every key in natural order (feature-major V)."""
+    def natural_key_slots(self) -> torch.Tensor:
+        """The stored position of every key, in natural key order (feature-major V: the last
+        axis of v indexed by this is in natural order)."""
         n = self.v.shape[-1]
         if self.key_permuted:
             return _inverse_key_order_on(n, self.v.device)
@@ -86,10 +84,8 @@ class Fp8Inputs:
         k = self.k[:, :s].float() * dk[:, None, :, None]
         if not self.v_feature_major:
             return q, k, self.v[:, :s].float() * dv[:, None, :, None]
-        v = self.v.float()
-        if self.key_permuted:
-            v = v[..., _inverse_key_order_on(v.shape[-1], v.device)]
-        v = v[..., :s].permute(0, 3, 1, 2) * dv[:, None, :, None]
+        v = self.v.float()[..., self.natural_key_slots()[:s]]
+        v = v.permute(0, 3, 1, 2) * dv[:, None, :, None]
         return q, k, v
 
 

@@ -14,7 +14,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from variants.base import ConfigMixin, enumerate_space
+from variants.base import ConfigMixin, judge_space
 
 PICKS = 6
 CRASH_PICK = 1
@@ -78,8 +78,7 @@ def crashing_family(base_name: str):
 
         gpu = gpu_or_arch if hasattr(gpu_or_arch, "arch") else next(
             p for p in PROFILES.values() if p.arch == arch)
-        feasible = (c for c in enumerate_space(base.Config, base.space(arch))
-                    if base.can_implement(c, problem, gpu)[0])
+        feasible = (c for c, ok, _ in judge_space(base, problem, gpu) if ok)
         return next(c for i, c in enumerate(feasible, start=1) if i == pick)
 
     def space(arch: str) -> dict[str, list]:

@@ -39,7 +39,7 @@ def _swap_first_v_groups(prepared) -> None:
         return
     v = prepared.v
     if prepared.v_feature_major:
-        slots = prepared._natural_keys()[:32]
+        slots = prepared.natural_key_slots()[:32]
         a, b = slots[:16], slots[16:]
         first = v[..., a].clone()
         v[..., a] = v[..., b]

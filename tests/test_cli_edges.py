@@ -28,6 +28,18 @@ def test_a_closed_pipe_ends_quietly():
     assert child.wait(timeout=120) == 141 and err == ""
 
 
+def test_show_into_a_closed_pipe_ends_quietly(tmp_path):
+    # `tuner show --json | head` with a reader that is gone before the first write.
+    db = f"sqlite:///{tmp_path / 'shown.sqlite'}"
+    assert main(["import", str(SHIPPED), "--force", "--db", db]) == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-m", "tuner", "show", "--gpu", "h200", "--db", db,
+                              "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    child.stdout.close()  # the child is still importing: its first write meets a closed pipe
+    err = child.stderr.read().decode()
+    assert child.wait(timeout=120) == 141 and err == ""
+
+
 @pytest.mark.parametrize("args, named, message", [
     (["--seq-lens", "0"], "--seq-lens", "must be >= 1, got 0"),
     (["--seq-lens", "4096,x"], "--seq-lens", "expected an integer, got 'x'"),

@@ -178,25 +178,29 @@ def _plain_codes(x: torch.Tensor, padded: int) -> tuple[torch.Tensor, torch.Tens
     """The quantization written out in the plainest torch: per-(batch, head) amax, x in fp32
     times 448 / amax, clamped, cast to e4m3, zero rows appended. (codes as uint8, descale)."""
     amax = x.float().abs().amax(dim=(1, 3)).clamp_min(1e-12)
-    codes = (x.float() * (E4M3_MAX / amax)[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    scale = amax.reciprocal() * E4M3_MAX  # what torch's 448 / amax computes
+    codes = (x.float() * scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
     codes = codes.to(torch.float8_e4m3fn).view(torch.uint8)
     tail = torch.zeros(x.shape[0], padded - x.shape[1], *x.shape[2:], dtype=torch.uint8,
                        device=x.device)
-    return torch.cat([codes, tail], dim=1), amax / E4M3_MAX
+    return torch.cat([codes, tail], dim=1), amax * (1.0 / E4M3_MAX)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("seq", "pad_to", "contiguous"),
                          [(77, 128, True), (1000, 64, True), (1, 1, True), (4096, 128, True),
-                          (300, 128, False)])
-def test_codes_are_the_plain_formula_bit_for_bit(device, dtype, seq, pad_to, contiguous):
-    """The fast paths (on a GPU the fused CuTe DSL cast for contiguous inputs, torch ops for
+                          (300, 128, False), (641, 128, True)])
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_codes_are_the_plain_formula_bit_for_bit(device, dtype, seq, pad_to, contiguous,
+                                                 head_dim):
+    """The fast paths (on a GPU the amax and cast kernels for contiguous inputs, torch ops for
     the rest and on the CPU) must give the very codes and descales of the plain formula, with
-    heads of very different ranges."""
+    heads of very different ranges and a head of zeros, at lengths inside one chunk of the GPU
+    kernels and across several (128 rows at head_dim 128, 256 at 64) with a ragged tail."""
     g = torch.Generator().manual_seed(seq)
-    ranges = torch.tensor([1e-3, 1.0, 40.0])[None, None, :, None]
-    qkv = [(torch.randn(2, seq, 3, 128, generator=g) * ranges).to(dtype).to(device)
+    ranges = torch.tensor([1e-3, 1.0, 40.0, 0.0])[None, None, :, None]
+    qkv = [(torch.randn(2, seq, 4, head_dim, generator=g) * ranges).to(dtype).to(device)
            for _ in range(3)]
     if not contiguous:  # same values, strided: (batch, heads, seq, dim) storage
         qkv = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in qkv]

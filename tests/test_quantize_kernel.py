@@ -1,14 +1,15 @@
-"""The fused e4m3 cast of prepare (variants/quantize_kernel.py) compiles without a GPU for every
-target arch, and its PTX does what the torch path's clamp + cast is replaced by: a saturating,
-round-to-nearest-even f32 -> e4m3 conversion, with 16-byte loads and 8-byte stores. Bit-for-bit
-equality with the plain formula on a GPU: tests/test_prepare.py (cuda parameter)."""
+"""prepare's GPU kernels (variants/quantize_kernel.py) compile without a GPU for every target arch,
+and their PTX does what the torch path is replaced by: a NaN-propagating amax with one integer
+atomic max per warp; a saturating, round-to-nearest-even f32 -> e4m3 conversion with the scale
+from a correctly rounded division, 16-byte loads and 8-byte stores. Bit-for-bit equality with the
+plain formula on a GPU: tests/test_prepare.py (cuda parameter)."""
 
 from pathlib import Path
 
 import pytest
 import torch
 
-from variants.quantize_kernel import compile_scaled_cast
+from variants.quantize_kernel import ROWS_PER_THREAD, compile_kernel, compile_scaled_cast
 
 pytestmark = pytest.mark.compile
 
@@ -18,22 +19,41 @@ pytestmark = pytest.mark.compile
 def test_ptx_casts_with_saturation_and_wide_accesses(arch, dtype, tmp_path):
     compile_scaled_cast(dtype, 128, arch, keep_ptx_in=str(tmp_path))
     ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
-    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4  # 8 values a thread, 2 per cvt
-    assert "ld.global.v4.b32" in ptx  # 8 x 16-bit in
-    assert "st.global.v2.b32" in ptx  # 8 x e4m3 out
+    # 8 values a row, 2 per cvt, ROWS_PER_THREAD rows a thread
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4 * ROWS_PER_THREAD
+    assert ptx.count("ld.global.v4.b32") == ROWS_PER_THREAD  # 8 x 16-bit in
+    assert ptx.count("st.global.v2.b32") == ROWS_PER_THREAD  # 8 x e4m3 out
     assert "mul.f32" in ptx and "fma" not in ptx  # one rounding: the product, as in torch
+    # scale = fl(fl(1 / amax) * 448) and descale = amax * fl32(1 / 448), as in torch; the
+    # clamp of amax keeps a NaN (a NaN input must not get a finite scale).
+    assert ptx.count("rcp.rn.f32") == 1 and "approx" not in ptx and "div.rn.f32" not in ptx
+    assert "mul.rn.f32" in ptx or ptx.count("mul.f32") >= 2
+    assert "max.NaN.f32" in ptx
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_amax_ptx_propagates_nan_and_reduces_per_warp(arch, tmp_path):
+    compile_kernel("amax", torch.bfloat16, 128, arch, keep_ptx_in=str(tmp_path))
+    ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
+    assert "max.NaN.f32" in ptx and "max.f32" not in ptx  # no NaN-dropping max anywhere
+    assert ptx.count("atom.global.max.s32") == 1  # the float bits, one atomic per warp
+    assert ptx.count("shfl.sync.bfly.b32") == 5  # the warp's butterfly
+    # Full chunks and the tail each load ROWS_PER_THREAD rows of 16 bytes.
+    assert ptx.count("ld.global.v4.b32") == 2 * ROWS_PER_THREAD
 
 
 @pytest.mark.parametrize("permute_keys", [False, True])
-def test_feature_major_ptx_stores_one_byte_per_feature_row(permute_keys, tmp_path):
-    """V written (batch, heads, head_dim, padded) by the cast itself: one 16-byte load, the same
-    saturating cvt, then 8 one-byte stores (one per feature row)."""
+def test_feature_major_ptx_transposes_in_registers(permute_keys, tmp_path):
+    """V written (batch, heads, head_dim, padded) by the cast itself: a thread casts 8 keys' rows
+    (16-byte loads, the same saturating cvt), transposes the 8 x 8 codes in registers and writes
+    each feature's 8 keys with one 8-byte store: no byte stores, no shared memory."""
     compile_scaled_cast(torch.bfloat16, 128, "sm_90a", True, permute_keys,
                         keep_ptx_in=str(tmp_path))
     ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
-    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4
-    assert "ld.global.v4.b32" in ptx
-    assert ptx.count("st.global.b8") == 8
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4 * ROWS_PER_THREAD
+    assert ptx.count("ld.global.v4.b32") == ROWS_PER_THREAD
+    assert ptx.count("st.global.v2.b32") == 8 and "st.global.b8" not in ptx
+    assert "st.shared" not in ptx
 
 
 def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
@@ -49,11 +69,16 @@ def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
 
     monkeypatch.setattr(quantize_kernel, "_COMPILED", {})
     monkeypatch.setattr(quantize_kernel, "_device_arch", lambda device: "sm_999")
-    monkeypatch.setattr(quantize_kernel, "compile_scaled_cast", failing_compile)
+    monkeypatch.setattr(quantize_kernel, "compile_kernel", failing_compile)
     device = torch.device("cpu")
     with caplog.at_level("WARNING"):
-        assert quantize_kernel.compiled(torch.bfloat16, 128, device) is None
-        assert quantize_kernel.compiled(torch.bfloat16, 128, device) is None
-    assert calls == [(torch.bfloat16, 128, "sm_999", False, False)]
+        assert quantize_kernel.compiled("cast", torch.bfloat16, 128, device) is None
+        assert quantize_kernel.compiled("cast", torch.bfloat16, 128, device) is None
+    assert calls == [("cast", torch.bfloat16, 128, "sm_999", False, False, True)]
     assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
-    assert quantize_kernel.compiled(torch.bfloat16, 128, device, compile_now=False) is None
+    assert quantize_kernel.compiled("cast", torch.bfloat16, 128, device,
+                                    compile_now=False) is None
+    # Not compiled yet and not allowed to compile (a CUDA-graph capture): None, nothing tried.
+    assert quantize_kernel.compiled("amax", torch.bfloat16, 128, device,
+                                    compile_now=False) is None
+    assert len(calls) == 1

@@ -183,13 +183,16 @@ def test_a_resumed_tpe_study_tells_stored_configs_instead_of_measuring_them(tmp_
         stored_configs = [r.config for r in stored.values()]
         assert not [c for c in compiled_again
                     if {k: c[k] for k in stored_configs[0]} in stored_configs]
-        # What was told for each: the stored time (or the failure), not a new measurement.
+        # What was told for each: the stored cost (kernel + prepare, what the search ranks by)
+        # or the failure, not a new measurement.
+        from tuner.search.cost import record_cost
+
         told = {t.number: t for t in again.study.get_trials(deepcopy=False)}
         for number, rec in enumerate(stored.values()):
             trial = told[number]
             assert trial.state == optuna.trial.TrialState.COMPLETE
             if rec.outcome == "ok":
-                assert trial.value == rec.median_ms
+                assert rec.prepare_ms is not None and trial.value == record_cost(rec)
     finally:
         store.close()
 

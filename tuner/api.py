@@ -1,9 +1,26 @@
-"""The public entry point `tuner.attention(q, k, v)`: input checks where the error reaches the
-caller's line, then the custom op fp8_attn_tuner::attention (tuner/ops.py), whose body is
-tuner.runtime.run_attention. Kept apart from runtime so that the op (which runs runtime's code)
-and the lookup never import each other in a circle."""
+"""The public entry points `tuner.attention(q, k, v)` and `tuner.attention_fp8(...)`: input checks
+where the error reaches the caller's line, then the body (tuner.runtime): directly in eager code,
+or through the custom op fp8_attn_tuner::attention (tuner/ops.py) wherever torch traces
+(torch.compile, export, fake or meta tensors), where the op is one opaque node. Kept apart from
+runtime so that the op (which runs runtime's code) and the lookup never import each other in a
+circle."""
 
 from __future__ import annotations
+
+import functools
+
+import torch
+
+
+def _eager(*tensors) -> bool:
+    """Plain CUDA tensors outside any tracing and without autograd: the op's dispatch (~tens of
+    microseconds of host time a call) buys nothing there. Anything else goes through the op,
+    which answers fake and meta tensors and autograd the way torch expects of an op."""
+    if torch.compiler.is_compiling():
+        return False
+    grad = torch.is_grad_enabled()
+    return all(type(t) is torch.Tensor and t.is_cuda and not (grad and t.requires_grad)
+               for t in tensors)
 
 
 def attention(
@@ -16,23 +33,72 @@ def attention(
     config=None,
     gpu: str = "auto",
     db: str | None = None,
-    check_finite: bool = True,
+    check_finite: bool = False,
 ):
     """FP8 attention forward with the tuned kernel: q, k, v (batch, seq_len, heads, head_dim)
     bf16/fp16 on CUDA -> bf16 output (and fp32 LSE (batch, heads, seq_len) with return_lse).
 
-    The first call for a (config, problem) compiles (or loads the disk cache); later calls only
-    quantize and launch, which also makes them capturable in a CUDA graph. The work runs in the
-    custom op fp8_attn_tuner::attention (tuner.ops), so torch.compile(fullgraph=True) traces a
-    model through this call as one opaque node.
+    Each (batch, head) of q, k and v is quantized to e4m3 with its own scale (amax / 448).
+    The first call for a shape compiles (or loads the disk cache) and looks the config up; later
+    calls reuse that plan and only quantize and launch, without a device sync, which also makes
+    them capturable in a CUDA graph. A NaN or Inf in an input makes the output of its (batch,
+    head) NaN (the scales propagate it); check_finite=True raises a TunerError naming the input
+    instead, at the cost of a scan and a device sync per call.
     """
-    from tuner.ops import attention_op, config_key
     from variants.prepare import check_qkv
 
     # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
-    # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the op.
-    # check_finite=False drops it (and its sync) from a hot loop whose inputs are known finite.
+    # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the body.
     check_qkv(q, k, v, require_cuda=True, check_finite=False)
-    key = "" if config is None else config_key(config)
-    out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite)
+    if _eager(q, k, v):
+        from tuner.runtime import run_attention
+
+        key = "" if config is None else _eager_config_key(config)
+        out, lse = run_attention(q, k, v, softmax_scale, key, gpu, db, check_finite)
+    else:
+        from tuner.ops import attention_op, config_key
+
+        key = "" if config is None else config_key(config)
+        out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite)
     return (out, lse) if return_lse else out
+
+
+def attention_fp8(
+    q,
+    k,
+    v,
+    q_descale,
+    k_descale,
+    v_descale,
+    *,
+    softmax_scale: float | None = None,
+    return_lse: bool = False,
+    config=None,
+    gpu: str = "auto",
+    db: str | None = None,
+):
+    """Attention over inputs that are FP8 already: q, k, v float8_e4m3fn (batch, seq_len, heads,
+    head_dim) on CUDA, contiguous, with fp32 descales of shape (batch, heads) each (one per
+    tensor broadcasts), so that x ~= x_code * x_descale[b, h], the convention of FlashAttention-3's
+    FP8 forward. Nothing is quantized: q and k are read where they are when seq_len is a multiple
+    of the config's tile, else copied once zero-padded; V too for a config that reads it in this
+    layout (wgmma v_layout=kernel), else re-laid out feature-major in one pass over its codes.
+    Returns bf16 (batch, seq_len, heads, head_dim) (and fp32 LSE (batch, heads, seq_len) with
+    return_lse), with the same tuned config as tuner.attention for the shape.
+    """
+    from tuner.runtime import run_attention_fp8
+    from variants.prepare import check_fp8_qkv
+
+    descales = (q_descale, k_descale, v_descale)
+    check_fp8_qkv(q, k, v, descales)
+    key = "" if config is None else _eager_config_key(config)
+    out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db)
+    return (out, lse) if return_lse else out
+
+
+@functools.lru_cache(maxsize=256)
+def _eager_config_key(config) -> str:
+    """ops.config_key, once per pinned config (a Config is frozen, hence hashable)."""
+    from tuner.ops import config_key
+
+    return config_key(config)

@@ -3,8 +3,9 @@
 Validation: the correctness gate of tuner/gate.py (random and structured inputs, outputs poisoned
 with NaN, the fp32 reference on the gate's own quantization of the inputs).
 
-Timing: CUDA events around the kernel launch alone; `prepare` (quantization) is timed apart,
-because the runtime may cache it. Warm-up first, then the median of >= 10 launches with its
+Timing: CUDA events around the kernel launch alone, and apart from it `prepare` (quantization
+and layout) the same way: a search ranks by their sum, what a caller pays (tuner/search/cost.py).
+Warm-up first, then the median of >= 10 launches with its
 inter-quartile range. When one input set fits in L2, several sets are rotated so that their total
 exceeds 2x the profile's L2: otherwise every launch after the first reads a hot cache and a small
 problem looks faster than it ever runs in a model. The SM clock and temperature are read right
@@ -216,6 +217,23 @@ def cuda_event_samples(fn: Callable[[int], Any], repeats: int, sync: Callable[[]
     return [start.elapsed_time(end) for start, end in events]
 
 
+def _time_prepare(kernel, inputs, device, sync, repeats: int) -> float:
+    """Median ms of prepare (what the caller pays before the kernel: quantization and layout),
+    timed like the kernel (CUDA events, the input sets rotated); perf_counter on the CPU."""
+    def run(i: int) -> None:
+        guarded("prepare", kernel.prepare, *inputs[i % len(inputs)])
+
+    if device.type == "cuda":
+        return statistics.median(cuda_event_samples(run, repeats,
+                                                    sync=lambda: guarded("prepare", sync)))
+    samples = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        run(i)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
 def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: int = 20,
                 warmup: int = 3) -> Timing:
     """Median/IQR of `repeats` launches of the kernel alone, L2-cold through input rotation."""
@@ -224,22 +242,20 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
     sync = synchronizer(device)
     q, k, v = random_inputs(problem, device, seed)
 
-    prepare_ms = []
-    t0 = time.perf_counter()
     first = guarded("prepare", kernel.prepare, q, k, v, sync=sync)
-    prepare_ms.append((time.perf_counter() - t0) * 1e3)
     out, lse = _problem_outputs(problem, device)
     set_bytes = _tensor_bytes(first) + _tensor_bytes(out) + _tensor_bytes(lse)
     # The GPU profile's L2 means nothing to a CPU double: no rotation there.
     n_sets = rotation_sets(set_bytes, l2_bytes) if device.type == "cuda" else 1
+    inputs = [(q, k, v)]
     sets = [(first, out, lse)]
     for i in range(1, n_sets):
         # Other random inputs per set, so no set is a cached copy of another.
         qi, ki, vi = random_inputs(problem, device, seed + i)
-        t0 = time.perf_counter()
-        prepared = guarded("prepare", kernel.prepare, qi, ki, vi, sync=sync)
-        prepare_ms.append((time.perf_counter() - t0) * 1e3)
-        sets.append((prepared, *_problem_outputs(problem, device)))
+        inputs.append((qi, ki, vi))
+        sets.append((guarded("prepare", kernel.prepare, qi, ki, vi, sync=sync),
+                     *_problem_outputs(problem, device)))
+    prepare_ms = _time_prepare(kernel, inputs, device, sync, repeats)
 
     for i in range(max(warmup, n_sets)):
         prepared, out, lse = sets[i % n_sets]
@@ -263,7 +279,7 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
     med, q1, q3, low = summarize(samples)
     return Timing(
         median_ms=med, iqr_ms=q3 - q1, q1_ms=q1, q3_ms=q3, min_ms=low, repeats=repeats,
-        warmup=warmup, rotated_sets=n_sets, prepare_ms=statistics.median(prepare_ms),
+        warmup=warmup, rotated_sets=n_sets, prepare_ms=prepare_ms,
         clock="cuda-events" if device.type == "cuda" else "cpu-perf-counter",
         sm_clock_mhz=clock, temperature_c=temp,
     )

@@ -84,13 +84,8 @@ class _Resolver:
     def _db_stamp(url: str) -> tuple:
         """Changes whenever the database could have changed: SQLite file + WAL sizes and times.
         For other backends nothing cheap exists: the memo holds until clear_cache()."""
-        from tuner.store import sqlite_path
-
-        path = sqlite_path(url)
-        if path is None:
-            return (url,)
         stamp = [url]
-        for p in (path, Path(f"{path}-wal")):
+        for p in _stamped_files(url):
             try:
                 st = os.stat(p)
                 stamp += [st.st_mtime_ns, st.st_size]
@@ -107,9 +102,7 @@ class _Resolver:
         db: str | None,
         device_id: str | None,
     ) -> BestConfig:
-        from tuner.store import default_db_url
-
-        url = db or os.environ.get("TUNER_DB_URL") or default_db_url()
+        url = db_url(db)
         key = (problem, heads, batch, gpu.name, url, device_id)
         stamp = self._db_stamp(url)
         hit = self._memo.get(key)
@@ -206,9 +199,28 @@ class _Resolver:
 _RESOLVER = _Resolver()
 
 
+def db_url(db: str | None) -> str:
+    """The database a lookup reads: `db`, else $TUNER_DB_URL, else the default SQLite file."""
+    from tuner.store import default_db_url
+
+    return db or os.environ.get("TUNER_DB_URL") or default_db_url()
+
+
+@functools.lru_cache(maxsize=64)
+def _stamped_files(url: str) -> tuple[Path, ...]:
+    """The files whose stat() says a SQLite database changed (none for other backends); parsed
+    once per URL, since the stamp is taken on every attention() call."""
+    from tuner.store import sqlite_path
+
+    path = sqlite_path(url)
+    return () if path is None else (path, Path(f"{path}-wal"))
+
+
 def clear_cache() -> None:
-    """Forget memoized lookups and fallback warnings (e.g. after writing a non-SQLite database)."""
+    """Forget memoized lookups, attention plans and fallback warnings (e.g. after writing a
+    non-SQLite database)."""
     _RESOLVER.clear()
+    _PLANS.clear()
 
 
 @functools.cache
@@ -252,24 +264,57 @@ def family_of(config) -> str:
 
 
 def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool):
-    """The body of the custom op on real tensors: the config (pinned, or looked up now), its
-    kernel (compiled once), prepare and launch on the current stream."""
-    from variants.prepare import check_finite_inputs
-
+    """The body of the custom op on real tensors: the plan (config pinned or looked up, its
+    kernel compiled once), prepare and launch on the current stream."""
     if check_finite:
+        from variants.prepare import check_finite_inputs
+
         check_finite_inputs(q, k, v)
+    kernel = _plan(q, config_text, gpu, db)
+    return kernel.run(kernel.prepare(q, k, v, softmax_scale, validate=False))
+
+
+def run_attention_fp8(q, k, v, descales, softmax_scale, config_text: str, gpu: str, db):
+    """attention_fp8's body: the same plan as bf16 inputs of this shape, without quantizing."""
+    kernel = _plan(q, config_text, gpu, db)
+    return kernel.run(kernel.prepare_fp8(q, k, v, descales, softmax_scale))
+
+
+@dataclass
+class _Plan:
+    """What a repeated call of one shape reuses: its compiled kernel, and for a looked-up config
+    the database stamp it was looked up under (a changed database re-plans)."""
+
+    kernel: Any
+    url: str | None
+    stamp: tuple
+
+
+# (shape, device, config text, gpu, db argument, $TUNER_DB_URL) -> _Plan. A hot call costs a dict
+# lookup and two stat() calls instead of the lookup's Problem keys, URL parsing and GPU checks.
+_PLANS: dict[tuple, _Plan] = {}
+
+
+def _plan(q, config_text: str, gpu: str, db):
+    key = (q.shape, q.device, config_text, gpu, db, os.environ.get("TUNER_DB_URL"))
+    plan = _PLANS.get(key)
+    if plan is not None and (plan.url is None or _Resolver._db_stamp(plan.url) == plan.stamp):
+        return plan.kernel
     batch, seq_len, heads, head_dim = q.shape
     problem = Problem(batch, heads, seq_len, head_dim)
+    url = stamp = None
     if config_text:
         family_name, config = _config_from_text(config_text)
     else:
+        url = db_url(db)
+        stamp = _Resolver._db_stamp(url)
         best = load_best_config(
             seq_len, heads=heads, head_dim=head_dim, batch=None, gpu=gpu, db=db, with_source=True
         )
         family_name, config = best.family, best.config
     kernel = _kernel_for(family_name, config, problem, gpu)
-    prepared = kernel.prepare(q, k, v, softmax_scale, validate=False)
-    return kernel.run(prepared)
+    _PLANS[key] = _Plan(kernel, url, stamp)
+    return kernel
 
 
 @functools.lru_cache(maxsize=256)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from variants.base import ResourceUsage
-from variants.common.abi import fake_args, launch_args
+from variants.common.abi import fake_args, launch_values, slots
 from variants.cubin import cubin_resources
 from variants.dsl_compile import cache_root, compile_for_arch
 
@@ -233,8 +233,10 @@ class CompiledKernel:
     loaded_from_disk: bool = False
     # The cubin in the disk cache (its SASS says which MMA instruction the build issues).
     cubin_path: Path | None = None
-    # Launch arguments after the scalars, computed per device (e.g. the SM count of a grid).
+    # Launch arguments after the scalars, as ints, computed per device (e.g. the SM count of a
+    # persistent grid): cached per device index, since a device query costs microseconds.
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
+    _launchers: dict = field(repr=False, default_factory=dict)
 
     def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
         """validate=False skips the input checks for a caller that has made them already."""
@@ -245,13 +247,31 @@ class CompiledKernel:
                                softmax_scale=softmax_scale, validate=validate,
                                v_feature_major=feature_major)
 
+    def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
+        """Inputs the caller quantized (e4m3 codes, descales (batch, heads) each) in this
+        kernel's layout, without quantizing: variants.prepare.fp8_inputs."""
+        from variants.prepare import fp8_inputs
+
+        feature_major, permuted = self._v_layout()
+        return fp8_inputs(q, k, v, descales, pad_to=self.config.pad_to(), permute_keys=permuted,
+                          softmax_scale=softmax_scale, v_feature_major=feature_major)
+
     def _v_layout(self) -> tuple[bool, bool]:
         return self.config.v_feature_major, self.config.v_key_permuted
+
+    def _launcher(self, device):
+        """(FastLaunch of the compiled function, its extra ints) for this device, made once."""
+        hit = self._launchers.get(device)
+        if hit is None:
+            from variants.launch import FastLaunch
+
+            extra = self._extra_args(device)
+            hit = self._launchers[device] = (FastLaunch(self._fn, slots(len(extra))), extra)
+        return hit
 
     def run(self, prepared, out=None, lse=None):
         """Launch on torch's current stream (so it orders with torch work and can be captured
         in a CUDA graph); writes into out/lse when given, without allocating or syncing."""
-        import cuda.bindings.driver as cuda
         import torch
 
         if self._fn is None:
@@ -273,8 +293,9 @@ class CompiledKernel:
             out = torch.empty((batch, s, heads, head_dim), dtype=torch.bfloat16, device=device)
         if lse is None:
             lse = torch.empty((batch, heads, s), dtype=torch.float32, device=device)
-        stream = cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-        self._fn(*launch_args(prepared, out, lse, stream, extra=self._extra_args(device)))
+        launcher, extra = self._launcher(device)
+        launcher(*launch_values(prepared, out, lse, torch.cuda.current_stream(device).cuda_stream,
+                                extra=extra))
         return out, lse
 
 

@@ -18,7 +18,12 @@ def register_p_key_order(length: int) -> torch.Tensor:
     """
     if length % 16:
         raise ValueError(f"key-order permutation needs a multiple of 16 keys, got {length}")
-    pos = torch.arange(length)
+    return key_at_slot(torch.arange(length))
+
+
+def key_at_slot(pos):
+    """The key stored at position `pos` (register_p_key_order elementwise): integer arithmetic
+    only, for torch tensors, Python ints and the cast kernel's DSL integers alike."""
     group, quad, element = pos // 16 * 16, (pos % 16) // 4, pos % 4
     return group + 8 * (element // 2) + 2 * quad + element % 2
 

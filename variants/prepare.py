@@ -30,6 +30,9 @@ __all__ = ["Fp8Inputs", "check_qkv", "inverse_key_order", "key_slot", "quantize_
            "register_p_key_order", "round_up"]
 
 E4M3_MAX = 448.0
+# descale = amax * fl32(1 / 448): one rounding of a product, the same in torch (CPU and CUDA)
+# and in the GPU kernels (torch's CUDA division by a scalar is itself a reciprocal multiply).
+DESCALE_PER_AMAX = 1.0 / E4M3_MAX
 # Rows of all-zero input get scale 1 instead of a division by zero.
 _TINY_AMAX = 1e-12
 
@@ -97,16 +100,52 @@ def check_qkv(
     require_cuda: bool = False,
     check_finite: bool = True,
 ) -> None:
-    """Public-boundary validation: every message names the problem and the fix."""
-
+    """Public-boundary validation of bf16/fp16 inputs: every message names the problem and the
+    fix."""
+    _check_tensors(q, k, v, require_cuda=require_cuda)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TunerError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype not in (torch.bfloat16, torch.float16):
             raise TunerError(
                 f"{name} has dtype {t.dtype}; pass bfloat16 or float16 "
-                f"(the kernels quantize to FP8 themselves), e.g. {name}.to(torch.bfloat16)"
+                f"(the kernels quantize to FP8 themselves), e.g. {name}.to(torch.bfloat16); "
+                "e4m3 codes with their descales go to tuner.attention_fp8"
             )
+    _check_shapes(q, k, v)
+    if check_finite:
+        check_finite_inputs(q, k, v)
+
+
+def check_fp8_qkv(q, k, v, descales) -> None:
+    """The FP8 entry point's boundary: e4m3 q, k, v (batch, seq_len, heads, head_dim) and fp32
+    descales broadcastable to (batch, heads); every message names the problem and the fix."""
+    _check_tensors(q, k, v, require_cuda=True)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float8_e4m3fn:
+            raise TunerError(
+                f"{name} has dtype {t.dtype}; attention_fp8 takes float8_e4m3fn codes with their "
+                "descales (bf16/fp16 inputs go to tuner.attention, which quantizes them)")
+    _check_shapes(q, k, v)
+    batch, _, heads, _ = q.shape
+    for name, d in zip(("q_descale", "k_descale", "v_descale"), descales, strict=True):
+        if not isinstance(d, torch.Tensor) or d.dtype != torch.float32:
+            raise TunerError(f"{name} must be a float32 tensor of shape (batch, heads) = "
+                             f"({batch}, {heads}) or broadcastable to it (one per tensor), got "
+                             f"{getattr(d, 'dtype', type(d).__name__)}")
+        try:
+            torch.broadcast_shapes(tuple(d.shape), (batch, heads))
+        except RuntimeError:
+            raise TunerError(f"{name} has shape {tuple(d.shape)}; it must broadcast to (batch, "
+                             f"heads) = ({batch}, {heads}): one descale per (batch, head), or "
+                             "one per tensor") from None
+        if d.device != q.device:
+            raise TunerError(f"{name} is on {d.device}, q on {q.device}: move it with "
+                             f".to({str(q.device)!r})")
+
+
+def _check_tensors(q, k, v, *, require_cuda: bool) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TunerError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise TunerError(
                 f"{name} has rank {t.dim()} (shape {tuple(t.shape)}); expected 4 dims "
@@ -119,6 +158,9 @@ def check_qkv(
             raise TunerError(
                 f"{name} is on {t.device}; the kernels run on a CUDA GPU: move it with .cuda()"
             )
+
+
+def _check_shapes(q, k, v) -> None:
     if not (q.shape == k.shape == v.shape):
         raise TunerError(
             f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
@@ -142,8 +184,6 @@ def check_qkv(
             f"head_dim {head_dim} is not supported; supported: {SUPPORTED_HEAD_DIMS} "
             "(zero-pad the head dimension to the next supported size)"
         )
-    if check_finite:
-        check_finite_inputs(q, k, v)
 
 
 def check_finite_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -182,61 +222,97 @@ def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # max |x| in one read (the inf-norm), without an |x| temporary.
     amax = torch.linalg.vector_norm(x, float("inf"), dim=(1, 3)).float()
     amax = amax.clamp_min(_TINY_AMAX)  # (batch, heads)
-    scale = E4M3_MAX / amax
-    return scale[:, None, :, None], amax / E4M3_MAX
+    scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448): what torch's 448 / amax is
+    return scale[:, None, :, None], amax * DESCALE_PER_AMAX
 
 
 def _quantize(x: torch.Tensor, scale: torch.Tensor, padded: int, *, feature_major: bool = False,
               permute_keys: bool = False) -> torch.Tensor:
-    """e4m3(x * scale) padded with zero keys up to `padded`: (batch, padded, heads, head_dim),
-    or with feature_major (batch, heads, head_dim, padded), keys contiguous and, with
+    """e4m3(x * scale) padded with zero keys up to `padded`, in torch ops: (batch, padded, heads,
+    head_dim), or with feature_major (batch, heads, head_dim, padded), keys contiguous and, with
     permute_keys, in register_p_key_order.
 
-    On a GPU: one CuTe DSL kernel (variants/quantize_kernel.py) that reads x once and writes
-    the output once, in either layout. Elsewhere, and where that kernel does not apply, torch
-    ops with the same arithmetic: the product is fp32 (x promoted by the fp32 scale, no separate
-    fp32 copy of x) and clamped (rounding can land a hair above 448, and e4m3fn has no Inf); the
-    cast happens in the copy into the padded output, so padding costs no extra pass; a
-    feature-major output is then a transposing (and permuting) copy of that."""
+    The path where the GPU kernels of variants/quantize_kernel.py do not apply (no GPU, no CuTe
+    DSL, a strided input), with the same arithmetic: the product is fp32 (x promoted by the fp32
+    scale, no separate fp32 copy of x) and clamped (rounding can land a hair above 448, and e4m3fn
+    has no Inf); the cast happens in the copy into the padded output, so padding costs no extra
+    pass; a feature-major output is then a transposing (and permuting) copy of that."""
     batch, seq_len, heads, head_dim = x.shape
-    natural_shape = (batch, padded, heads, head_dim)
-    shape = (batch, heads, head_dim, padded) if feature_major else natural_shape
-    out = torch.empty(shape, dtype=torch.float8_e4m3fn, device=x.device)
-    fused = _fused_cast(x, out, feature_major=feature_major, permute_keys=permute_keys)
-    if fused is not None:
-        from variants.quantize_kernel import scaled_cast_into
-
-        scaled_cast_into(fused, out, x, scale.reshape(batch, heads).contiguous(),
-                         feature_major=feature_major)
-        return out
-    natural = torch.empty(natural_shape, dtype=torch.float8_e4m3fn,
-                          device=x.device) if feature_major else out
+    natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
+                          device=x.device)
     natural[:, :seq_len].copy_(torch.mul(x, scale).clamp_(-E4M3_MAX, E4M3_MAX))
+    return _lay_out(natural, seq_len, feature_major=feature_major, permute_keys=permute_keys)
+
+
+def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
+             permute_keys: bool) -> torch.Tensor:
+    """Codes (batch, padded, heads, head_dim) with rows < seq_len written: zero the padding, then
+    (feature_major) the transposing, key-permuting copy to (batch, heads, head_dim, padded)."""
+    batch, padded, heads, head_dim = natural.shape
     if padded > seq_len:
         natural[:, seq_len:].view(torch.uint8).zero_()
-    if feature_major:
-        codes = natural.view(torch.uint8).permute(0, 2, 3, 1)
-        if permute_keys:
-            codes = codes[..., _key_order_on(padded, codes.device)]
-        out.view(torch.uint8).copy_(codes)
+    if not feature_major:
+        return natural
+    out = torch.empty((batch, heads, head_dim, padded), dtype=torch.float8_e4m3fn,
+                      device=natural.device)
+    codes = natural.view(torch.uint8).permute(0, 2, 3, 1)
+    if permute_keys:
+        codes = codes[..., _key_order_on(padded, codes.device)]
+    out.view(torch.uint8).copy_(codes)
     return out
 
 
-def _fused_cast(x: torch.Tensor, out: torch.Tensor, *, feature_major: bool = False,
-                permute_keys: bool = False):
-    """The compiled fused cast for x, or None where it does not apply: it handles contiguous,
-    16-byte aligned bf16/fp16 CUDA tensors with 32-bit offsets into the padded output. Inside a
-    CUDA-graph capture it is used only if already compiled (compiling loads a module, which a
-    capture must not see); the torch path gives the same codes."""
-    if not (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and x.is_contiguous()
-            and x.data_ptr() % 16 == 0 and x.shape[-1] % 8 == 0 and out.numel() < 2**31):
+def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int, *,
+                 v_feature_major: bool, permute_keys: bool, rescale: bool = True):
+    """(amax, q/k cast, v cast) launchers of variants/quantize_kernel.py for these inputs, or None
+    where they do not apply: contiguous, 16-byte aligned CUDA tensors of one dtype with 32-bit
+    offsets into the padded outputs. Inside a CUDA-graph capture they are used only if compiled
+    already (compiling loads a module, which a capture must not see); the torch path gives the
+    same codes. Feature-major V also needs padded % 8 == 0 (8 keys per store)."""
+    if not (q.is_cuda and q.shape[-1] % 8 == 0 and q.numel() // q.shape[1] * padded < 2**31):
         return None
+    if v_feature_major and padded % 8:  # the feature-major cast writes 8 keys per store
+        return None
+    for x in (q, k, v):
+        if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
+            return None
     try:
         from variants import quantize_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops
         return None
-    return quantize_kernel.compiled(x.dtype, x.shape[-1], x.device, feature_major=feature_major,
-                                    permute_keys=permute_keys, compile_now=not _capturing())
+    args = (q.dtype, q.shape[-1], q.device)
+    now = not _capturing()
+    amax = quantize_kernel.compiled("amax", *args, compile_now=now) if rescale else None
+    cast_qk = quantize_kernel.compiled("cast", *args, rescale=rescale, compile_now=now)
+    cast_v = quantize_kernel.compiled("cast", *args, feature_major=v_feature_major,
+                                      permute_keys=permute_keys, rescale=rescale,
+                                      compile_now=now)
+    if cast_qk is None or cast_v is None or (rescale and amax is None):
+        return None
+    return amax, cast_qk, cast_v
+
+
+def _quantize_on_gpu(kernels, q, k, v, padded: int, v_feature_major: bool):
+    """codes of q, k, v and their descales (batch, heads, 3) by the GPU kernels: per input, its
+    amax, then its cast (the cast's first CTAs read what the amax read last, from L2)."""
+    amax_launch, cast_qk, cast_v = kernels
+    batch, seq_len, heads, head_dim = q.shape
+    device = q.device
+    amax = torch.zeros((3, batch, heads), dtype=torch.float32, device=device)
+    descale = torch.empty((batch, heads, 3), dtype=torch.float32, device=device)
+    natural = (batch, padded, heads, head_dim)
+    v_shape = (batch, heads, head_dim, padded) if v_feature_major else natural
+    outs = tuple(torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+                 for shape in (natural, natural, v_shape))
+    stream = torch.cuda.current_stream(device).cuda_stream
+    amax_at, descale_at = amax.data_ptr(), descale.data_ptr()
+    for index, (x, out) in enumerate(zip((q, k, v), outs, strict=True)):
+        slot = amax_at + 4 * index * batch * heads  # amax[index]
+        amax_launch(x.data_ptr(), slot, batch, seq_len, heads, stream)
+        cast = cast_v if index == 2 else cast_qk
+        cast(x.data_ptr(), slot, descale_at + 4 * index, out.data_ptr(), batch, seq_len, padded,
+             heads, stream)
+    return outs, descale
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -274,24 +350,83 @@ def quantize_inputs(
         raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
     padded = round_up(seq_len, pad_to)
 
-    descales = []
-    out = []
-    for index, x in enumerate((q, k, v)):
-        # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
-        scale, descale = _per_head_scale(x)
-        descales.append(descale)
-        is_v = index == 2
-        # V feature-major: (batch, heads, head_dim, padded), keys contiguous.
-        out.append(_quantize(x, scale, padded, feature_major=is_v and v_feature_major,
-                             permute_keys=is_v and permute_keys))
+    kernels = _gpu_kernels(q, k, v, padded, v_feature_major=v_feature_major,
+                           permute_keys=permute_keys)
+    if kernels is not None:
+        out, descale = _quantize_on_gpu(kernels, q, k, v, padded, v_feature_major)
+    else:
+        descales = []
+        out = []
+        for index, x in enumerate((q, k, v)):
+            # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
+            scale, descale = _per_head_scale(x)
+            descales.append(descale)
+            is_v = index == 2
+            out.append(_quantize(x, scale, padded, feature_major=is_v and v_feature_major,
+                                 permute_keys=is_v and permute_keys))
+        descale = torch.stack(descales, dim=-1).contiguous()
     q8, k8, v8 = out
     return Fp8Inputs(
         q=q8,
         k=k8,
         v=v8,
-        descale=torch.stack(descales, dim=-1).contiguous(),
+        descale=descale,
         seq_len=seq_len,
         key_permuted=permute_keys,
         softmax_scale=float(softmax_scale),
         v_feature_major=v_feature_major,
     )
+
+
+
+def fp8_inputs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    descales: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    *,
+    pad_to: int = 1,
+    permute_keys: bool = False,
+    softmax_scale: float | None = None,
+    v_feature_major: bool = True,
+) -> Fp8Inputs:
+    """Fp8Inputs from e4m3 codes the caller quantized (x ~= code * descale[b, h]), checked by
+    check_fp8_qkv: no quantization, only the layout the kernel reads. q and k are used as they are
+    when contiguous and seq_len is a multiple of pad_to (else copied, zero-padded); V likewise for
+    a kernel that reads it in the natural layout, else re-laid out feature-major (and
+    key-permuted) in one pass over its codes."""
+    batch, seq_len, heads, head_dim = q.shape
+    if softmax_scale is None:
+        softmax_scale = head_dim**-0.5
+    padded = round_up(seq_len, pad_to)
+    descale = torch.stack([d.expand(batch, heads) for d in descales], dim=-1).contiguous()
+    as_is = padded == seq_len
+    natural_v = as_is and not v_feature_major and v.is_contiguous()
+    kernels = None
+    if not (as_is and q.is_contiguous() and k.is_contiguous() and natural_v):
+        kernels = _gpu_kernels(q, k, v, padded, v_feature_major=v_feature_major,
+                               permute_keys=permute_keys, rescale=False)
+    out = []
+    for index, x in enumerate((q, k, v)):
+        is_v = index == 2
+        feature_major = is_v and v_feature_major
+        if as_is and x.is_contiguous() and not feature_major:
+            out.append(x)
+        elif kernels is not None:
+            layout = torch.empty((batch, heads, head_dim, padded) if feature_major
+                                 else (batch, padded, heads, head_dim),
+                                 dtype=torch.float8_e4m3fn, device=x.device)
+            cast = kernels[2] if is_v else kernels[1]
+            cast(x.data_ptr(), 0, 0, layout.data_ptr(), batch, seq_len, padded, heads,
+                 torch.cuda.current_stream(x.device).cuda_stream)
+            out.append(layout)
+        else:
+            natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
+                                  device=x.device)
+            natural[:, :seq_len].view(torch.uint8).copy_(x.view(torch.uint8))
+            out.append(_lay_out(natural, seq_len, feature_major=feature_major,
+                                permute_keys=is_v and permute_keys))
+    q8, k8, v8 = out
+    return Fp8Inputs(q=q8, k=k8, v=v8, descale=descale, seq_len=seq_len,
+                     key_permuted=permute_keys, softmax_scale=float(softmax_scale),
+                     v_feature_major=v_feature_major)

@@ -1,28 +1,38 @@
-"""The e4m3 cast of prepare as one CuTe DSL kernel: read bf16/fp16 once, write fp8 once.
+"""prepare's GPU work as two CuTe DSL kernels per input: the per-head amax, then the e4m3 cast.
 
-out[b, s, h, :] = e4m3(x[b, s, h, :] * scale[b, h]) for s < seq_len, 0 for seq_len <= s < padded.
-With feature_major (V for a kernel that reads it K-major): out[b, h, :, pos(s)] instead, where
-pos is s, or with permute_keys its slot in prepare.register_p_key_order, so the transpose and
-the key permutation cost no pass of their own.
+    HeadAbsMax:  amax[b, h] = max |x[b, s, h, :]| over s < seq_len (amax zeroed before)
+    ScaledCast:  out[b, s, h, :] = e4m3(x[b, s, h, :] * (448 / max(amax[b, h], tiny))), zero past
+                 seq_len, and descale[b, h] = max(amax[b, h], tiny) * fl32(1 / 448)
 
-In torch ops the same cast is a promoted multiply to an fp32 temporary, a clamp of it and a
-cast of it into the padded buffer: ~17 bytes of memory traffic per element instead of 3, and
-prepare took longer than the attention kernel itself up to S = 8192 on the H200
-(benchmarks/RESULTS.md). The arithmetic is the same (x converted to fp32, one fp32 multiply,
-round to nearest even), and the clamp to +-448 is the saturation every PTX f32 -> e4m3 cvt
-performs (.satfinite is mandatory there), so the codes are bit for bit those of the torch path:
-tests/test_prepare.py checks that on the GPU.
+With feature_major (V for a kernel that reads it K-major) the cast writes out[b, h, :, pos(s)],
+pos(s) = s or, with permute_keys, its slot in key_order.register_p_key_order, so the transpose
+and the key permutation cost no pass of their own. With rescale=False (the FP8 entry point) the
+codes are copied as they are (e4m3 -> f32 -> e4m3 is exact) into the layout the kernel reads.
 
-Each thread casts 8 consecutive features (one 16-byte load, one 8-byte store; feature-major:
-8 one-byte stores, one per feature row, where the 32 threads of a warp hold 32 consecutive keys,
-so every store instruction of a warp fills one 32-byte span); one compiled function per (input
-dtype, head_dim, layout, arch) and process, compiled on first use (~0.1 s) and then only
-launched, on torch's current stream. Where it cannot compile, prepare falls back to the torch
-ops (compiled() is None).
+Both kernels split a (batch, head) slice into chunks of tokens_per_chunk rows; a CTA owns one
+chunk of one (batch, head), with heads fastest in the grid (CTAs resident together read one
+contiguous span of tokens): its warps read whole rows of head_dim features (256 contiguous bytes
+of bf16 at head_dim 128), 8 rows per thread unrolled, so every thread has 8 16-byte loads in
+flight. The
+amax is NaN-propagating (IEEE maximum, FMNMX.NaN, then an integer atomic max on the float bits,
+where a positive NaN sorts above +Inf): a NaN input gives NaN scales and a NaN output, never a
+silently finite one. The cast runs its CTAs in the reverse order of the amax's, so that its first
+CTAs read what the amax read last, still in L2 (50 MB on the H200, a whole input up to ~25 M
+elements): prepare runs amax then cast per input, not all amaxes first.
+
+The arithmetic is the plain formula's (x converted to fp32, one fp32 division for the scale, one
+fp32 multiply, round to nearest even), and the clamp to +-448 is the saturation every PTX f32 ->
+e4m3 cvt performs (.satfinite is mandatory there), so the codes are bit for bit those of the torch
+path: tests/test_prepare.py checks that on the GPU.
+
+One compiled function per (kernel, input dtype, head_dim, layout, arch) and process, compiled on
+first use (~0.1 s each) and then only launched through variants/launch.py, on torch's current
+stream. Where it cannot compile, prepare falls back to the torch ops (compiled() is None).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 
@@ -31,165 +41,277 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
-from variants.key_order import key_slot
+from variants.key_order import key_at_slot
+from variants.launch import STREAM, FastLaunch, pointer, scalar
 
-VEC = 8  # features per thread: 16 bytes of bf16 in, 8 bytes of e4m3 out
+VEC = 8  # features per thread and row: 16 bytes of bf16 in, 8 bytes of e4m3 out
 THREADS = 256
+ROWS_PER_THREAD = 8  # rows of a chunk each thread handles, unrolled: the loads in flight
+E4M3_MAX = 448.0
+DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), as prepare's torch path
+TINY_AMAX = 1e-12  # an all-zero head gets scale 448e12 instead of a division by zero
 
-# (dtype, head_dim, arch) -> compiled function, or None where compiling failed.
-_COMPILED: dict[tuple, object] = {}
+# (kernel name, dtype, head_dim, arch, feature_major, permute_keys, rescale) -> FastLaunch or None.
+_COMPILED: dict[tuple, FastLaunch | None] = {}
 log = logging.getLogger(__name__)
 _LOCK = threading.Lock()
 
 
 def _dsl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16,
+            torch.float8_e4m3fn: cutlass.Float8E4M3FN}[dtype]
 
 
-class ScaledCast:
-    """The kernel for one input dtype, head_dim and output layout; batch, lengths and heads are
-    runtime."""
+def tokens_per_chunk(head_dim: int) -> int:
+    """Rows of one CTA: THREADS // (head_dim // VEC) rows per pass, ROWS_PER_THREAD passes."""
+    return ROWS_PER_THREAD * THREADS // (head_dim // VEC)
 
-    def __init__(self, in_dtype, head_dim: int, feature_major: bool = False,
-                 permute_keys: bool = False):
+
+def _input_align(dtype) -> int:
+    return VEC * dtype.width // 8
+
+
+class _Chunked:
+    """What both kernels share: a CTA per (chunk of rows, batch * head), and which row and
+    features a thread owns in each pass."""
+
+    def __init__(self, in_dtype, head_dim: int) -> None:
         self.in_dtype = in_dtype
         self.head_dim = head_dim
+        self.lanes = head_dim // VEC  # threads per row
+        self.rows_per_pass = THREADS // self.lanes
+        self.tokens = tokens_per_chunk(head_dim)
+
+    def _load_row(self, x_ptr, b, s, h, col, seq_len, heads):
+        """x[b, s, h, col:col + 8] as fp32 (16-byte load)."""
+        src = cute.make_tensor(x_ptr + ((b * seq_len + s) * heads + h) * self.head_dim + col,
+                               cute.make_layout(VEC))
+        return src.load().to(cutlass.Float32)
+
+
+class HeadAbsMax(_Chunked):
+    """amax (batch * heads) fp32, atomically maxed (zero it first)."""
+
+    def slots(self):
+        return (pointer(self.in_dtype.__name__, _input_align(self.in_dtype)),
+                pointer("Float32", 4), scalar("Int32"), scalar("Int32"), scalar("Int32"),
+                STREAM)
+
+    def compile_args(self):
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        gmem = cute.AddressSpace.gmem
+        return (make_ptr(self.in_dtype, 0, gmem, assumed_align=_input_align(self.in_dtype)),
+                make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
+                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), make_fake_stream())
+
+    @cute.jit
+    def __call__(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, batch: cutlass.Int32,
+                 seq_len: cutlass.Int32, heads: cutlass.Int32, stream: cuda.CUstream):
+        chunks = (seq_len + self.tokens - 1) // self.tokens
+        self.kernel(x_ptr, amax_ptr, seq_len, heads).launch(
+            grid=[batch * heads, chunks, 1], block=[THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, seq_len: cutlass.Int32,
+               heads: cutlass.Int32):
+        tidx, _, _ = cute.arch.thread_idx()
+        # Heads fastest: the CTAs resident at one time read one contiguous span of tokens
+        # (all heads of them), which DRAM serves faster than one head's rows across the input.
+        bh, chunk, _ = cute.arch.block_idx()
+        b = bh // heads
+        h = bh % heads
+        row = tidx // self.lanes
+        col = (tidx % self.lanes) * VEC
+        first = chunk * self.tokens
+        m = cutlass.Float32(0.0)
+        if first + self.tokens <= seq_len:  # a full chunk: no bounds checks between the loads
+            for i in cutlass.range_constexpr(ROWS_PER_THREAD):
+                values = self._load_row(x_ptr, b, first + i * self.rows_per_pass + row, h, col,
+                                        seq_len, heads)
+                for j in cutlass.range_constexpr(VEC):
+                    m = cute.arch.fmax(m, abs(values[j]), nan=True)
+        else:
+            for i in cutlass.range_constexpr(ROWS_PER_THREAD):
+                s = first + i * self.rows_per_pass + row
+                if s < seq_len:
+                    values = self._load_row(x_ptr, b, s, h, col, seq_len, heads)
+                    for j in cutlass.range_constexpr(VEC):
+                        m = cute.arch.fmax(m, abs(values[j]), nan=True)
+        m = cute.arch.warp_reduction(m, lambda x, y: cute.arch.fmax(x, y, nan=True))
+        if tidx % 32 == 0:
+            # |x| >= 0 (a NaN's sign bit cleared too): an integer max on the bits is a float max.
+            cute.arch.atomic_fmax(amax_ptr + bh, m, sign_bit=False)
+
+
+class ScaledCast(_Chunked):
+    """The cast for one input dtype, head_dim and output layout; batch, lengths and heads are
+    runtime. rescale=False copies codes (an e4m3 input) without a scale or a descale."""
+
+    def __init__(self, in_dtype, head_dim: int, feature_major: bool = False,
+                 permute_keys: bool = False, rescale: bool = True) -> None:
+        super().__init__(in_dtype, head_dim)
         self.feature_major = feature_major
         self.permute_keys = permute_keys
+        self.rescale = rescale
+
+    def slots(self):
+        return (pointer(self.in_dtype.__name__, _input_align(self.in_dtype)),
+                pointer("Float32", 4), pointer("Float32", 4),
+                pointer("Float8E4M3FN", VEC),
+                scalar("Int32"), scalar("Int32"), scalar("Int32"), scalar("Int32"), STREAM)
 
     def compile_args(self):
         """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
         from cutlass.cute.runtime import make_fake_stream, make_ptr
 
         gmem = cute.AddressSpace.gmem
-        return (make_ptr(self.in_dtype, 0, gmem, assumed_align=16),
+        return (make_ptr(self.in_dtype, 0, gmem, assumed_align=_input_align(self.in_dtype)),
                 make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
-                make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=8),
+                make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
+                make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=VEC),
                 cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
                 make_fake_stream())
 
     @cute.jit
-    def __call__(self, x_ptr: cute.Pointer, scale_ptr: cute.Pointer, out_ptr: cute.Pointer,
-                 batch: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
-                 heads: cutlass.Int32, stream: cuda.CUstream):
-        groups = batch * padded * heads * (self.head_dim // VEC)
-        self.kernel(x_ptr, scale_ptr, out_ptr, seq_len, padded, heads, groups).launch(
-            grid=[(groups + THREADS - 1) // THREADS, 1, 1], block=[THREADS, 1, 1],
-            stream=stream)
+    def __call__(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
+                 out_ptr: cute.Pointer, batch: cutlass.Int32, seq_len: cutlass.Int32,
+                 padded: cutlass.Int32, heads: cutlass.Int32, stream: cuda.CUstream):
+        chunks = (padded + self.tokens - 1) // self.tokens
+        self.kernel(x_ptr, amax_ptr, descale_ptr, out_ptr, seq_len, padded, heads).launch(
+            grid=[batch * heads, chunks, 1], block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
-    def kernel(self, x_ptr: cute.Pointer, scale_ptr: cute.Pointer, out_ptr: cute.Pointer,
-               seq_len: cutlass.Int32, padded: cutlass.Int32, heads: cutlass.Int32,
-               groups: cutlass.Int32):
+    def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
+               out_ptr: cute.Pointer, seq_len: cutlass.Int32, padded: cutlass.Int32,
+               heads: cutlass.Int32):
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, _ = cute.arch.block_idx()
-        group = bidx * THREADS + tidx
-        if group < groups:
-            if cutlass.const_expr(self.feature_major):
-                self._cast_feature_major(x_ptr, scale_ptr, out_ptr, seq_len, padded, heads,
-                                         group)
-            else:
-                self._cast_token_major(x_ptr, scale_ptr, out_ptr, seq_len, padded, heads,
-                                       group)
+        bidx, bidy, _ = cute.arch.block_idx()
+        nbh, nchunks, _ = cute.arch.grid_dim()
+        # Reverse of HeadAbsMax's order: the first CTAs read what it read last (in L2).
+        bh = nbh - 1 - bidx
+        chunk = nchunks - 1 - bidy
+        b = bh // heads
+        h = bh % heads
+        row = tidx // self.lanes
+        col = (tidx % self.lanes) * VEC
+        scale = cutlass.Float32(1.0)
+        if cutlass.const_expr(self.rescale):
+            amax = cute.arch.fmax(amax_ptr[bh], TINY_AMAX, nan=True)
+            # fl(fl(1 / amax) * 448): torch's 448 / amax is this (Tensor.__rtruediv__).
+            scale = (1.0 / amax) * E4M3_MAX
+            if chunk == 0 and tidx == 0:
+                # descale (batch, heads, 3): this input's column, at stride 3.
+                dst = cute.make_tensor(descale_ptr + bh * 3, cute.make_layout(1))
+                dst[0] = amax * DESCALE_PER_AMAX
+        if cutlass.const_expr(self.feature_major):
+            self._cast_feature_major(x_ptr, out_ptr, scale, b, h, bh, chunk, seq_len, padded,
+                                     heads)
+        else:
+            for i in cutlass.range_constexpr(ROWS_PER_THREAD):
+                s = chunk * self.tokens + i * self.rows_per_pass + row
+                if s < padded:
+                    values = cute.full((VEC,), 0.0, cutlass.Float32)
+                    if s < seq_len:
+                        values = self._load_row(x_ptr, b, s, h, col, seq_len, heads) * scale
+                    # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the
+                    # range.
+                    dst = cute.make_tensor(out_ptr + ((b * padded + s) * heads + h)
+                                           * self.head_dim + col, cute.make_layout(VEC))
+                    dst.store(values.to(cutlass.Float8E4M3FN))
 
     @cute.jit
-    def _cast_token_major(self, x_ptr, scale_ptr, out_ptr, seq_len, padded, heads, group):
-        """Group = ((b * padded + s) * heads + h) * (d / 8) + feature block: the output's own
-        order, so a thread's 8 codes are one 8-byte store."""
-        d = self.head_dim
-        row = group // (d // VEC)  # (b, s, h) of the padded output, row-major
-        col = (group % (d // VEC)) * VEC
-        h = row % heads
-        s = (row // heads) % padded
-        b = row // (heads * padded)
-        dst = cute.make_tensor(out_ptr + row * d + col, cute.make_layout(VEC))
-        values = cute.full((VEC,), 0.0, cutlass.Float32)
-        if s < seq_len:
-            src = cute.make_tensor(x_ptr + ((b * seq_len + s) * heads + h) * d + col,
-                                   cute.make_layout(VEC))
-            values = src.load().to(cutlass.Float32) * scale_ptr[b * heads + h]
-        # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
-        dst.store(values.to(cutlass.Float8E4M3FN))
+    def _cast_feature_major(self, x_ptr, out_ptr, scale, b, h, bh, chunk, seq_len, padded,
+                            heads):
+        """out[b, h, :, slot] for ROWS_PER_THREAD consecutive slots a thread: it reads the keys
+        stored there (a whole row of features per group of lanes, as the token-major cast), keeps
+        their 8 x 8 codes in registers and writes each feature's 8 slots as one 8-byte store, so
+        the transpose costs no shared memory and no byte stores. Needs padded % 8 == 0."""
+        tidx, _, _ = cute.arch.thread_idx()
+        first_slot = chunk * self.tokens + (tidx // self.lanes) * ROWS_PER_THREAD
+        col = (tidx % self.lanes) * VEC
+        if first_slot < padded:
+            codes = cute.make_rmem_tensor((ROWS_PER_THREAD * VEC,), cutlass.Float8E4M3FN)
+            for i in cutlass.range_constexpr(ROWS_PER_THREAD):
+                key = first_slot + i
+                if cutlass.const_expr(self.permute_keys):
+                    key = key_at_slot(first_slot + i)
+                values = cute.full((VEC,), 0.0, cutlass.Float32)
+                if key < seq_len:
+                    values = self._load_row(x_ptr, b, key, h, col, seq_len, heads) * scale
+                row_codes = cute.make_rmem_tensor((VEC,), cutlass.Float8E4M3FN)
+                row_codes.store(values.to(cutlass.Float8E4M3FN))
+                for j in cutlass.range_constexpr(VEC):
+                    codes[i * VEC + j] = row_codes[j]
+            for j in cutlass.range_constexpr(VEC):
+                feature = cute.make_rmem_tensor((ROWS_PER_THREAD,), cutlass.Float8E4M3FN)
+                for i in cutlass.range_constexpr(ROWS_PER_THREAD):
+                    feature[i] = codes[i * VEC + j]
+                # 8-byte aligned: first_slot is a multiple of 8, and so is padded (prepare
+                # checks it), which the compiler cannot know.
+                offset = cute.assume((bh * self.head_dim + col + j) * padded + first_slot,
+                                     divby=ROWS_PER_THREAD)
+                dst = cute.make_tensor(out_ptr + offset, cute.make_layout(ROWS_PER_THREAD))
+                dst.store(feature.load())
 
-    @cute.jit
-    def _cast_feature_major(self, x_ptr, scale_ptr, out_ptr, seq_len, padded, heads, group):
-        """Group = ((b * heads + h) * (d / 8) + feature block) * padded + s: keys fastest, so a
-        warp reads 32 keys' 16 bytes (the other half of each 32-byte sector is read by the next
-        feature block's warp, from L2) and writes 32 consecutive bytes per feature row."""
-        d = self.head_dim
-        s = group % padded
-        rest = group // padded
-        col = (rest % (d // VEC)) * VEC
-        bh = rest // (d // VEC)
-        values = cute.full((VEC,), 0.0, cutlass.Float32)
-        if s < seq_len:
-            b = bh // heads
-            h = bh % heads
-            src = cute.make_tensor(x_ptr + ((b * seq_len + s) * heads + h) * d + col,
-                                   cute.make_layout(VEC))
-            values = src.load().to(cutlass.Float32) * scale_ptr[bh]
-        codes = cute.make_rmem_tensor((VEC,), cutlass.Float8E4M3FN)
-        codes.store(values.to(cutlass.Float8E4M3FN))
-        slot = s
-        if cutlass.const_expr(self.permute_keys):
-            slot = key_slot(s)
-        base = (bh * d + col) * padded + slot
-        for j in cutlass.range_constexpr(VEC):
-            dst = cute.make_tensor(out_ptr + base + j * padded, cute.make_layout(1))
-            dst[0] = codes[j]
+
+def _make(name: str, in_dtype, head_dim: int, feature_major: bool, permute_keys: bool,
+          rescale: bool):
+    if name == "amax":
+        return HeadAbsMax(in_dtype, head_dim)
+    return ScaledCast(in_dtype, head_dim, feature_major, permute_keys, rescale)
+
+
+def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
+                   feature_major: bool = False, permute_keys: bool = False, rescale: bool = True,
+                   *, keep_ptx_in: str | None = None):
+    """(compiled function, its launch slots) of "amax" or "cast" for `arch` (no GPU needed, like
+    the attention kernels); keep_ptx_in: a directory to leave the PTX in (the CPU tests read it)."""
+    from variants.dsl_compile import compile_for_arch
+
+    kernel = _make(name, _dsl_dtype(in_dtype), head_dim, feature_major, permute_keys, rescale)
+    fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
+                                keep="--keep-ptx" if keep_ptx_in else "", dump_dir=keep_ptx_in)
+    return fn, kernel.slots()
 
 
 def compile_scaled_cast(in_dtype: torch.dtype, head_dim: int, arch: str,
                         feature_major: bool = False, permute_keys: bool = False, *,
                         keep_ptx_in: str | None = None):
-    """cute.compile the cast for `arch` (no GPU needed, like the attention kernels);
-    keep_ptx_in: a directory to leave the PTX in (the CPU test reads it)."""
-    from variants.dsl_compile import compile_for_arch
-
-    kernel = ScaledCast(_dsl_dtype(in_dtype), head_dim, feature_major, permute_keys)
-    fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
-                                keep="--keep-ptx" if keep_ptx_in else "", dump_dir=keep_ptx_in)
-    return fn
+    return compile_kernel("cast", in_dtype, head_dim, arch, feature_major, permute_keys,
+                          keep_ptx_in=keep_ptx_in)[0]
 
 
+@functools.cache
 def _device_arch(device: torch.device) -> str:
+    """Once per device: the capability query costs ~10 us, and prepare asks per call."""
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm_{major}{minor}"
 
 
-def compiled(in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
-             feature_major: bool = False, permute_keys: bool = False, compile_now: bool = True):
-    """The launchable cast for this dtype, head_dim and GPU, or None where there is none:
-    compiled on first use (compile_now=False: only if compiled already, as inside a CUDA-graph
-    capture, which must not see a module load). A compile failure (an arch this DSL build
-    cannot target, say) is logged once and remembered: prepare then uses torch ops, which give
-    the same codes, instead of failing."""
-    key = (in_dtype, head_dim, _device_arch(device), feature_major, permute_keys)
+def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
+             feature_major: bool = False, permute_keys: bool = False, rescale: bool = True,
+             compile_now: bool = True) -> FastLaunch | None:
+    """The launcher of "amax" or "cast" for this dtype, head_dim and GPU, or None where there is
+    none: compiled on first use (compile_now=False: only if compiled already, as inside a
+    CUDA-graph capture, which must not see a module load). A compile failure (an arch this DSL
+    build cannot target, say) is logged once and remembered: prepare then uses torch ops, which
+    give the same codes, instead of failing."""
+    key = (name, in_dtype, head_dim, _device_arch(device), feature_major, permute_keys, rescale)
+    hit = _COMPILED.get(key, False)
+    if hit is not False or not compile_now:
+        return hit or None
     with _LOCK:
-        if key not in _COMPILED and compile_now:
+        if key not in _COMPILED:
             try:
-                _COMPILED[key] = compile_scaled_cast(*key)
+                _COMPILED[key] = FastLaunch(*compile_kernel(*key))
             except Exception as exc:  # noqa: BLE001 - any DSL failure: fall back, loudly
-                log.warning("fused e4m3 cast unavailable for %s (%s); prepare uses torch ops",
-                            key, str(exc).strip().splitlines()[-1][:200] if str(exc) else exc)
+                log.warning("fused %s kernel unavailable for %s (%s); prepare uses torch ops",
+                            name, key[1:], str(exc).strip().splitlines()[-1][:200]
+                            if str(exc) else exc)
                 _COMPILED[key] = None
-        return _COMPILED.get(key)
+        return _COMPILED[key]
 
 
-def scaled_cast_into(fn, out: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, *,
-                     feature_major: bool = False) -> None:
-    """out (batch, padded, heads, head_dim) e4m3 <- x (batch, seq_len, heads, head_dim) times
-    scale (batch, heads) fp32, zero rows past seq_len, with fn = compiled(...) for x; on x's
-    device and torch's current stream. x must be contiguous and 16-byte aligned, head_dim a
-    multiple of 8. feature_major (fn compiled so): out is (batch, heads, head_dim, padded)."""
-    from cutlass.cute.runtime import make_ptr
-
-    batch, seq_len, heads, head_dim = x.shape
-    gmem = cute.AddressSpace.gmem
-    stream = cuda.CUstream(torch.cuda.current_stream(x.device).cuda_stream)
-    fn(make_ptr(_dsl_dtype(x.dtype), x.data_ptr(), gmem, assumed_align=16),
-       make_ptr(cutlass.Float32, scale.data_ptr(), gmem, assumed_align=4),
-       make_ptr(cutlass.Float8E4M3FN, out.data_ptr(), gmem, assumed_align=8),
-       cutlass.Int32(batch), cutlass.Int32(seq_len),
-       cutlass.Int32(out.shape[-1] if feature_major else out.shape[1]),
-       cutlass.Int32(heads), stream)
+def stream_handle(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 E4M3_MAX = 448.0
+DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), the rounding prepare uses
 # An all-zero (batch, head) slice gets amax 1e-12 instead of a division by zero (as prepare).
 TINY_AMAX = 1e-12
 
@@ -96,11 +97,11 @@ def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for x in (q, k, v):
         x32 = x.float()
         amax = x32.abs().amax(dim=(1, 3)).clamp_min(TINY_AMAX)  # (batch, heads)
-        scale = E4M3_MAX / amax
+        scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare
         # Rounding can land a hair above 448 and e4m3fn has no Inf: clamp before the cast.
         codes.append((x32 * scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
                      .to(torch.float8_e4m3fn))
-        descales.append(amax / E4M3_MAX)
+        descales.append(amax * DESCALE_PER_AMAX)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return ReferenceInputs(*codes, descale=torch.stack(descales, dim=-1), softmax_scale=scale)
 

@@ -203,11 +203,15 @@ def run(args: argparse.Namespace) -> int:
 
 def summary(result) -> dict:
     """JSON-ready view of a tuner.search.ProblemResult (the --json output, one per problem)."""
+    from tuner.search.cost import record_cost
+
     def trial(rec) -> dict | None:
         if rec is None:
             return None
+        # median_ms is the kernel alone; caller_ms adds prepare, what the search ranks by.
         return {"family": rec.family, "config": rec.config, "median_ms": rec.median_ms,
-                "iqr_ms": rec.iqr_ms, "tflops": rec.tflops, "rel_rms": rec.rel_rms,
+                "iqr_ms": rec.iqr_ms, "prepare_ms": rec.prepare_ms,
+                "caller_ms": record_cost(rec), "tflops": rec.tflops, "rel_rms": rec.rel_rms,
                 "trial_id": rec.id}
 
     return {
@@ -327,14 +331,15 @@ class SearchView:
         from rich.table import Table
 
         table = Table(title="tuner search")
-        for col in ("seq_len", "winner", "ms", "TFLOP/s", "vs default", "rel err"):
+        for col in ("seq_len", "winner", "kernel ms", "prepare ms", "TFLOP/s", "vs default",
+                    "rel err"):
             table.add_column(col, justify="left" if col == "winner" else "right")
         for r in results:
             w = r.winner
             if w is None:
                 why = (f"decided by {r.deferred_to} (still searching)" if r.deferred_to
                        else "[red]no valid candidate")
-                table.add_row(str(r.problem.seq_len), why, "", "", "", "")
+                table.add_row(str(r.problem.seq_len), why, "", "", "", "", "")
                 continue
             label = SearchView.short_label(w, r.default)
             if r.default_kept:
@@ -344,6 +349,7 @@ class SearchView:
                 str(r.problem.seq_len),
                 label,
                 f"{w.median_ms:.3f}",
+                f"{w.prepare_ms:.3f}" if w.prepare_ms is not None else "-",
                 f"{w.tflops:.1f}",
                 speedup,
                 f"{w.rel_rms:.2e}",

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem
 from tuner.sandbox import Task
+from tuner.search.cost import record_cost
 from tuner.search.pool import Pipeline
 from tuner.search.records import Candidate, Records
 from tuner.store import TrialRecord, config_hash
@@ -38,18 +39,19 @@ class ProblemResult:
 def pick_winner(valid: list[TrialRecord], default: TrialRecord | None
                 ) -> tuple[TrialRecord, bool]:
     """From the re-timed valid candidates (fastest first) and the re-timed default (None if it
-    failed): the fastest, unless its lead over the default is within the measured spread (the
-    larger IQR of the two); then the default, kept. Returns (winner, default kept)."""
+    failed): the fastest by what the caller pays (kernel + prepare, tuner.search.cost), unless
+    its lead over the default is within the measured spread (the larger kernel IQR of the two);
+    then the default, kept. Returns (winner, default kept)."""
     winner = valid[0]
     if default is not None and winner is not default:
         spread = max(winner.iqr_ms or 0.0, default.iqr_ms or 0.0)
-        if default.median_ms - winner.median_ms <= spread:
+        if record_cost(default) - record_cost(winner) <= spread:
             return default, True
     return winner, False
 
 
 def _fastest_first(records) -> list[TrialRecord]:
-    return sorted((r for r in records if r.outcome == Outcome.OK), key=lambda r: r.median_ms)
+    return sorted((r for r in records if r.outcome == Outcome.OK), key=record_cost)
 
 
 def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
@@ -74,7 +76,7 @@ def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
     base = retimed.get(default_hash)
     base = base if base is not None and base.outcome == Outcome.OK else None
     winner, result.default_kept = pick_winner(valid, base)
-    speedup = base.median_ms / winner.median_ms if base is not None else None
+    speedup = record_cost(base) / record_cost(winner) if base is not None else None
     records.store.set_best(records.device_id, records.problem, records.family_set, winner.id,
                            base.id if base else None, speedup)
     result.winner, result.default, result.speedup = winner, base, speedup

@@ -22,6 +22,7 @@ from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult
 from tuner.search.claims import RUNNING, Claims, owner
+from tuner.search.cost import record_cost
 from tuner.search.interrupts import sigint_deferred
 from tuner.search.records import Candidate, Records
 from tuner.search.settings import FAILED_VALUE_MS, MAX_BARREN_ASKS
@@ -119,7 +120,7 @@ class Proposer:
                 continue
             if digest in stored:
                 # Measured before (an earlier run, or another process): tell the stored value.
-                tell(self.study, trial, stored[digest].outcome, stored[digest].median_ms)
+                tell(self.study, trial, stored[digest].outcome, record_cost(stored[digest]))
                 continue
             if digest in in_flight or self.claims.held_by_earlier(trial, digest):
                 self.study.tell(trial, state=TrialState.FAIL)

@@ -21,6 +21,7 @@ from tuner.outcomes import Outcome
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult, Task
 from tuner.search.claims import Claims
+from tuner.search.cost import caller_ms, record_cost
 from tuner.search.decision import ProblemResult, decide
 from tuner.search.interrupts import sigint_deferred
 from tuner.search.pool import Pipeline, task_for
@@ -121,8 +122,8 @@ class ProblemSearch:
         s = self.settings
         start = time.monotonic()
         stored = self.records.stored()
-        self._best_ms = min((r.median_ms for r in stored.values() if r.outcome == Outcome.OK),
-                            default=None)
+        self._best_ms = min((record_cost(r) for r in stored.values()
+                             if r.outcome == Outcome.OK), default=None)
         self._on_progress(self.progress())
         stopped, asking = "", True
         while True:
@@ -167,7 +168,8 @@ class ProblemSearch:
 
     def _finish(self, cand: Candidate, result: CandidateResult) -> None:
         self.records.record(cand, result)  # the Store first: a kill after this loses nothing
-        median = (result.timing or {}).get("median_ms")
+        timing = result.timing or {}
+        median = caller_ms(timing.get("median_ms"), timing.get("prepare_ms"))
         tell(self.study, cand.trial, result.outcome, median)
         self._outcomes[result.outcome] += 1
         self._measured_here += 1

@@ -4,7 +4,8 @@
     then a family's extra scalars (wgmma: the persistent grid size); then the CUDA stream.
 
 `fake_args` gives the stand-ins a compile traces with (only types and alignments reach code
-generation), `launch_args` the real values from prepared inputs and output buffers, and
+generation), `slots` the argument kinds variants/launch.py launches with, `launch_values` the
+raw values from prepared inputs and output buffers, and
 `output_views` the kernel-side tensors of the buffers every family shares. A kernel's @cute.jit
 `__call__` spells the same parameters (CuTe DSL needs them written out):
 tests/test_import_graph.py checks each one against ABI_NAMES.
@@ -47,13 +48,21 @@ def fake_args(*, extra: tuple = ()) -> tuple:
             make_fake_stream())
 
 
-def launch_args(prepared, out, lse, stream, *, extra: tuple = ()):
-    """The arguments of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse."""
+def slots(extra: int = 0) -> tuple:
+    """The launch slots (variants.launch.Slot) of the ABI with `extra` Int32 scalars."""
+    from variants.launch import STREAM, pointer, scalar
+
+    return (*(pointer(dtype, align) for _, dtype, align in POINTERS),
+            *(scalar(dtype) for _, dtype in SCALARS), *(scalar("Int32"),) * extra, STREAM)
+
+
+def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tuple:
+    """The raw values of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse,
+    in the order of slots(): addresses, scalars, the family's extra ints, the stream handle."""
     batch, padded, heads, _ = prepared.q.shape
-    addresses = (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
-                 prepared.descale.data_ptr(), out.data_ptr(), lse.data_ptr())
-    scalars = (batch, heads, prepared.seq_len, padded, prepared.softmax_scale)
-    return (*_pointers(addresses), *_scalars(scalars), *extra, stream)
+    return (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
+            prepared.descale.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            batch, heads, prepared.seq_len, padded, prepared.softmax_scale, *extra, stream)
 
 
 def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:

@@ -13,10 +13,9 @@ _SRC_DIR = Path(__file__).resolve().parent
 
 
 def _sm_count_arg(device) -> tuple:
-    import cutlass
     import torch
 
-    return (cutlass.Int32(torch.cuda.get_device_properties(device).multi_processor_count),)
+    return (torch.cuda.get_device_properties(device).multi_processor_count,)
 
 
 def _example_sm_count() -> tuple:

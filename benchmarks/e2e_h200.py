@@ -1,0 +1,241 @@
+"""What a caller with bf16 tensors pays (issue 15): `tuner.attention` end to end beside its parts
+and beside the peers, every system on the same inputs in one process.
+
+    python3 benchmarks/e2e_h200.py [--shapes B,S,H,D ...] [--out DIR]
+
+Systems (ms, median of CUDA-event samples around the call, the same inputs every repeat):
+  ours e2e       tuner.attention(q, k, v) from bf16: quantization + kernel + host work
+  ours kernel    the tuned kernel alone on prepared inputs
+  ours quant     prepare alone (amax + cast of q, k, v)
+  ours fp8-in    tuner.attention_fp8 on e4m3 codes and descales (no quantization)
+  FA3 bf16, FA3 FP8 kernel (per-(batch, head) descales), FA3 FP8 + a plain torch per-head
+  quantization before it, torch SDPA bf16 with the cuDNN backend, cuDNN FP8 (cudnn-frontend) alone.
+FA3 is the fa3-fwd wheel (a measured peer only, run with .device-fa3/env.sh); a peer that is not
+installed shows as "-".
+
+Also per shape: the quantization's memory floor (bytes it must move / the copy bandwidth measured
+in this run, see `memory_floor`), the host's cost per attention() call and the wall time per call
+in a loop against the GPU's kernel time (the overhead beyond the GPU work), and the relative RMS
+error against fp32 attention on the original bf16 inputs (sampled rows above S = 8192).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+SHAPES = ("1,4096,56,128", "1,8192,56,128", "1,16384,56,128", "1,30272,56,128",
+          "2,4608,24,128", "1,75600,40,128", "1,30272,56,64", "4,1024,32,128")
+REPEATS = 20
+
+
+def median_ms(fn, repeats: int = REPEATS, warmup: int = 3) -> float:
+    from tuner.measure import cuda_event_samples
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return statistics.median(cuda_event_samples(lambda i: fn(), repeats))
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a device-to-device copy of 2 GiB (read + write counted)."""
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), repeats=10)
+    return 2 * src.numel() * src.element_size() / (ms * 1e-3)
+
+
+def memory_floor(shape, padded: int) -> dict:
+    """Bytes the quantization must move with per-(batch, head) scales: each bf16 input read twice
+    (the amax must be known before the first code is written) and its e4m3 codes written once;
+    and the floor of any scheme, one read and one write (per-block scales)."""
+    batch, seq, heads, dim = shape
+    read = 3 * batch * seq * heads * dim * 2
+    write = 3 * batch * padded * heads * dim
+    return {"two_reads": 2 * read + write, "one_read": read + write}
+
+
+def host_costs(call, kernel_ms_sum: float, calls: int = 50) -> dict:
+    """Host us per call (the loop's host time, the GPU left to drain after it) and the wall
+    per call of a synchronized loop, minus the GPU's kernel time per call."""
+    call()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        call()
+    host_us = (time.perf_counter() - t0) / calls * 1e6
+    torch.cuda.synchronize()
+    wall_us = (time.perf_counter() - t0) / calls * 1e6
+    return {"host_us": host_us, "wall_us": wall_us,
+            "beyond_gpu_us": wall_us - kernel_ms_sum * 1e3}
+
+
+def kernel_time_per_call(call, calls: int = 5) -> float:
+    """ms of GPU kernel time per call (the profiler's kernel records), the launches' own."""
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    total = sum(e.device_time for e in prof.events()
+                if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total / calls / 1e3
+
+
+def sampled_rows(seq: int, device) -> torch.Tensor | None:
+    if seq <= 8192:
+        return None
+    ends = torch.cat([torch.arange(256), torch.arange(seq - 256, seq)])
+    return torch.unique(torch.cat([ends, torch.arange(0, seq, max(1, seq // 1024))])).to(device)
+
+
+def rel_rms(out, q, k, v, rows) -> float:
+    """Relative RMS of out against fp32 attention on the original inputs at `rows`."""
+    batch, seq, heads, dim = q.shape
+    scale = dim**-0.5
+    num = den = torch.zeros((), dtype=torch.float64, device=q.device)
+    for b in range(batch):
+        for h in range(heads):
+            qh, kh, vh = (x[b, :, h].float() for x in (q, k, v))
+            qh = qh if rows is None else qh[rows]
+            o = out[b, :, h].float() if rows is None else out[b, rows, h].float()
+            for r0 in range(0, qh.shape[0], 1024):
+                ref = torch.softmax((qh[r0:r0 + 1024] * scale) @ kh.t(), dim=-1) @ vh
+                num = num + ((o[r0:r0 + 1024] - ref) ** 2).sum().double()
+                den = den + (ref**2).sum().double()
+    return float((num / den).sqrt())
+
+
+def torch_per_head_fp8(x):
+    """The plain torch quantization a caller of FA3's FP8 forward would write: per-(batch, head)
+    amax, scale, cast; descale (batch, heads)."""
+    amax = x.abs().amax(dim=(1, 3)).float().clamp_min(1e-12)
+    codes = (x * (448.0 / amax)[:, None, :, None]).to(torch.float8_e4m3fn)
+    return codes, amax / 448.0
+
+
+def fa3():
+    try:
+        from fa3_fwd_interface import flash_attn_func
+    except ImportError:
+        return None
+
+    def call(q, k, v, **kw):
+        out = flash_attn_func(q, k, v, **kw)
+        return out[0] if isinstance(out, tuple) else out
+
+    return call
+
+
+def measure_shape(shape, bandwidth: float, fa3_call) -> dict:
+    import tuner
+    from tuner import runtime
+    from tuner.peers import make_peer
+    from tuner.problem import Problem
+
+    batch, seq, heads, dim = shape
+    gen = torch.Generator(device="cuda").manual_seed(seq + heads)
+    q, k, v = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    best = runtime.load_best_config(seq, heads=heads, head_dim=dim, with_source=True)
+    kernel = runtime._kernel_for(best.family, best.config, Problem(batch, heads, seq, dim), "auto")
+    prepared = kernel.prepare(q, k, v)
+    # The FP8-input path gets the codes and descales our quantization writes, in (batch, seq,
+    # heads, dim) as a producer kernel would hand them over.
+    from variants.reference import quantize_reference
+
+    ref_in = quantize_reference(q, k, v)
+    codes, d = (ref_in.q, ref_in.k, ref_in.v), ref_in.descale
+    res = {"shape": shape, "config": best.config.short(), "source": best.source}
+    t = res["ms"] = {}
+    e2e = lambda: tuner.attention(q, k, v)  # noqa: E731
+    t["ours e2e"] = median_ms(e2e)
+    t["ours kernel"] = median_ms(lambda: kernel.run(prepared))
+    t["ours quant"] = median_ms(lambda: kernel.prepare(q, k, v, validate=False))
+    fp8_in = lambda: tuner.attention_fp8(*codes, d[..., 0], d[..., 1], d[..., 2])  # noqa: E731
+    t["ours fp8-in"] = median_ms(fp8_in)
+    rows = sampled_rows(seq, q.device)
+    res["rel_rms"] = {"ours e2e": rel_rms(e2e(), q, k, v, rows)}
+    if fa3_call is not None:
+        t["FA3 bf16"] = median_ms(lambda: fa3_call(q, k, v))
+        (q8, dq), (k8, dk), (v8, dv) = (torch_per_head_fp8(x) for x in (q, k, v))
+        fa3_fp8 = lambda: fa3_call(q8, k8, v8, q_descale=dq, k_descale=dk, v_descale=dv)  # noqa
+        t["FA3 FP8 kernel"] = median_ms(fa3_fp8)
+
+        def fa3_fp8_e2e():
+            (a, da), (b, db), (c, dc) = (torch_per_head_fp8(x) for x in (q, k, v))
+            return fa3_call(a, b, c, q_descale=da, k_descale=db, v_descale=dc)
+
+        t["FA3 FP8 + torch quant"] = median_ms(fa3_fp8_e2e)
+        res["rel_rms"]["FA3 FP8 + torch quant"] = rel_rms(fa3_fp8_e2e(), q, k, v, rows)
+        res["rel_rms"]["FA3 bf16"] = rel_rms(fa3_call(q, k, v), q, k, v, rows)
+    for name, label in (("sdpa-cudnn", "SDPA cuDNN bf16"), ("cudnn-fp8", "cuDNN FP8 kernel")):
+        try:
+            peer = make_peer(name)
+            peer_in = peer.prepare(q, k, v)
+            t[label] = median_ms(lambda: peer.run(peer_in))  # noqa: B023
+        except Exception as exc:  # noqa: BLE001 - a peer missing or refusing the shape
+            res.setdefault("skipped", {})[label] = str(exc).splitlines()[0][:120]
+    kernel_sum = kernel_time_per_call(e2e)
+    res["host"] = host_costs(e2e, kernel_sum)
+    res["gpu_kernel_ms_per_call"] = kernel_sum
+    floor = memory_floor(shape, prepared.padded_len)
+    res["floor_ms"] = {name: b / bandwidth * 1e3 for name, b in floor.items()}
+    return res
+
+
+def table(results, bandwidth: float, device: str) -> str:
+    cols = ["ours e2e", "ours kernel", "ours quant", "ours fp8-in", "FA3 bf16", "FA3 FP8 kernel",
+            "FA3 FP8 + torch quant", "SDPA cuDNN bf16", "cuDNN FP8 kernel"]
+    lines = [f"Measured on {device}, {time.strftime('%Y-%m-%d')}, copy bandwidth "
+             f"{bandwidth / 1e12:.2f} TB/s (read + write). ms, median of {REPEATS}.", "",
+             "| B, S, H, D | config | " + " | ".join(cols)
+             + " | e2e vs FA3 bf16 | quant / floor (2 reads) | quant / floor (1 read) |"
+             " host us/call | wall - GPU us/call | rel RMS ours | rel RMS FA3 FP8+quant |",
+             "|" + "---|" * (len(cols) + 10)]
+    for r in results:
+        t = r["ms"]
+        cells = [f"{t[c]:.3f}" if c in t else "-" for c in cols]
+        vs = f"{t['FA3 bf16'] / t['ours e2e']:.2f}x" if "FA3 bf16" in t else "-"
+        fl = r["floor_ms"]
+        rr = r["rel_rms"]
+        fa3_rr = f"{rr['FA3 FP8 + torch quant']:.4f}" if "FA3 FP8 + torch quant" in rr else "-"
+        lines.append(
+            f"| {', '.join(map(str, r['shape']))} | {r['source']} | " + " | ".join(cells)
+            + f" | {vs} | {t['ours quant'] / fl['two_reads']:.2f} "
+            f"| {t['ours quant'] / fl['one_read']:.2f} | {r['host']['host_us']:.0f} "
+            f"| {r['host']['beyond_gpu_us']:.0f} | {rr['ours e2e']:.4f} | {fa3_rr} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    fa3_call = fa3()
+    results = []
+    for text in args.shapes:
+        shape = tuple(int(x) for x in text.split(","))
+        results.append(measure_shape(shape, bandwidth, fa3_call))
+        print(json.dumps(results[-1]), flush=True)
+    md = table(results, bandwidth, torch.cuda.get_device_name())
+    print(md)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "e2e_h200.md").write_text(md + "\n")
+        (args.out / "e2e_h200.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""variants/launch.py's cells hold byte for byte what the DSL's own marshalling writes for the same
+values, for every kernel prepare and the runtime launch: the quantize kernels and an attention
+kernel of each family (compiled for sm_90a without a GPU). On a GPU, outputs of the fast path
+equal those of the DSL's call bit for bit: tests/gpu/test_runtime_gpu.py."""
+
+import ctypes
+
+import pytest
+import torch
+
+from tuner.problem import Problem
+from variants.common.abi import slots
+from variants.launch import FastLaunch
+from variants.quantize_kernel import compile_kernel
+
+pytestmark = pytest.mark.compile
+
+PROBLEM = Problem(batch=1, heads=2, seq_len=77)
+
+
+def _marshalled_bytes(fn, launcher: FastLaunch, values) -> tuple[list[bytes], list[bytes]]:
+    """(the DSL's bytes per argument, FastLaunch's), each the size of the argument's cell."""
+    # The DSL's cells live in its argument objects: keep those alive while reading them.
+    dsl_args = launcher.dsl_args(values)
+    exe_args, _adapted = fn.generate_execution_args(*dsl_args)
+    assert len(exe_args) == len(launcher.slots)  # one C cell per argument, in slot order
+    ours = launcher.fill(values)
+    sizes = [ctypes.sizeof(slot.cell()) for slot in launcher.slots]
+    dsl = [ctypes.string_at(a if isinstance(a, int) else a.value, n)
+           for a, n in zip(exe_args, sizes, strict=True)]
+    return dsl, [ctypes.string_at(a, n) for a, n in zip(ours, sizes, strict=True)]
+
+
+def _values(launcher: FastLaunch, seed: int) -> tuple:
+    """Distinct, aligned values for every slot (so a swapped pair of slots shows)."""
+    values = []
+    for i, slot in enumerate(launcher.slots):
+        if slot.kind in ("pointer", "stream"):
+            values.append(0x7F00_0000_0000 + (seed * 97 + i) * 4096)
+        elif slot.kind == "Int32":
+            values.append(1000 * seed + 3 * i + 1)
+        else:
+            values.append(0.125 * (i + seed))
+    return tuple(values)
+
+
+@pytest.mark.parametrize("name, feature_major, permute_keys, rescale", [
+    ("amax", False, False, True), ("cast", False, False, True), ("cast", True, True, True),
+    ("cast", True, False, False)])
+def test_quantize_kernel_cells_match_the_dsl(name, feature_major, permute_keys, rescale):
+    dtype = torch.float8_e4m3fn if not rescale else torch.bfloat16
+    fn, kernel_slots = compile_kernel(name, dtype, 128, "sm_90a", feature_major, permute_keys,
+                                      rescale)
+    launcher = FastLaunch(fn, kernel_slots)
+    for seed in (1, 2):  # the second fill overwrites the first in place
+        dsl, ours = _marshalled_bytes(fn, launcher, _values(launcher, seed))
+        assert ours == dsl
+
+
+@pytest.mark.parametrize("family", ["wgmma", "mma_sync"])
+def test_attention_cells_match_the_dsl(family, tmp_path, monkeypatch):
+    from variants import load_family
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    fam = load_family(family)
+    kernel = fam.compile(fam.default("sm_90a", PROBLEM), PROBLEM, "sm_90a")
+    extra = 1 if family == "wgmma" else 0  # wgmma's persistent grid size
+    launcher = FastLaunch(kernel._fn, slots(extra))
+    dsl, ours = _marshalled_bytes(kernel._fn, launcher, _values(launcher, 3))
+    assert ours == dsl

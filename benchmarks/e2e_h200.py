@@ -6,7 +6,7 @@ and beside the peers, every system on the same inputs in one process.
 Systems (ms, median of CUDA-event samples around the call, the same inputs every repeat):
   ours e2e       tuner.attention(q, k, v) from bf16: quantization + kernel + host work
   ours kernel    the tuned kernel alone on prepared inputs
-  ours quant     prepare alone (amax + cast of q, k, v)
+  ours quant     prepare alone (amax + cast of q, k, v): its kernels' GPU time (profiler)
   ours fp8-in    tuner.attention_fp8 on e4m3 codes and descales (no quantization)
   FA3 bf16, FA3 FP8 kernel (per-(batch, head) descales), FA3 FP8 + a plain torch per-head
   quantization before it, torch SDPA bf16 with the cuDNN backend, cuDNN FP8 (cudnn-frontend) alone.
@@ -160,7 +160,9 @@ def measure_shape(shape, bandwidth: float, fa3_call) -> dict:
     e2e = lambda: tuner.attention(q, k, v)  # noqa: E731
     t["ours e2e"] = median_ms(e2e)
     t["ours kernel"] = median_ms(lambda: kernel.run(prepared))
-    t["ours quant"] = median_ms(lambda: kernel.prepare(q, k, v, validate=False))
+    # The quantization's own GPU time (its kernels' durations): CUDA events around prepare alone
+    # would also count the host's launch gaps, which a repeated call hides behind the kernel.
+    t["ours quant"] = kernel_time_per_call(lambda: kernel.prepare(q, k, v, validate=False))
     fp8_in = lambda: tuner.attention_fp8(*codes, d[..., 0], d[..., 1], d[..., 2])  # noqa: E731
     t["ours fp8-in"] = median_ms(fp8_in)
     rows = sampled_rows(seq, q.device)

@@ -43,17 +43,20 @@ def test_amax_ptx_propagates_nan_and_reduces_per_warp(arch, tmp_path):
 
 
 @pytest.mark.parametrize("permute_keys", [False, True])
-def test_feature_major_ptx_transposes_in_registers(permute_keys, tmp_path):
+def test_feature_major_ptx_transposes_through_shared_memory(permute_keys, tmp_path):
     """V written (batch, heads, head_dim, padded) by the cast itself: a thread casts 8 keys' rows
-    (16-byte loads, the same saturating cvt), transposes the 8 x 8 codes in registers and writes
-    each feature's 8 keys with one 8-byte store: no byte stores, no shared memory."""
+    (16-byte loads, the same saturating cvt), transposes the 8 x 8 codes in registers into the
+    shared tile (8-byte stores), and after a barrier the CTA writes the tile's rows out in 8-byte
+    pieces: no byte stores anywhere."""
     compile_scaled_cast(torch.bfloat16, 128, "sm_90a", True, permute_keys,
                         keep_ptx_in=str(tmp_path))
     ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
     assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4 * ROWS_PER_THREAD
     assert ptx.count("ld.global.v4.b32") == ROWS_PER_THREAD
-    assert ptx.count("st.global.v2.b32") == 8 and "st.global.b8" not in ptx
-    assert "st.shared" not in ptx
+    assert ptx.count("st.shared.v2.b32") == 8 and ptx.count("ld.shared.v2.b32") == 8
+    assert ptx.count("st.global.v2.b32") == 8
+    assert "st.global.b8" not in ptx and "st.shared.b8" not in ptx
+    assert ptx.count("bar.sync") == 2  # the tile is written, read, then free for the next chunk
 
 
 def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
@@ -63,8 +66,8 @@ def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
 
     calls = []
 
-    def failing_compile(*key):
-        calls.append(key)
+    def failing_compile(*key, **options):
+        calls.append((*key, options))
         raise RuntimeError("unsupported arch sm_999")
 
     monkeypatch.setattr(quantize_kernel, "_COMPILED", {})
@@ -74,7 +77,8 @@ def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
     with caplog.at_level("WARNING"):
         assert quantize_kernel.compiled("cast", torch.bfloat16, 128, device) is None
         assert quantize_kernel.compiled("cast", torch.bfloat16, 128, device) is None
-    assert calls == [("cast", torch.bfloat16, 128, "sm_999", False, False, True)]
+    assert calls == [("cast", torch.bfloat16, 128, "sm_999", False, False, True,
+                      {"chunks_per_cta": 1})]
     assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
     assert quantize_kernel.compiled("cast", torch.bfloat16, 128, device,
                                     compile_now=False) is None

@@ -282,7 +282,11 @@ def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
         return None
     args = (q.dtype, q.shape[-1], q.device)
     now = not _capturing()
-    amax = quantize_kernel.compiled("amax", *args, compile_now=now) if rescale else None
+    amax = None
+    if rescale:
+        per_cta = quantize_kernel.amax_chunks_per_cta(q.shape[0], q.shape[2], q.shape[1],
+                                                      q.shape[3], q.device)
+        amax = quantize_kernel.compiled("amax", *args, chunks_per_cta=per_cta, compile_now=now)
     cast_qk = quantize_kernel.compiled("cast", *args, rescale=rescale, compile_now=now)
     cast_v = quantize_kernel.compiled("cast", *args, feature_major=v_feature_major,
                                       permute_keys=permute_keys, rescale=rescale,

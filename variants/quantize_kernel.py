@@ -47,6 +47,7 @@ from variants.launch import STREAM, FastLaunch, pointer, scalar
 VEC = 8  # features per thread and row: 16 bytes of bf16 in, 8 bytes of e4m3 out
 THREADS = 256
 ROWS_PER_THREAD = 8  # rows of a chunk each thread handles, unrolled: the loads in flight
+CHUNKS_PER_CTA = 1  # chunks a CTA handles one after the other (benchmarks/quant_profile.py)
 E4M3_MAX = 448.0
 DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), as prepare's torch path
 TINY_AMAX = 1e-12  # an all-zero head gets scale 448e12 instead of a division by zero
@@ -75,12 +76,18 @@ class _Chunked:
     """What both kernels share: a CTA per (chunk of rows, batch * head), and which row and
     features a thread owns in each pass."""
 
-    def __init__(self, in_dtype, head_dim: int) -> None:
+    def __init__(self, in_dtype, head_dim: int, chunks_per_cta: int = CHUNKS_PER_CTA) -> None:
         self.in_dtype = in_dtype
         self.head_dim = head_dim
         self.lanes = head_dim // VEC  # threads per row
         self.rows_per_pass = THREADS // self.lanes
         self.tokens = tokens_per_chunk(head_dim)
+        self.chunks_per_cta = chunks_per_cta
+
+    def _groups(self, rows):
+        """CTAs along the rows: chunks_per_cta chunks each."""
+        chunks = (rows + self.tokens - 1) // self.tokens
+        return (chunks + self.chunks_per_cta - 1) // self.chunks_per_cta
 
     def _load_row(self, x_ptr, b, s, h, col, seq_len, heads):
         """x[b, s, h, col:col + 8] as fp32 (16-byte load)."""
@@ -108,9 +115,9 @@ class HeadAbsMax(_Chunked):
     @cute.jit
     def __call__(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, batch: cutlass.Int32,
                  seq_len: cutlass.Int32, heads: cutlass.Int32, stream: cuda.CUstream):
-        chunks = (seq_len + self.tokens - 1) // self.tokens
         self.kernel(x_ptr, amax_ptr, seq_len, heads).launch(
-            grid=[batch * heads, chunks, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[batch * heads, self._groups(seq_len), 1], block=[THREADS, 1, 1],
+            stream=stream)
 
     @cute.kernel
     def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, seq_len: cutlass.Int32,
@@ -118,26 +125,27 @@ class HeadAbsMax(_Chunked):
         tidx, _, _ = cute.arch.thread_idx()
         # Heads fastest: the CTAs resident at one time read one contiguous span of tokens
         # (all heads of them), which DRAM serves faster than one head's rows across the input.
-        bh, chunk, _ = cute.arch.block_idx()
+        bh, group, _ = cute.arch.block_idx()
         b = bh // heads
         h = bh % heads
         row = tidx // self.lanes
         col = (tidx % self.lanes) * VEC
-        first = chunk * self.tokens
         m = cutlass.Float32(0.0)
-        if first + self.tokens <= seq_len:  # a full chunk: no bounds checks between the loads
-            for i in cutlass.range_constexpr(ROWS_PER_THREAD):
-                values = self._load_row(x_ptr, b, first + i * self.rows_per_pass + row, h, col,
-                                        seq_len, heads)
-                for j in cutlass.range_constexpr(VEC):
-                    m = cute.arch.fmax(m, abs(values[j]), nan=True)
-        else:
-            for i in cutlass.range_constexpr(ROWS_PER_THREAD):
-                s = first + i * self.rows_per_pass + row
-                if s < seq_len:
-                    values = self._load_row(x_ptr, b, s, h, col, seq_len, heads)
+        for c in cutlass.range_constexpr(self.chunks_per_cta):
+            first = (group * self.chunks_per_cta + c) * self.tokens
+            if first + self.tokens <= seq_len:  # a full chunk: no bounds checks between loads
+                for i in cutlass.range_constexpr(ROWS_PER_THREAD):
+                    values = self._load_row(x_ptr, b, first + i * self.rows_per_pass + row, h,
+                                            col, seq_len, heads)
                     for j in cutlass.range_constexpr(VEC):
                         m = cute.arch.fmax(m, abs(values[j]), nan=True)
+            elif first < seq_len:
+                for i in cutlass.range_constexpr(ROWS_PER_THREAD):
+                    s = first + i * self.rows_per_pass + row
+                    if s < seq_len:
+                        values = self._load_row(x_ptr, b, s, h, col, seq_len, heads)
+                        for j in cutlass.range_constexpr(VEC):
+                            m = cute.arch.fmax(m, abs(values[j]), nan=True)
         m = cute.arch.warp_reduction(m, lambda x, y: cute.arch.fmax(x, y, nan=True))
         if tidx % 32 == 0:
             # |x| >= 0 (a NaN's sign bit cleared too): an integer max on the bits is a float max.
@@ -149,8 +157,9 @@ class ScaledCast(_Chunked):
     runtime. rescale=False copies codes (an e4m3 input) without a scale or a descale."""
 
     def __init__(self, in_dtype, head_dim: int, feature_major: bool = False,
-                 permute_keys: bool = False, rescale: bool = True) -> None:
-        super().__init__(in_dtype, head_dim)
+                 permute_keys: bool = False, rescale: bool = True,
+                 chunks_per_cta: int = CHUNKS_PER_CTA) -> None:
+        super().__init__(in_dtype, head_dim, chunks_per_cta)
         self.feature_major = feature_major
         self.permute_keys = permute_keys
         self.rescale = rescale
@@ -177,20 +186,34 @@ class ScaledCast(_Chunked):
     def __call__(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
                  out_ptr: cute.Pointer, batch: cutlass.Int32, seq_len: cutlass.Int32,
                  padded: cutlass.Int32, heads: cutlass.Int32, stream: cuda.CUstream):
-        chunks = (padded + self.tokens - 1) // self.tokens
-        self.kernel(x_ptr, amax_ptr, descale_ptr, out_ptr, seq_len, padded, heads).launch(
-            grid=[batch * heads, chunks, 1], block=[THREADS, 1, 1], stream=stream)
+        # The feature-major cast transposes a chunk through shared memory: head_dim rows of
+        # tokens slots, each padded by 8 bytes against bank conflicts (the token-major cast
+        # needs none; it gets a token allocation).
+        tile_bytes = self.head_dim * self._pitch() if cutlass.const_expr(self.feature_major) \
+            else 16
+
+        @cute.struct
+        class SharedStorage:
+            tile: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, tile_bytes], 16]
+
+        self.kernel(x_ptr, amax_ptr, descale_ptr, out_ptr, seq_len, padded, heads,
+                    SharedStorage).launch(
+            grid=[batch * heads, self._groups(padded), 1], block=[THREADS, 1, 1],
+            smem=SharedStorage.size_in_bytes(), stream=stream)
+
+    def _pitch(self) -> int:
+        return self.tokens + ROWS_PER_THREAD
 
     @cute.kernel
     def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
                out_ptr: cute.Pointer, seq_len: cutlass.Int32, padded: cutlass.Int32,
-               heads: cutlass.Int32):
+               heads: cutlass.Int32, SharedStorage: cutlass.Constexpr):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
-        nbh, nchunks, _ = cute.arch.grid_dim()
+        nbh, ngroups, _ = cute.arch.grid_dim()
         # Reverse of HeadAbsMax's order: the first CTAs read what it read last (in L2).
         bh = nbh - 1 - bidx
-        chunk = nchunks - 1 - bidy
+        group = ngroups - 1 - bidy
         b = bh // heads
         h = bh % heads
         row = tidx // self.lanes
@@ -200,14 +223,28 @@ class ScaledCast(_Chunked):
             amax = cute.arch.fmax(amax_ptr[bh], TINY_AMAX, nan=True)
             # fl(fl(1 / amax) * 448): torch's 448 / amax is this (Tensor.__rtruediv__).
             scale = (1.0 / amax) * E4M3_MAX
-            if chunk == 0 and tidx == 0:
+            if group == 0 and tidx == 0:
                 # descale (batch, heads, 3): this input's column, at stride 3.
                 dst = cute.make_tensor(descale_ptr + bh * 3, cute.make_layout(1))
                 dst[0] = amax * DESCALE_PER_AMAX
-        if cutlass.const_expr(self.feature_major):
-            self._cast_feature_major(x_ptr, out_ptr, scale, b, h, bh, chunk, seq_len, padded,
-                                     heads)
-        else:
+        smem = cutlass.memory.SmemAllocator()
+        tile = smem.allocate(SharedStorage).tile.get_tensor(
+            cute.make_layout(SharedStorage.size_in_bytes())).iterator
+        for c in cutlass.range_constexpr(self.chunks_per_cta):
+            # Also within the CTA, the last chunk first.
+            chunk = group * self.chunks_per_cta + (self.chunks_per_cta - 1 - c)
+            if cutlass.const_expr(self.feature_major):
+                self._cast_feature_major(x_ptr, out_ptr, tile, scale, b, h, bh, chunk,
+                                         seq_len, padded, heads)
+            else:
+                self._cast_token_major(x_ptr, out_ptr, scale, b, h, row, col, chunk, seq_len,
+                                       padded, heads)
+
+    @cute.jit
+    def _cast_token_major(self, x_ptr, out_ptr, scale, b, h, row, col, chunk, seq_len, padded,
+                          heads):
+        """out[b, s, h, col:col + 8] for the thread's ROWS_PER_THREAD rows of the chunk."""
+        if chunk * self.tokens < padded:
             for i in cutlass.range_constexpr(ROWS_PER_THREAD):
                 s = chunk * self.tokens + i * self.rows_per_pass + row
                 if s < padded:
@@ -221,21 +258,27 @@ class ScaledCast(_Chunked):
                     dst.store(values.to(cutlass.Float8E4M3FN))
 
     @cute.jit
-    def _cast_feature_major(self, x_ptr, out_ptr, scale, b, h, bh, chunk, seq_len, padded,
+    def _cast_feature_major(self, x_ptr, out_ptr, tile, scale, b, h, bh, chunk, seq_len, padded,
                             heads):
-        """out[b, h, :, slot] for ROWS_PER_THREAD consecutive slots a thread: it reads the keys
-        stored there (a whole row of features per group of lanes, as the token-major cast), keeps
-        their 8 x 8 codes in registers and writes each feature's 8 slots as one 8-byte store, so
-        the transpose costs no shared memory and no byte stores. Needs padded % 8 == 0."""
+        """out[b, h, :, chunk's slots], transposed through shared memory. A thread reads the keys
+        stored at ROWS_PER_THREAD consecutive slots (a whole row of features per group of lanes,
+        as the token-major cast), transposes their 8 x 8 codes in registers and stores each
+        feature's 8 slots into the tile (one 8-byte store); then the CTA writes the tile's rows
+        out, consecutive lanes on consecutive 8-byte pieces of a row, so every warp store fills
+        whole 128-byte lines (8-byte pieces straight from the registers left 16 bytes per row
+        and warp, and ran at a third of the token-major cast's bandwidth on the H200). Needs
+        padded % 8 == 0 (prepare checks it)."""
         tidx, _, _ = cute.arch.thread_idx()
-        first_slot = chunk * self.tokens + (tidx // self.lanes) * ROWS_PER_THREAD
+        pitch = self._pitch()
+        first = chunk * self.tokens
+        local = (tidx // self.lanes) * ROWS_PER_THREAD  # this thread's first slot in the chunk
         col = (tidx % self.lanes) * VEC
-        if first_slot < padded:
+        if first + local < padded:
             codes = cute.make_rmem_tensor((ROWS_PER_THREAD * VEC,), cutlass.Float8E4M3FN)
             for i in cutlass.range_constexpr(ROWS_PER_THREAD):
-                key = first_slot + i
+                key = first + local + i
                 if cutlass.const_expr(self.permute_keys):
-                    key = key_at_slot(first_slot + i)
+                    key = key_at_slot(first + local + i)
                 values = cute.full((VEC,), 0.0, cutlass.Float32)
                 if key < seq_len:
                     values = self._load_row(x_ptr, b, key, h, col, seq_len, heads) * scale
@@ -247,29 +290,42 @@ class ScaledCast(_Chunked):
                 feature = cute.make_rmem_tensor((ROWS_PER_THREAD,), cutlass.Float8E4M3FN)
                 for i in cutlass.range_constexpr(ROWS_PER_THREAD):
                     feature[i] = codes[i * VEC + j]
-                # 8-byte aligned: first_slot is a multiple of 8, and so is padded (prepare
-                # checks it), which the compiler cannot know.
-                offset = cute.assume((bh * self.head_dim + col + j) * padded + first_slot,
-                                     divby=ROWS_PER_THREAD)
-                dst = cute.make_tensor(out_ptr + offset, cute.make_layout(ROWS_PER_THREAD))
-                dst.store(feature.load())
+                at = cute.assume((col + j) * pitch + local, divby=ROWS_PER_THREAD)
+                cute.make_tensor(tile + at, cute.make_layout(ROWS_PER_THREAD)).store(
+                    feature.load())
+        cute.arch.sync_threads()
+        pieces = self.tokens // ROWS_PER_THREAD  # 8-byte pieces of one tile row
+        for r in cutlass.range_constexpr(self.head_dim * pieces // THREADS):
+            piece = tidx + r * THREADS
+            d = piece // pieces
+            slot = (piece % pieces) * ROWS_PER_THREAD
+            if first + slot < padded:
+                src = cute.make_tensor(tile + cute.assume(d * pitch + slot, divby=ROWS_PER_THREAD),
+                                       cute.make_layout(ROWS_PER_THREAD))
+                # 8-byte aligned: slot and padded are multiples of 8.
+                at = cute.assume((bh * self.head_dim + d) * padded + first + slot,
+                                 divby=ROWS_PER_THREAD)
+                cute.make_tensor(out_ptr + at, cute.make_layout(ROWS_PER_THREAD)).store(
+                    src.load())
+        cute.arch.sync_threads()  # the next chunk of this CTA reuses the tile
 
 
 def _make(name: str, in_dtype, head_dim: int, feature_major: bool, permute_keys: bool,
-          rescale: bool):
+          rescale: bool, chunks_per_cta: int):
     if name == "amax":
-        return HeadAbsMax(in_dtype, head_dim)
-    return ScaledCast(in_dtype, head_dim, feature_major, permute_keys, rescale)
+        return HeadAbsMax(in_dtype, head_dim, chunks_per_cta)
+    return ScaledCast(in_dtype, head_dim, feature_major, permute_keys, rescale, chunks_per_cta)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    feature_major: bool = False, permute_keys: bool = False, rescale: bool = True,
-                   *, keep_ptx_in: str | None = None):
+                   *, keep_ptx_in: str | None = None, chunks_per_cta: int = CHUNKS_PER_CTA):
     """(compiled function, its launch slots) of "amax" or "cast" for `arch` (no GPU needed, like
     the attention kernels); keep_ptx_in: a directory to leave the PTX in (the CPU tests read it)."""
     from variants.dsl_compile import compile_for_arch
 
-    kernel = _make(name, _dsl_dtype(in_dtype), head_dim, feature_major, permute_keys, rescale)
+    kernel = _make(name, _dsl_dtype(in_dtype), head_dim, feature_major, permute_keys, rescale,
+                   chunks_per_cta)
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
                                 keep="--keep-ptx" if keep_ptx_in else "", dump_dir=keep_ptx_in)
     return fn, kernel.slots()
@@ -291,20 +347,22 @@ def _device_arch(device: torch.device) -> str:
 
 def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
              feature_major: bool = False, permute_keys: bool = False, rescale: bool = True,
-             compile_now: bool = True) -> FastLaunch | None:
+             chunks_per_cta: int = CHUNKS_PER_CTA, compile_now: bool = True
+             ) -> FastLaunch | None:
     """The launcher of "amax" or "cast" for this dtype, head_dim and GPU, or None where there is
     none: compiled on first use (compile_now=False: only if compiled already, as inside a
     CUDA-graph capture, which must not see a module load). A compile failure (an arch this DSL
     build cannot target, say) is logged once and remembered: prepare then uses torch ops, which
     give the same codes, instead of failing."""
-    key = (name, in_dtype, head_dim, _device_arch(device), feature_major, permute_keys, rescale)
+    key = (name, in_dtype, head_dim, _device_arch(device), feature_major, permute_keys, rescale,
+           chunks_per_cta)
     hit = _COMPILED.get(key, False)
     if hit is not False or not compile_now:
         return hit or None
     with _LOCK:
         if key not in _COMPILED:
             try:
-                _COMPILED[key] = FastLaunch(*compile_kernel(*key))
+                _COMPILED[key] = FastLaunch(*compile_kernel(*key[:-1], chunks_per_cta=key[-1]))
             except Exception as exc:  # noqa: BLE001 - any DSL failure: fall back, loudly
                 log.warning("fused %s kernel unavailable for %s (%s); prepare uses torch ops",
                             name, key[1:], str(exc).strip().splitlines()[-1][:200]
@@ -313,5 +371,18 @@ def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.devi
         return _COMPILED[key]
 
 
-def stream_handle(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def amax_chunks_per_cta(batch: int, heads: int, seq_len: int, head_dim: int,
+                        device: torch.device) -> int:
+    """Chunks per CTA of the amax: the most of 8, 4, 2 that still leaves 4 CTAs per SM, else 1.
+    Fewer, longer CTAs read faster (per input at B=1 H=56 S=16384 on the H200: 82 us with 1,
+    58 us with 8: benchmarks/quant_profile.py --sweep); the cast gained nothing from it."""
+    chunks = batch * heads * -(-seq_len // tokens_per_chunk(head_dim))
+    for per_cta in (8, 4, 2):
+        if chunks >= per_cta * 4 * _sm_count(device):
+            return per_cta
+    return 1

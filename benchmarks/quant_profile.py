@@ -49,7 +49,8 @@ def main() -> None:
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
             name = ("amax" if "HeadAbsMax" in e.name else "cast" if "ScaledCast" in e.name
-                    else "copy 2 GiB" if "copy" in e.name else e.name[:40])
+                    else "copy 2 GiB" if "copy" in e.name.lower() or "memcpy" in e.name.lower()
+                    else e.name[:40])
             total[name] += e.device_time
             count[name] += 1
     tensor_bytes = q.numel() * 2

@@ -83,13 +83,15 @@ class Fp8Inputs:
         """fp32 q, k, v (batch, seq_len, heads, head_dim) exactly as the kernel sees them."""
         s = self.seq_len
         dq, dk, dv = (self.descale[..., i] for i in range(3))  # (batch, heads)
-        q = self.q[:, :s].float() * dq[:, None, :, None]
-        k = self.k[:, :s].float() * dk[:, None, :, None]
+        # In place after one fp32 copy each: at B=1 H=56 S=30272 a temporary is 0.9 GB.
+        q = self.q[:, :s].float().mul_(dq[:, None, :, None])
+        k = self.k[:, :s].float().mul_(dk[:, None, :, None])
         if not self.v_feature_major:
-            return q, k, self.v[:, :s].float() * dv[:, None, :, None]
-        v = self.v.float()[..., self.natural_key_slots()[:s]]
-        v = v.permute(0, 3, 1, 2) * dv[:, None, :, None]
-        return q, k, v
+            return q, k, self.v[:, :s].float().mul_(dv[:, None, :, None])
+        # The key gather on the 1-byte codes, then one fp32 copy.
+        codes = self.v.view(torch.uint8)[..., self.natural_key_slots()[:s]]
+        v = codes.view(torch.float8_e4m3fn).float().permute(0, 3, 1, 2)
+        return q, k, v.mul_(dv[:, None, :, None])
 
 
 def check_qkv(

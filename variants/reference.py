@@ -163,7 +163,7 @@ class ReferenceResult:
 
 
 def _chunk_rows(seq_len: int, budget_bytes: int) -> int:
-    # One chunk holds a (rows, seq_len) fp32 score block plus its exp.
+    # One chunk holds a (rows, seq_len) fp32 score block (plus its exp, in end_to_end_error).
     return max(1, min(seq_len, budget_bytes // (8 * seq_len)))
 
 
@@ -195,13 +195,16 @@ def reference_attention(inputs, rows: torch.Tensor | None = None, *,
             v_rms[b, h] = v_norm2.mean().sqrt()
             for r0 in range(0, n_rows, chunk):
                 qc = qh[r0 : r0 + chunk]
-                scores = qc @ kh.t()
-                row_lse = torch.logsumexp(scores, dim=-1)
-                p = torch.exp(scores - row_lse[:, None])
+                # The softmax in place in the score block: one (rows, seq_len) temporary.
+                p = qc @ kh.t()
+                row_max = p.amax(dim=-1)
+                p.sub_(row_max[:, None]).exp_()
+                row_sum = p.sum(dim=-1)
+                p.div_(row_sum[:, None])
                 out[b, r0 : r0 + chunk, h] = p @ vh
-                lse[b, h, r0 : r0 + chunk] = row_lse
-                noise[b, h, r0 : r0 + chunk] = ((p * p) @ v_norm2).sqrt()
+                lse[b, h, r0 : r0 + chunk] = row_max + row_sum.log()
                 magnitude[b, h, r0 : r0 + chunk] = (qc.abs() * (p @ k_abs)).sum(-1)
+                noise[b, h, r0 : r0 + chunk] = (p.square_() @ v_norm2).sqrt()  # p is spent
     return ReferenceResult(out, lse, noise, magnitude, v_rms, rows, seq_len)
 
 

@@ -7,6 +7,7 @@ from multiprocessing.connection import wait
 
 import pytest
 
+from tests.doubles import fake_family
 from tuner.measure import (
     CandidateFailure,
     classify_launch_error,
@@ -72,9 +73,34 @@ def test_hung_kernel_is_killed_at_its_deadline_and_the_next_candidate_runs():
         w.submit(task("evaluate", 64, 2))
         ok = result_of(w)
         assert ok.outcome == "ok" and ok.accuracy["passed"] and ok.timing["repeats"] >= 10
-        assert ok.timing["clock"] == "cpu-perf-counter"
+        # The double's own clock (fake_family.time_launch): its modelled cost, exactly, however
+        # busy the machine (issue 16), not the wall time of its sleep.
+        assert ok.timing["clock"] == "cpu-family-clock"
+        assert ok.timing["median_ms"] == fake_family.cost_ms(fake_family.Config(64, 2))
+        assert ok.timing["iqr_ms"] == 0.0
+        assert ok.timing["prepare_ms"] == fake_family.PREPARE_MS
     finally:
         w.close()
+
+
+def test_a_cpu_family_without_a_clock_of_its_own_is_timed_with_perf_counter():
+    import torch
+
+    from tuner.measure import time_kernel
+    from tuner.problem import Problem
+
+    torch.set_num_threads(1)
+    cfg = fake_family.Config(64, 3)
+    problem = Problem(**PROBLEM)
+    kernel = fake_family.compile(cfg, problem, "sm_90a")
+    timing = time_kernel(kernel, problem, torch.device("cpu"), seed=1, l2_bytes=0, repeats=10,
+                         warmup=1)
+    assert timing.clock == "cpu-perf-counter"
+    assert timing.median_ms >= fake_family.cost_ms(cfg)  # the sleep, and the reference on top
+    # A CPU family's clock never times a GPU launch: refused before anything runs.
+    with pytest.raises(ValueError, match="CUDA launches are timed with events"):
+        time_kernel(kernel, problem, torch.device("cuda"), seed=1, l2_bytes=0,
+                    cpu_clock=lambda launch: 1.0)
 
 
 def test_guarded_types_candidate_errors():

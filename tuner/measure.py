@@ -12,7 +12,12 @@ problem looks faster than it ever runs in a model. The SM clock and temperature 
 after the timed launches (a throttled GPU explains a slow candidate).
 
 A family whose kernels run on the CPU (the test doubles declare `DEVICE = "cpu"`), or a machine
-without CUDA, is timed with perf_counter: the kernel call is synchronous there.
+without CUDA, is timed with perf_counter: the kernel call is synchronous there. A CPU family may
+bring its own clock instead, for the kernel and for prepare (`time_launch`, variants/base.py;
+the sandbox passes it as `cpu_clock`): the test doubles report the cost they model, because
+their work measured with
+perf_counter on a loaded 2-core machine overshoots by the scheduler's latency and reordered their
+candidates (issue 16). A GPU is always timed with CUDA events.
 
 Errors raised by the candidate's own code (compile, prepare, run) become `CandidateFailure` with a
 typed outcome; errors in this module propagate, since they are bugs of the tuner.
@@ -20,6 +25,7 @@ typed outcome; errors in this module propagate, since they are bugs of the tuner
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -84,7 +90,7 @@ class Timing:
     warmup: int
     rotated_sets: int
     prepare_ms: float
-    clock: str  # "cuda-events" or "cpu-perf-counter"
+    clock: str  # "cuda-events", "cpu-perf-counter" or "cpu-family-clock" (the family's own)
     sm_clock_mhz: float | None
     temperature_c: float | None
 
@@ -217,27 +223,38 @@ def cuda_event_samples(fn: Callable[[int], Any], repeats: int, sync: Callable[[]
     return [start.elapsed_time(end) for start, end in events]
 
 
-def _time_prepare(kernel, inputs, device, sync, repeats: int) -> float:
+def perf_counter_ms(launch: Callable[[], Any]) -> float:
+    """The default CPU clock: wall ms of one synchronous call."""
+    t0 = time.perf_counter()
+    launch()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _time_prepare(kernel, inputs, device, sync, repeats: int, cpu_clock=None) -> float:
     """Median ms of prepare (what the caller pays before the kernel: quantization and layout),
-    timed like the kernel (CUDA events, the input sets rotated); perf_counter on the CPU."""
+    timed like the kernel (CUDA events, the input sets rotated); on the CPU by cpu_clock, else
+    perf_counter."""
     def run(i: int) -> None:
         guarded("prepare", kernel.prepare, *inputs[i % len(inputs)])
 
     if device.type == "cuda":
         return statistics.median(cuda_event_samples(run, repeats,
                                                     sync=lambda: guarded("prepare", sync)))
-    samples = []
-    for i in range(repeats):
-        t0 = time.perf_counter()
-        run(i)
-        samples.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(samples)
+    timer = cpu_clock or perf_counter_ms
+    return statistics.median(timer(functools.partial(run, i)) for i in range(repeats))
 
 
 def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: int = 20,
-                warmup: int = 3) -> Timing:
-    """Median/IQR of `repeats` launches of the kernel alone, L2-cold through input rotation."""
+                warmup: int = 3, cpu_clock: Callable[[Callable[[], Any]], float] | None = None
+                ) -> Timing:
+    """Median/IQR of `repeats` launches of the kernel alone, L2-cold through input rotation.
 
+    `cpu_clock(call) -> ms` runs one call (a launch, or a prepare) on the CPU and says what it
+    counts for (a CPU family's `time_launch`); None is perf_counter_ms. A GPU is timed with CUDA
+    events only."""
+
+    if cpu_clock is not None and device.type == "cuda":
+        raise ValueError("cpu_clock is for CPU families; CUDA launches are timed with events")
     repeats = max(MIN_REPEATS, repeats)
     sync = synchronizer(device)
     q, k, v = random_inputs(problem, device, seed)
@@ -255,7 +272,7 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
         inputs.append((qi, ki, vi))
         sets.append((guarded("prepare", kernel.prepare, qi, ki, vi, sync=sync),
                      *_problem_outputs(problem, device)))
-    prepare_ms = _time_prepare(kernel, inputs, device, sync, repeats)
+    prepare_ms = _time_prepare(kernel, inputs, device, sync, repeats, cpu_clock)
 
     for i in range(max(warmup, n_sets)):
         prepared, out, lse = sets[i % n_sets]
@@ -271,15 +288,14 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
     if device.type == "cuda":
         samples = cuda_event_samples(launch, repeats, sync=lambda: guarded("run", sync))
     else:
-        for i in range(repeats):
-            t0 = time.perf_counter()
-            launch(i)
-            samples.append((time.perf_counter() - t0) * 1e3)
+        timer = cpu_clock or perf_counter_ms
+        samples = [timer(functools.partial(launch, i)) for i in range(repeats)]
     clock, temp = read_clocks(device)
     med, q1, q3, low = summarize(samples)
     return Timing(
         median_ms=med, iqr_ms=q3 - q1, q1_ms=q1, q3_ms=q3, min_ms=low, repeats=repeats,
         warmup=warmup, rotated_sets=n_sets, prepare_ms=prepare_ms,
-        clock="cuda-events" if device.type == "cuda" else "cpu-perf-counter",
+        clock=("cuda-events" if device.type == "cuda"
+               else "cpu-family-clock" if cpu_clock is not None else "cpu-perf-counter"),
         sm_clock_mhz=clock, temperature_c=temp,
     )

@@ -86,6 +86,13 @@ def _resources(kernel) -> dict | None:
     return asdict(res) if res is not None else None
 
 
+def _cpu_clock(family, kernel, device):
+    """The CPU family's own clock for one launch (`time_launch`, variants/base.py), else None
+    (perf_counter). Only a CPU family's: a GPU is always timed with CUDA events."""
+    time_launch = getattr(family, "time_launch", None) if device.type == "cpu" else None
+    return None if time_launch is None else (lambda launch: time_launch(kernel, launch))
+
+
 def _evaluate(task: Task) -> CandidateResult:
     import torch
 
@@ -98,7 +105,7 @@ def _evaluate(task: Task) -> CandidateResult:
         # A CPU double shares the cores with the compile pool and the search; torch's spinning
         # intra-op threads then stretch a 2 ms call to ~100 ms on a 2-core machine.
         torch.set_num_threads(1)
-    _, kernel, compile_s = _compile(task)
+    family, kernel, compile_s = _compile(task)
     problem = Problem(**task.problem)
     # Validation inputs differ from the timing inputs (seed + 1): fresh data for each.
     t0 = time.perf_counter()
@@ -109,7 +116,8 @@ def _evaluate(task: Task) -> CandidateResult:
                                accuracy=metrics.to_dict())
     t0 = time.perf_counter()
     timing = time_kernel(kernel, problem, device, task.seed + 2, task.l2_bytes,
-                         repeats=task.repeats, warmup=task.warmup)
+                         repeats=task.repeats, warmup=task.warmup,
+                         cpu_clock=_cpu_clock(family, kernel, device))
     # Wall time of each stage (inputs, reference, launches): where a search's time goes.
     stages = {"validate_s": round(validate_s, 4), "time_s": round(time.perf_counter() - t0, 4)}
     return CandidateResult(Outcome.OK, None, compile_s, _resources(kernel),

@@ -7,6 +7,14 @@ A family module provides:
   can_implement(cfg, problem, gpu)        -> (ok, reason): THE single statement of the constraints
   compile(cfg, problem, arch) -> Kernel   cached CuTe-DSL build; works with fake tensors on a CPU
 
+A family whose kernels run on the CPU (the test doubles in tests/doubles/) also declares
+  DEVICE = "cpu"                          the tuner needs no GPU for it (tuner/search/target.py)
+and may provide
+  time_launch(kernel, call) -> float      runs call() once (a kernel.run or a kernel.prepare)
+                                          and returns the ms it counts for (a modelled cost);
+                                          without it perf_counter times the call.
+Real families declare neither: CUDA events time a GPU launch (tuner/measure.py).
+
 The tuner never looks inside a Kernel beyond `resources`, `prepare` and `run`.
 """
 

@@ -1,7 +1,10 @@
 """The fake family with a space larger than any test's trial budget: the search must pick TPE.
 
 Same planted failures and feasibility rule as fake_family on (tile, stages); two more knobs widen
-the space to 384 points (about 230 feasible) and shift the cost a little.
+the space to 384 points (140 feasible, tests/test_search.py) and shift the cost a little. Timed
+by the base family's modelled clock (`time_launch`): the value told to TPE for a config is the
+same on a loaded machine as on an idle one (which trials are told before each proposal can still
+depend on the pipeline's timing).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 from tests.doubles import fake_family as _base
-from tests.doubles.fake_family import FakeKernel, _log_compile  # noqa: F401
+from tests.doubles.fake_family import FakeKernel, _log_compile, time_launch  # noqa: F401
 from variants.base import ConfigMixin
 
 DEVICE = "cpu"

@@ -2,11 +2,13 @@
 
 Three configs, all feasible and correct: the default (tile 64) and two that are faster by
 LEAD_MS and 2 * LEAD_MS. Every kernel instance alternates between its cost and its cost plus
-JITTER_MS from one call to the next, so any run of repeats has an IQR of about JITTER_MS (the
-inclusive quartiles of an even number of alternating samples are the low and the high value)
-while the medians keep their order. JITTER_MS is 4x the largest lead, far more than a loaded
-2-core machine moves a median by: the fastest candidate measures fastest, and the search must
-still keep the default ("beaten by more than the IQR", tuner.search.pick_winner).
+JITTER_MS from one call to the next: deterministic noise, which the base family's `time_launch`
+reports as measured (not the sleep's wall time, which a loaded machine stretches). An even number
+of repeats (the tests use 10) then has an IQR of exactly JITTER_MS (the inclusive quartiles of
+alternating samples are the low and the high value) and a median of cost + JITTER_MS / 2, in
+the cost order. JITTER_MS is 4x the largest lead: the fastest candidate measures fastest, and
+the search must still keep the default ("beaten by more than the IQR",
+tuner.search.pick_winner).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tests.doubles import fake_family as _base
+from tests.doubles.fake_family import time_launch  # noqa: F401 - the modelled clock, jitter too
 from variants.base import ConfigMixin
 
 DEVICE = "cpu"

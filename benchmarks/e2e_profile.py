@@ -2,6 +2,7 @@
 of one call, and the GPU's time per launch (torch.profiler, CUPTI kernel records).
 
     python3 benchmarks/e2e_profile.py [--shapes 1,4096,56,128 4,1024,32,128] [--out DIR]
+                                      [--cprofile]   # also the host's hottest functions
 
 Host costs are perf_counter over many calls queued without a sync (the GPU stays behind, so
 nothing waits on it); GPU times are the profiler's per-kernel durations, averaged per call.
@@ -11,45 +12,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections import defaultdict
 from pathlib import Path
 
 import torch
+from call_timing import gpu_kernels, host_and_wall_us
 
 DEFAULT_SHAPES = ("1,4096,56,128", "4,1024,32,128", "1,8192,56,128", "2,4608,24,128")
 
 
 def host_us(fn, calls: int = 200) -> float:
     """Mean host microseconds per call of fn, the GPU left to drain after the loop."""
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    host = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return host
+    return host_and_wall_us(fn, calls)[0]
 
 
 def gpu_launches(fn, calls: int = 5) -> list[tuple[str, float, int]]:
     """(kernel name, GPU us per call, launches per call) of fn, from the profiler."""
-    from torch.profiler import ProfilerActivity, profile
+    return gpu_kernels(fn, calls)
 
-    fn()
+
+def host_hot_spots(fn, calls: int = 2000, rows: int = 25) -> str:
+    """cProfile of `calls` calls of fn: the functions with the most own time (the profiler
+    inflates every Python call, so read the shares, not the absolute times)."""
+    import cProfile
+    import io
+    import pstats
+
+    host_us(fn, 50)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    total = defaultdict(float)
-    count = defaultdict(int)
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            total[evt.name] += evt.device_time
-            count[evt.name] += 1
-    return sorted(((name[:90], total[name] / calls, count[name] // calls) for name in total),
-                  key=lambda row: -row[1])
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(rows)
+    return text.getvalue()
 
 
 def _launch_parts(kernel, prepared, out, lse, q) -> dict:
@@ -71,7 +68,10 @@ def _launch_parts(kernel, prepared, out, lse, q) -> dict:
     }
 
 
-def profile_shape(shape: tuple[int, int, int, int]) -> dict:
+def profile_shape(shape: tuple[int, int, int, int], with_gpu: bool = False) -> dict:
+    """The host stages of one shape, or with_gpu its GPU launches (main runs every shape's host
+    stages first: once torch.profiler has run in a process, CUPTI stays subscribed and every
+    later launch costs more host time)."""
     import tuner
     from tuner.runtime import _kernel_for, load_best_config, run_attention
     from variants.prepare import check_qkv
@@ -103,24 +103,25 @@ def profile_shape(shape: tuple[int, int, int, int]) -> dict:
         "run (kernel launch)": host_us(lambda: kernel.run(prepared, out=out, lse=lse)),
         **_launch_parts(kernel, prepared, out, lse, q),
     }
-    gpu = {
+    if not with_gpu:
+        return {"shape": shape, "config": best.config.short(), "source": best.source,
+                "host_us": host}
+    return {
         "attention()": gpu_launches(lambda: tuner.attention(q, k, v, check_finite=False)),
         "prepare": gpu_launches(lambda: kernel.prepare(q, k, v, validate=False)),
     }
-    return {"shape": shape, "config": best.config.short(), "source": best.source,
-            "host_us": host, "gpu": gpu}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=list(DEFAULT_SHAPES))
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--cprofile", action="store_true")
     args = parser.parse_args()
-    results = []
-    for text in args.shapes:
-        shape = tuple(int(x) for x in text.split(","))
-        res = profile_shape(shape)
-        results.append(res)
+    shapes = [tuple(int(x) for x in text.split(",")) for text in args.shapes]
+    results = [profile_shape(shape) for shape in shapes]
+    for shape, res in zip(shapes, results, strict=True):
+        res["gpu"] = profile_shape(shape, with_gpu=True)
         print(f"\n## B, S, H, D = {shape} ({res['config']}, {res['source']}), measured on "
               f"{torch.cuda.get_device_name()}")
         print("| host stage | us per call |\n|---|---|")
@@ -131,6 +132,11 @@ def main() -> None:
             print("| kernel | us per call | launches |\n|---|---|---|")
             for name, us, n in rows:
                 print(f"| `{name}` | {us:.1f} | {n} |")
+        if args.cprofile:
+            import tuner
+
+            q = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+            print(host_hot_spots(lambda q=q: tuner.attention(q, q, q)))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "e2e_profile.json").write_text(json.dumps(results, indent=1))

@@ -8,14 +8,12 @@ kernels at one shape, from the profiler, beside the bytes each must move and the
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
 
 import torch
+from call_timing import gpu_kernels
 
 
 def main() -> None:
-    from torch.profiler import ProfilerActivity, profile
-
     from variants.prepare import quantize_inputs
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -35,37 +33,41 @@ def main() -> None:
         return quantize_inputs(q, k, v, pad_to=128, permute_keys=fm, v_feature_major=fm,
                                validate=False)
 
-    for _ in range(3):
-        prep()
-        dst.copy_(src)
-    torch.cuda.synchronize()
     calls = 10
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+    def prepare_then_copy():
         for _ in range(calls):
             prep()
         dst.copy_(src)
-        torch.cuda.synchronize()
-    total, count = defaultdict(float), defaultdict(int)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            name = ("amax" if "HeadAbsMax" in e.name else "cast" if "ScaledCast" in e.name
-                    else "copy 2 GiB" if "copy" in e.name.lower() or "memcpy" in e.name.lower()
-                    else e.name[:40])
-            total[name] += e.device_time
-            count[name] += 1
+
+    def kind(name: str) -> str:
+        if "copy" in name.lower() or "memcpy" in name.lower():
+            return "copy 2 GiB"
+        return ("amax" if "HeadAbsMax" in name else "cast" if "ScaledCast" in name
+                else "cast+amax" if "CastThenAmax" in name else name[:40])
+
+    # Per call of prepare_then_copy: `calls` prepares and one 2 GiB copy.
+    rows = gpu_kernels(prepare_then_copy, 1, name=kind)
+    total = {name: us for name, us, _ in rows}
+    count = {name: n for name, _, n in rows}
     tensor_bytes = q.numel() * 2
     copy_bw = 2 * src.numel() * 2 / (total["copy 2 GiB"] * 1e-6)
     print(f"shape {shape}, V {args.v_layout}, measured on {torch.cuda.get_device_name()}; "
           f"copy bandwidth {copy_bw / 1e12:.2f} TB/s")
     print("| kernel | launches per prepare | us per launch | GB/s (bf16 read, + fp8 write "
           "for cast) |\n|---|---|---|---|")
-    for name in ("amax", "cast"):
+    # Bytes per launch in units of one bf16 input: amax reads it; cast reads it and writes its
+    # codes (half as many bytes); cast+amax does a cast and the next input's amax.
+    moves = {"amax": 1.0, "cast": 1.5, "cast+amax": 2.5}
+    for name in moves:
+        if name not in count:
+            continue
         n = count[name] // calls
         us = total[name] / count[name]
-        moved = tensor_bytes * (1.0 if name == "amax" else 1.5)
+        moved = tensor_bytes * moves[name]
         print(f"| {name} | {n} | {us:.1f} | {moved / (us * 1e-6) / 1e9:.0f} |")
     for name in total:
-        if name not in ("amax", "cast", "copy 2 GiB"):
+        if name not in (*moves, "copy 2 GiB"):
             print(f"| {name} | {count[name] // calls} | {total[name] / count[name]:.1f} | |")
 
 

@@ -46,7 +46,7 @@ def _values(launcher: FastLaunch, seed: int) -> tuple:
 
 @pytest.mark.parametrize("name, feature_major, permute_keys, rescale", [
     ("amax", False, False, True), ("cast", False, False, True), ("cast", True, True, True),
-    ("cast", True, False, False)])
+    ("cast", True, False, False), ("cast_then_amax", False, False, True)])
 def test_quantize_kernel_cells_match_the_dsl(name, feature_major, permute_keys, rescale):
     dtype = torch.float8_e4m3fn if not rescale else torch.bfloat16
     fn, kernel_slots = compile_kernel(name, dtype, 128, "sm_90a", feature_major, permute_keys,
@@ -72,3 +72,68 @@ def test_attention_cells_match_the_dsl(family, tmp_path, monkeypatch):
     launcher = FastLaunch(kernel._fn, slots(extra))
     dsl, ours = _marshalled_bytes(kernel._fn, launcher, _values(launcher, 3))
     assert ours == dsl
+
+
+def _executor_of():
+    """The DSL's own executor class, as a first launch builds it, over a stand-in module: a
+    compile without a GPU has no host stub to call, and the packing and the result cell under
+    test are the executor's code, not the stub's."""
+    from types import SimpleNamespace
+
+    from cutlass.base_dsl.jit_executor import JitExecutor
+
+    stub = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(lambda packed: 0)
+    return JitExecutor(SimpleNamespace(capi_func=stub), None, False)
+
+
+def test_direct_path_packs_what_the_executor_packs(monkeypatch):
+    from variants import launch
+
+    fn, kernel_slots = compile_kernel("amax", torch.bfloat16, 128, "sm_90a")
+    launcher = FastLaunch(fn, kernel_slots)
+    executor = _executor_of()
+    monkeypatch.setattr(fn, "_default_executor", executor, raising=False)
+    stub, packed, result = launch._direct_entry(fn, launcher._addresses)
+    expected = executor._get_invoke_packed_args(launcher._addresses)
+    total = len(launcher._addresses) + executor._num_extra_args
+    assert list(packed) == list(expected[:total])
+    assert list(packed[:len(launcher._addresses)]) == launcher._addresses
+    assert stub is executor.capi_func and result is executor.cuda_result
+
+
+def test_direct_path_fills_the_cells_and_reports_a_failed_launch(monkeypatch):
+    """The stub called with the packed array after the cells hold this launch's values; a CUDA
+    error the stub writes into the result cell raises instead of passing silently."""
+
+    fn, kernel_slots = compile_kernel("amax", torch.bfloat16, 128, "sm_90a")
+    launcher = FastLaunch(fn, kernel_slots)
+    result = ctypes.c_int32(0)
+    seen = []
+
+    def stub(packed):
+        seen.append([ctypes.string_at(packed[i], ctypes.sizeof(cell))
+                     for i, cell in enumerate(launcher._cells)])
+        result.value = code
+
+    launcher._direct = (stub, (ctypes.c_void_p * len(launcher._addresses))(
+        *launcher._addresses), result)
+    values = _values(launcher, 5)
+    code = 0
+    launcher(*values)
+    assert seen[0] == [bytes(cell) for cell in launcher._cells]
+    assert launcher._cells[-1].value == values[-1]  # the stream cell holds this launch's stream
+    code = 700  # cudaErrorIllegalAddress
+    with pytest.raises(RuntimeError, match="kernel launch failed"):
+        launcher(*values)
+
+
+def test_no_direct_path_without_the_executor_attributes():
+    """Another DSL layout (no executor, or one without the packing method): launches stay on
+    run_compiled_program."""
+    from variants import launch
+
+    class Bare:
+        _default_executor = object()
+
+    assert launch._direct_entry(Bare(), [1, 2]) is None
+    assert launch._direct_entry(object(), [1, 2]) is None

@@ -42,6 +42,23 @@ def test_amax_ptx_propagates_nan_and_reduces_per_warp(arch, tmp_path):
     assert ptx.count("ld.global.v4.b32") == 2 * ROWS_PER_THREAD
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_cast_then_amax_is_one_launch_of_both(arch, tmp_path):
+    """The fused launch (cast of one input, amax of the next) holds the cast's arithmetic and the
+    amax's NaN-propagating reduction, each once: one kernel, both bodies."""
+    compile_kernel("cast_then_amax", torch.bfloat16, 128, arch, keep_ptx_in=str(tmp_path),
+                   chunks_per_cta=2)
+    ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
+    assert ptx.count(".entry ") == 1
+    assert ptx.count("rcp.rn.f32") == 1 and "approx" not in ptx
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == 4 * ROWS_PER_THREAD
+    assert ptx.count("st.global.v2.b32") == ROWS_PER_THREAD
+    assert "max.NaN.f32" in ptx and "max.f32" not in ptx
+    assert ptx.count("atom.global.max.s32") == 1
+    # The cast's rows, then the amax's full chunks (2 per CTA, unrolled) and its tail.
+    assert ptx.count("ld.global.v4.b32") == ROWS_PER_THREAD * (1 + 2 + 2)
+
+
 @pytest.mark.parametrize("permute_keys", [False, True])
 def test_feature_major_ptx_transposes_through_shared_memory(permute_keys, tmp_path):
     """V written (batch, heads, head_dim, padded) by the cast itself: a thread casts 8 keys' rows

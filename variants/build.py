@@ -293,9 +293,10 @@ class CompiledKernel:
             out = torch.empty((batch, s, heads, head_dim), dtype=torch.bfloat16, device=device)
         if lse is None:
             lse = torch.empty((batch, heads, s), dtype=torch.float32, device=device)
+        from variants.launch import current_stream_handle
+
         launcher, extra = self._launcher(device)
-        launcher(*launch_values(prepared, out, lse, torch.cuda.current_stream(device).cuda_stream,
-                                extra=extra))
+        launcher(*launch_values(prepared, out, lse, current_stream_handle(device), extra=extra))
         return out, lse
 
 

@@ -9,9 +9,18 @@ What the marshalling produces is one C cell per argument and a list of the cells
 it hands to `run_compiled_program` (a public method of the compiled function). FastLaunch keeps one
 ctypes cell per argument, allocated once, overwrites their values per launch and calls that same
 method with the same addresses. The first launch goes through the DSL's own call, which also checks
-the arguments against the compiled signature. tests/test_launch.py checks on the CPU, for the
-quantize kernels and an attention kernel, that the cells hold byte for byte what the DSL's
-marshalling writes for the same values; tests/gpu/test_runtime_gpu.py that outputs are bit-identical
+the arguments against the compiled signature.
+
+run_compiled_program itself still rebuilds the packed argument array on every launch, a Python
+loop over the addresses (~4 us for 13 arguments) before it calls the compiled host stub. Since the
+cells never move, that array is the same every time: after the first launch FastLaunch copies it
+once from the function's executor and then calls the stub with it directly, reading the CUDA
+result the stub writes as run_compiled_program does. Where the executor lacks the attributes this
+relies on (another DSL version), launches stay on run_compiled_program.
+
+tests/test_launch.py checks on the CPU, for the quantize kernels and an attention kernel, that the
+cells hold byte for byte what the DSL's marshalling writes for the same values, and that the
+packed array is the executor's own; tests/gpu/test_runtime_gpu.py that outputs are bit-identical
 to a launch through the DSL's call.
 """
 
@@ -21,7 +30,7 @@ import ctypes
 import threading
 from dataclasses import dataclass
 
-__all__ = ["FastLaunch", "Slot", "pointer", "scalar", "STREAM"]
+__all__ = ["FastLaunch", "Slot", "current_stream_handle", "pointer", "scalar", "STREAM"]
 
 
 @dataclass(frozen=True)
@@ -75,6 +84,7 @@ class FastLaunch:
         self._cells = [slot.cell() for slot in self.slots]
         self._addresses = [ctypes.addressof(cell) for cell in self._cells]
         self._checked = False
+        self._direct = None  # (host stub, packed argument array, CUDA result cell or None)
         # The cells are shared state: two threads launching at once must not interleave writes.
         self._lock = threading.Lock()
 
@@ -89,9 +99,66 @@ class FastLaunch:
 
     def __call__(self, *values) -> None:
         with self._lock:
+            if self._direct is not None:
+                stub, packed, result = self._direct
+                self.fill(values)
+                stub(packed)
+                if result is not None and result.value:
+                    raise RuntimeError(f"kernel launch failed: {_cuda_error_name(result.value)}")
+                return
             if not self._checked:
                 # Once through the DSL's checked call (it also creates the function's executor).
                 self._fn(*self.dsl_args(values))
                 self._checked = True
+                self._direct = _direct_entry(self._fn, self._addresses)
                 return
             self._fn.run_compiled_program(self.fill(values))
+
+    @property
+    def direct(self) -> bool:
+        """Whether launches call the host stub directly (see the module docstring)."""
+        return self._direct is not None
+
+
+def _direct_entry(fn, addresses: list[int]):
+    """(host stub, packed arguments, result cell) of fn's executor for these cell addresses, as
+    its run_compiled_program would pack them, or None where the executor does not expose them."""
+    executor = getattr(fn, "_default_executor", None)
+    pack = getattr(executor, "_get_invoke_packed_args", None)
+    stub = getattr(executor, "capi_func", None)
+    extra = getattr(executor, "_num_extra_args", None)
+    if pack is None or stub is None or not isinstance(extra, int):
+        return None
+    try:
+        built = pack(addresses)
+        packed = (ctypes.c_void_p * (len(addresses) + extra))(
+            *built[:len(addresses) + extra])
+    except Exception:  # noqa: BLE001 - an executor of another layout: the checked path stays
+        return None
+    if list(packed[:len(addresses)]) != addresses:
+        return None
+    result = executor.cuda_result if getattr(executor, "_has_cuda_result", False) else None
+    return stub, packed, result
+
+
+def _cuda_error_name(code: int) -> str:
+    try:
+        from cuda.bindings import runtime
+
+        err, name = runtime.cudaGetErrorName(runtime.cudaError_t(code))
+        return f"{name.decode()} ({code})"
+    except Exception:  # noqa: BLE001 - the code alone still says what happened
+        return f"CUDA error {code}"
+
+
+def current_stream_handle(device) -> int:
+    """torch's current stream on a CUDA device as a raw handle: torch's raw-stream query (~0.3 us,
+    what Triton's launcher uses) where this torch build has it, else the public
+    torch.cuda.current_stream (~3 us on the H200's host, the Stream object it builds)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream

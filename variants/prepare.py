@@ -204,7 +204,9 @@ def check_finite_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> No
 
 
 def _capturing() -> bool:
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+    # is_initialized, not is_available: no capture runs before CUDA is initialized, and
+    # is_available asks NVML (~10 us of host time per call on the H200's host).
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 @functools.lru_cache(maxsize=64)
@@ -264,9 +266,21 @@ def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
     return out
 
 
+@dataclass(frozen=True)
+class _QuantKernels:
+    """prepare's launchers of variants/quantize_kernel.py for one set of inputs: amax(q), then
+    cast(q) + amax(k), cast(k) + amax(v) (cast_then_amax), then V's cast; the FP8 entry point
+    uses only the casts (cast_qk for q and k, which need no amax)."""
+
+    amax: object | None
+    cast_then_amax: object | None
+    cast_qk: object | None
+    cast_v: object
+
+
 def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int, *,
                  v_feature_major: bool, permute_keys: bool, rescale: bool = True):
-    """(amax, q/k cast, v cast) launchers of variants/quantize_kernel.py for these inputs, or None
+    """The launchers of variants/quantize_kernel.py for these inputs (_QuantKernels), or None
     where they do not apply: contiguous, 16-byte aligned CUDA tensors of one dtype with 32-bit
     offsets into the padded outputs. Inside a CUDA-graph capture they are used only if compiled
     already (compiling loads a module, which a capture must not see); the torch path gives the
@@ -284,41 +298,66 @@ def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
         return None
     args = (q.dtype, q.shape[-1], q.device)
     now = not _capturing()
-    amax = None
-    if rescale:
-        per_cta = quantize_kernel.amax_chunks_per_cta(q.shape[0], q.shape[2], q.shape[1],
-                                                      q.shape[3], q.device)
-        amax = quantize_kernel.compiled("amax", *args, chunks_per_cta=per_cta, compile_now=now)
-    cast_qk = quantize_kernel.compiled("cast", *args, rescale=rescale, compile_now=now)
     cast_v = quantize_kernel.compiled("cast", *args, feature_major=v_feature_major,
                                       permute_keys=permute_keys, rescale=rescale,
                                       compile_now=now)
-    if cast_qk is None or cast_v is None or (rescale and amax is None):
+    if not rescale:
+        cast_qk = quantize_kernel.compiled("cast", *args, rescale=False, compile_now=now)
+        if cast_qk is None or cast_v is None:
+            return None
+        return _QuantKernels(None, None, cast_qk, cast_v)
+    per_cta = quantize_kernel.amax_chunks_per_cta(q.shape[0], q.shape[2], q.shape[1],
+                                                  q.shape[3], q.device)
+    amax = quantize_kernel.compiled("amax", *args, chunks_per_cta=per_cta, compile_now=now)
+    fused = quantize_kernel.compiled("cast_then_amax", *args, chunks_per_cta=per_cta,
+                                     compile_now=now)
+    if amax is None or fused is None or cast_v is None:
         return None
-    return amax, cast_qk, cast_v
+    return _QuantKernels(amax, fused, None, cast_v)
 
 
-def _quantize_on_gpu(kernels, q, k, v, padded: int, v_feature_major: bool):
-    """codes of q, k, v and their descales (batch, heads, 3) by the GPU kernels: per input, its
-    amax, then its cast (the cast's first CTAs read what the amax read last, from L2)."""
-    amax_launch, cast_qk, cast_v = kernels
+def _quantize_on_gpu(kernels: _QuantKernels, q, k, v, padded: int, v_feature_major: bool):
+    """codes of q, k, v and their descales (batch, heads, 3) by the GPU kernels, four launches:
+    amax(q); cast(q) + amax(k); cast(k) + amax(v); cast(v). Every cast's first CTAs read what
+    its input's amax read last, from L2."""
+    from variants.launch import current_stream_handle
+
     batch, seq_len, heads, head_dim = q.shape
     device = q.device
-    amax = torch.zeros((3, batch, heads), dtype=torch.float32, device=device)
-    descale = torch.empty((batch, heads, 3), dtype=torch.float32, device=device)
+    stream = current_stream_handle(device)
+    # Few allocations (each ~3-7 us of host time): descale (batch, heads, 3) and the amax
+    # scratch (3, batch, heads) share one, q's and k's codes another.
+    heads_total = batch * heads
+    scalars = torch.empty(6 * heads_total, dtype=torch.float32, device=device)
+    descale = scalars[:3 * heads_total].view(batch, heads, 3)
+    descale_at = scalars.data_ptr()
+    amax_at = descale_at + 4 * 3 * heads_total
+    _zero_on_stream(amax_at, 3 * heads_total, stream)
     natural = (batch, padded, heads, head_dim)
     v_shape = (batch, heads, head_dim, padded) if v_feature_major else natural
-    outs = tuple(torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
-                 for shape in (natural, natural, v_shape))
-    stream = torch.cuda.current_stream(device).cuda_stream
-    amax_at, descale_at = amax.data_ptr(), descale.data_ptr()
-    for index, (x, out) in enumerate(zip((q, k, v), outs, strict=True)):
-        slot = amax_at + 4 * index * batch * heads  # amax[index]
-        amax_launch(x.data_ptr(), slot, batch, seq_len, heads, stream)
-        cast = cast_v if index == 2 else cast_qk
-        cast(x.data_ptr(), slot, descale_at + 4 * index, out.data_ptr(), batch, seq_len, padded,
-             heads, stream)
+    q8, k8 = torch.empty((2, *natural), dtype=torch.float8_e4m3fn, device=device).unbind(0)
+    outs = (q8, k8, torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device))
+    slots = [amax_at + 4 * index * heads_total for index in range(3)]  # amax[index]
+    inputs = (q.data_ptr(), k.data_ptr(), v.data_ptr())
+    kernels.amax(inputs[0], slots[0], batch, seq_len, heads, stream)
+    for index in (0, 1):  # cast q or k, and the amax of the input after it
+        kernels.cast_then_amax(inputs[index], slots[index], descale_at + 4 * index,
+                               outs[index].data_ptr(), inputs[index + 1], slots[index + 1],
+                               batch, seq_len, padded, heads, seq_len, heads, stream)
+    kernels.cast_v(inputs[2], slots[2], descale_at + 8, outs[2].data_ptr(), batch, seq_len,
+                   padded, heads, stream)
     return outs, descale
+
+
+def _zero_on_stream(address: int, count: int, stream: int) -> None:
+    """count 4-byte words at address = 0 on the stream by one driver memset: ~2 us of host time,
+    where torch.zeros costs ~11 us (an allocation and a fill kernel through the dispatcher) on
+    the H200's host, and the amax scratch is zeroed on every call."""
+    from cuda.bindings import driver
+
+    (err,) = driver.cuMemsetD32Async(address, 0, count, stream)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"zeroing prepare's amax scratch failed: {err}")
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -412,6 +451,8 @@ def fp8_inputs(
     if not (as_is and q.is_contiguous() and k.is_contiguous() and natural_v):
         kernels = _gpu_kernels(q, k, v, padded, v_feature_major=v_feature_major,
                                permute_keys=permute_keys, rescale=False)
+    from variants.launch import current_stream_handle
+
     out = []
     for index, x in enumerate((q, k, v)):
         is_v = index == 2
@@ -422,9 +463,9 @@ def fp8_inputs(
             layout = torch.empty((batch, heads, head_dim, padded) if feature_major
                                  else (batch, padded, heads, head_dim),
                                  dtype=torch.float8_e4m3fn, device=x.device)
-            cast = kernels[2] if is_v else kernels[1]
+            cast = kernels.cast_v if is_v else kernels.cast_qk
             cast(x.data_ptr(), 0, 0, layout.data_ptr(), batch, seq_len, padded, heads,
-                 torch.cuda.current_stream(x.device).cuda_stream)
+                 current_stream_handle(x.device))
             out.append(layout)
         else:
             natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,

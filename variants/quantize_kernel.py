@@ -1,4 +1,4 @@
-"""prepare's GPU work as two CuTe DSL kernels per input: the per-head amax, then the e4m3 cast.
+"""prepare's GPU work as CuTe DSL kernels: per input, the per-head amax, then the e4m3 cast.
 
     HeadAbsMax:  amax[b, h] = max |x[b, s, h, :]| over s < seq_len (amax zeroed before)
     ScaledCast:  out[b, s, h, :] = e4m3(x[b, s, h, :] * (448 / max(amax[b, h], tiny))), zero past
@@ -18,7 +18,10 @@ amax is NaN-propagating (IEEE maximum, FMNMX.NaN, then an integer atomic max on 
 where a positive NaN sorts above +Inf): a NaN input gives NaN scales and a NaN output, never a
 silently finite one. The cast runs its CTAs in the reverse order of the amax's, so that its first
 CTAs read what the amax read last, still in L2 (50 MB on the H200, a whole input up to ~25 M
-elements): prepare runs amax then cast per input, not all amaxes first.
+elements): prepare runs amax then cast per input, not all amaxes first. CastThenAmax does the
+cast of one input and the amax of the next in one launch, so that prepare launches
+amax(q), cast(q) + amax(k), cast(k) + amax(v), cast(v): four launches, each input's cast still
+right after its own amax.
 
 The arithmetic is the plain formula's (x converted to fp32, one fp32 division for the scale, one
 fp32 multiply, round to nearest even), and the clamp to +-448 is the saturation every PTX f32 ->
@@ -122,10 +125,15 @@ class HeadAbsMax(_Chunked):
     @cute.kernel
     def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, seq_len: cutlass.Int32,
                heads: cutlass.Int32):
-        tidx, _, _ = cute.arch.thread_idx()
         # Heads fastest: the CTAs resident at one time read one contiguous span of tokens
         # (all heads of them), which DRAM serves faster than one head's rows across the input.
         bh, group, _ = cute.arch.block_idx()
+        self.amax_cta(x_ptr, amax_ptr, bh, group, seq_len, heads)
+
+    @cute.jit
+    def amax_cta(self, x_ptr, amax_ptr, bh, group, seq_len, heads):
+        """One CTA's part: the max over its chunks of (batch, head) bh, into amax[bh]."""
+        tidx, _, _ = cute.arch.thread_idx()
         b = bh // heads
         h = bh % heads
         row = tidx // self.lanes
@@ -208,12 +216,18 @@ class ScaledCast(_Chunked):
     def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
                out_ptr: cute.Pointer, seq_len: cutlass.Int32, padded: cutlass.Int32,
                heads: cutlass.Int32, SharedStorage: cutlass.Constexpr):
-        tidx, _, _ = cute.arch.thread_idx()
         bidx, bidy, _ = cute.arch.block_idx()
         nbh, ngroups, _ = cute.arch.grid_dim()
         # Reverse of HeadAbsMax's order: the first CTAs read what it read last (in L2).
-        bh = nbh - 1 - bidx
-        group = ngroups - 1 - bidy
+        self.cast_cta(x_ptr, amax_ptr, descale_ptr, out_ptr, nbh - 1 - bidx, ngroups - 1 - bidy,
+                      seq_len, padded, heads, SharedStorage)
+
+    @cute.jit
+    def cast_cta(self, x_ptr, amax_ptr, descale_ptr, out_ptr, bh, group, seq_len, padded, heads,
+                 SharedStorage: cutlass.Constexpr):
+        """One CTA's part: the codes of its chunks of (batch, head) bh (and, from its group 0,
+        the descale)."""
+        tidx, _, _ = cute.arch.thread_idx()
         b = bh // heads
         h = bh % heads
         row = tidx // self.lanes
@@ -310,18 +324,86 @@ class ScaledCast(_Chunked):
         cute.arch.sync_threads()  # the next chunk of this CTA reuses the tile
 
 
+class CastThenAmax:
+    """One launch for two steps of prepare: the token-major cast of one input (q or k) and the amax
+    of the next (k or v), so that prepare launches four kernels for three inputs, not six (each
+    launch costs ~8 us of host time in the DSL's host stub on the H200's host, and at B=4 S=1024
+    H=32 the host was the bound). The grid is 1-D: the cast's CTAs first, in the reverse of the
+    amax's order as ScaledCast runs them (their first CTAs read what the previous launch's amax
+    read last, from L2), then the next input's amax CTAs, heads fastest as HeadAbsMax, whose
+    reads leave that input's tail in L2 for its cast in the next launch."""
+
+    def __init__(self, in_dtype, head_dim: int, amax_chunks_per_cta: int = CHUNKS_PER_CTA) -> None:
+        self.in_dtype = in_dtype
+        self.cast = ScaledCast(in_dtype, head_dim)
+        self.amax = HeadAbsMax(in_dtype, head_dim, amax_chunks_per_cta)
+
+    def slots(self):
+        x = pointer(self.in_dtype.__name__, _input_align(self.in_dtype))
+        f32 = pointer("Float32", 4)
+        return (x, f32, f32, pointer("Float8E4M3FN", VEC), x, f32,
+                *(scalar("Int32"),) * 6, STREAM)
+
+    def compile_args(self):
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        gmem = cute.AddressSpace.gmem
+        x = make_ptr(self.in_dtype, 0, gmem, assumed_align=_input_align(self.in_dtype))
+        f32 = make_ptr(cutlass.Float32, 0, gmem, assumed_align=4)
+        return (x, f32, f32, make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=VEC), x, f32,
+                *(cutlass.Int32(1),) * 6, make_fake_stream())
+
+    @cute.jit
+    def __call__(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
+                 out_ptr: cute.Pointer, next_ptr: cute.Pointer, next_amax_ptr: cute.Pointer,
+                 batch: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
+                 heads: cutlass.Int32, next_seq_len: cutlass.Int32, next_heads: cutlass.Int32,
+                 stream: cuda.CUstream):
+        @cute.struct
+        class SharedStorage:  # the token-major cast needs no tile: a token allocation
+            tile: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, 16], 16]
+
+        cast_ctas = batch * heads * self.cast._groups(padded)
+        amax_ctas = batch * next_heads * self.amax._groups(next_seq_len)
+        self.kernel(x_ptr, amax_ptr, descale_ptr, out_ptr, next_ptr, next_amax_ptr, seq_len,
+                    padded, heads, next_seq_len, next_heads, batch * heads, cast_ctas,
+                    batch * next_heads, SharedStorage).launch(
+            grid=[cast_ctas + amax_ctas, 1, 1], block=[THREADS, 1, 1],
+            smem=SharedStorage.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
+               out_ptr: cute.Pointer, next_ptr: cute.Pointer, next_amax_ptr: cute.Pointer,
+               seq_len: cutlass.Int32, padded: cutlass.Int32, heads: cutlass.Int32,
+               next_seq_len: cutlass.Int32, next_heads: cutlass.Int32, cast_bh: cutlass.Int32,
+               cast_ctas: cutlass.Int32, next_bh: cutlass.Int32,
+               SharedStorage: cutlass.Constexpr):
+        cta, _, _ = cute.arch.block_idx()
+        if cta < cast_ctas:
+            reverse = cast_ctas - 1 - cta
+            self.cast.cast_cta(x_ptr, amax_ptr, descale_ptr, out_ptr, reverse % cast_bh,
+                               reverse // cast_bh, seq_len, padded, heads, SharedStorage)
+        else:
+            rest = cta - cast_ctas
+            self.amax.amax_cta(next_ptr, next_amax_ptr, rest % next_bh, rest // next_bh,
+                               next_seq_len, next_heads)
+
+
 def _make(name: str, in_dtype, head_dim: int, feature_major: bool, permute_keys: bool,
           rescale: bool, chunks_per_cta: int):
     if name == "amax":
         return HeadAbsMax(in_dtype, head_dim, chunks_per_cta)
+    if name == "cast_then_amax":  # chunks_per_cta: the next input's amax's
+        return CastThenAmax(in_dtype, head_dim, chunks_per_cta)
     return ScaledCast(in_dtype, head_dim, feature_major, permute_keys, rescale, chunks_per_cta)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    feature_major: bool = False, permute_keys: bool = False, rescale: bool = True,
                    *, keep_ptx_in: str | None = None, chunks_per_cta: int = CHUNKS_PER_CTA):
-    """(compiled function, its launch slots) of "amax" or "cast" for `arch` (no GPU needed, like
-    the attention kernels); keep_ptx_in: a directory to leave the PTX in (the CPU tests read it)."""
+    """(compiled function, its launch slots) of "amax", "cast" or "cast_then_amax" for `arch` (no
+    GPU needed, like the attention kernels); keep_ptx_in: a directory to leave the PTX in (the CPU
+    tests read it)."""
     from variants.dsl_compile import compile_for_arch
 
     kernel = _make(name, _dsl_dtype(in_dtype), head_dim, feature_major, permute_keys, rescale,

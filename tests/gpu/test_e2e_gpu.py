@@ -10,7 +10,7 @@ import tuner
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from variants import load_family
+from variants import load_family, quantize_kernel
 from variants.common.abi import launch_values
 from variants.reference import quantize_reference
 
@@ -59,6 +59,11 @@ def test_fast_launch_gives_the_bits_of_the_dsl_call(cfg):
     kernel.run(prepared)  # first launch: through the DSL's checked call
     fast, fast_lse = kernel.run(prepared)
     launcher, extra = kernel._launcher(q.device)
+    # The launches after the first call the host stub directly (variants/launch.py), this
+    # DSL version's executor exposing what that needs: the bits below are that path's.
+    assert launcher.direct
+    assert all(fl.direct for fl in quantize_kernel._COMPILED.values() if fl is not None
+               and fl._checked)
     out = torch.full_like(fast, float("nan"))
     lse = torch.full_like(fast_lse, float("nan"))
     stream = torch.cuda.current_stream().cuda_stream

@@ -235,9 +235,10 @@ def test_json_keys_of_show(imported_db):
     code, out, _ = run(["show", "--db", f"sqlite:///{imported_db}", "--json"])
     rows = json.loads(out)
     assert code == 0 and rows
-    assert set(rows[0]) == {"device", "device_id", "problem", "seq_len", "heads", "family_set",
-                            "family", "config", "median_ms", "iqr_ms", "tflops", "default_ms",
-                            "default_tflops", "speedup_over_default", "rel_rms", "decided_at"}
+    assert set(rows[0]) == {"device", "device_id", "problem", "seq_len", "heads", "seq_len_kv",
+                            "kv_heads", "causal", "family_set", "family", "config", "median_ms",
+                            "iqr_ms", "tflops", "default_ms", "default_tflops",
+                            "speedup_over_default", "rel_rms", "decided_at"}
 
 
 def test_json_keys_of_show_trials(imported_db):

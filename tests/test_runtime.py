@@ -52,10 +52,14 @@ def test_exact_then_nearest_on_a_log_scale(db):
     assert isinstance(runtime.load_best_config(8192, db=url), mma_sync.Config)
 
 
-def test_heads_and_head_dim_must_match(db):
+def test_head_dim_must_match_and_other_heads_fall_back_by_work(db):
     url, store = db
     add_winner(store, 4096, ALT_CFG, heads=56)
-    assert runtime.load_best_config(4096, heads=8, db=url, with_source=True).source == "default"
+    # No winner with 8 heads: the nearest by work (issue 19), named as such, not the default.
+    other_heads = runtime.load_best_config(4096, heads=8, db=url, with_source=True)
+    assert (other_heads.source, other_heads.config) == ("db-nearest-work", ALT_CFG)
+    other_dim = runtime.load_best_config(4096, heads=8, head_dim=64, db=url, with_source=True)
+    assert other_dim.source == "default"
     other_dim = runtime.load_best_config(4096, head_dim=64, db=url, with_source=True)
     assert other_dim.source == "default"
     # Without heads, any heads count matches.

@@ -28,6 +28,7 @@ def attention(
     k,
     v,
     *,
+    causal: bool = False,
     softmax_scale: float | None = None,
     return_lse: bool = False,
     config=None,
@@ -35,8 +36,16 @@ def attention(
     db: str | None = None,
     check_finite: bool = False,
 ):
-    """FP8 attention forward with the tuned kernel: q, k, v (batch, seq_len, heads, head_dim)
-    bf16/fp16 on CUDA -> bf16 output (and fp32 LSE (batch, heads, seq_len) with return_lse).
+    """FP8 attention forward with the tuned kernel: q (batch, seq_len, heads, head_dim) and k, v
+    (batch, seq_len_kv, kv_heads, head_dim) bf16/fp16 on CUDA -> bf16 output of q's shape (and
+    fp32 LSE (batch, heads, seq_len) with return_lse).
+
+    k and v may be shorter or longer than q (cross-attention) and have fewer heads, a divisor
+    of q's (grouped-query attention: query head h reads KV head h // (heads // kv_heads)).
+    causal=True masks aligned to the bottom right as FlashAttention does: query i sees keys
+    j <= i + seq_len_kv - seq_len; a query that sees no key (seq_len > seq_len_kv) gets output
+    0 and LSE -inf. A shape or mask no kernel implements on this GPU raises a TunerError naming
+    it (tuner.runtime: every candidate passes its family's can_implement first).
 
     Each (batch, head) of q, k and v is quantized to e4m3 with its own scale (amax / 448).
     The first call for a shape compiles (or loads the disk cache) and looks the config up; later
@@ -49,18 +58,28 @@ def attention(
 
     # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
     # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the body.
-    check_qkv(q, k, v, require_cuda=True, check_finite=False)
+    check_qkv(q, k, v, require_cuda=True, check_finite=False, kv_own_shape=True)
+    causal = _flag("causal", causal)
     if _eager(q, k, v):
         from tuner.runtime import run_attention
 
         key = "" if config is None else _eager_config_key(config)
-        out, lse = run_attention(q, k, v, softmax_scale, key, gpu, db, check_finite)
+        out, lse = run_attention(q, k, v, softmax_scale, key, gpu, db, check_finite, causal)
     else:
         from tuner.ops import attention_op, config_key
 
         key = "" if config is None else config_key(config)
-        out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite)
+        out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite, causal)
     return (out, lse) if return_lse else out
+
+
+def _flag(name: str, value) -> bool:
+    # A tensor or a string here is a caller's mistake that truthiness would hide.
+    if not isinstance(value, bool):
+        from tuner.errors import TunerError
+
+        raise TunerError(f"{name} must be True or False, got {value!r}")
+    return value
 
 
 def attention_fp8(
@@ -71,18 +90,21 @@ def attention_fp8(
     k_descale,
     v_descale,
     *,
+    causal: bool = False,
     softmax_scale: float | None = None,
     return_lse: bool = False,
     config=None,
     gpu: str = "auto",
     db: str | None = None,
 ):
-    """Attention over inputs that are FP8 already: q, k, v float8_e4m3fn (batch, seq_len, heads,
-    head_dim) on CUDA, contiguous, with fp32 descales of shape (batch, heads) each (one per
-    tensor broadcasts), so that x ~= x_code * x_descale[b, h], the convention of FlashAttention-3's
-    FP8 forward. Nothing is quantized: q and k are read where they are when seq_len is a multiple
-    of the config's tile, else copied once zero-padded; V too for a config that reads it in this
-    layout (wgmma v_layout=kernel), else re-laid out feature-major in one pass over its codes.
+    """Attention over inputs that are FP8 already: q float8_e4m3fn (batch, seq_len, heads,
+    head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA, contiguous, with fp32
+    descales: q_descale of shape (batch, heads), k_descale and v_descale (batch, kv_heads) (one
+    per tensor broadcasts), so that x ~= x_code * x_descale[b, h] for each tensor's own head h;
+    causal and the shapes k and v may take as in tuner.attention. Nothing is quantized: q and k
+    are read where they are when seq_len is a multiple of the config's tile, else copied once
+    zero-padded; V too for a config that reads it in this layout (wgmma v_layout=kernel), else
+    re-laid out feature-major in one pass over its codes.
     Returns bf16 (batch, seq_len, heads, head_dim) (and fp32 LSE (batch, heads, seq_len) with
     return_lse), with the same tuned config as tuner.attention for the shape.
     """
@@ -91,8 +113,9 @@ def attention_fp8(
 
     descales = (q_descale, k_descale, v_descale)
     check_fp8_qkv(q, k, v, descales)
+    causal = _flag("causal", causal)
     key = "" if config is None else _eager_config_key(config)
-    out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db)
+    out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal)
     return (out, lse) if return_lse else out
 
 

@@ -60,14 +60,7 @@ def bench_seq_len(
     from variants import load_family
 
     rows: list[BenchRow] = []
-    best = runtime.load_best_config(
-        problem.seq_len,
-        heads=problem.heads,
-        head_dim=problem.head_dim,
-        gpu=gpu.name,
-        db=db,
-        with_source=True,
-    )
+    best = runtime.config_for_problem(problem, gpu=gpu.name, db=db)  # what attention() runs
     ours = [("tuned", best.family, best.config, f"{best.source}")]
     if "default" in against:
         family = load_family(best.family)
@@ -93,7 +86,7 @@ def bench_seq_len(
     for name in peers:
         row = BenchRow(problem.seq_len, name, "bf16" if name.startswith("sdpa") else "fp8 in/out")
         try:
-            timing = _time(make_peer(name), problem, gpu, repeats, seed)
+            timing = _time(make_peer(name, problem), problem, gpu, repeats, seed)
             row.median_ms, row.iqr_ms = timing.median_ms, timing.iqr_ms
         except (PeerUnavailable, ImportError) as exc:
             row.note = f"skipped: {exc}"

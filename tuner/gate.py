@@ -13,6 +13,15 @@ reference of variants/reference.py on the gate's own quantization of the inputs:
   Further batches are random. The last head has 1000x the amax of q and v and 1/1000 of k's
   (logits unchanged): a per-tensor scale or a head-index bug shows there.
 
+Other shapes and masks: both cases keep the problem's group size (query heads per KV head) and
+mask. The structured case's key/value length is odd next to the problem's too, with at least 2
+KV heads (so a wrong KV-head mapping has another head to land on), and as many query heads as
+the group needs (2 x group when 8 // group < 2). Peaking and the outlier are per KV head: key
+j < n = min(Sq, Skv) of KV head g is c q_{n-1-j} of the first query head of g's group (the other
+query heads of a group see random scores), the sink is key 0 of every KV head, and the outlier
+is the last KV head with every query head of its group. Under a causal mask the peak of an
+early row can be a key it may not see; those rows are diffuse over what they see instead.
+
 Above ALL_ROWS_UP_TO, both cases check the first and last EDGE_ROWS rows whole and every
 ROW_STRIDE-th row in between, from an offset the seed picks: every query tile (64 rows or more)
 then has checked rows, successive candidates see different rows, and the fp32 reference, most of
@@ -53,18 +62,40 @@ class GateCase:
     heads: int
     seq_len: int
     structured: bool
+    seq_len_kv: int | None = None  # None: seq_len
+    kv_heads: int | None = None  # None: heads
+    causal: bool = False
+
+    def problem(self, head_dim: int):
+        from tuner.problem import Problem
+
+        return Problem(self.batch, self.heads, self.seq_len, head_dim, self.causal,
+                       self.seq_len_kv, self.kv_heads)
 
     @property
     def label(self) -> str:
-        return f"{self.name} inputs (B={self.batch} H={self.heads} S={self.seq_len})"
+        extra = ""
+        if self.seq_len_kv not in (None, self.seq_len):
+            extra += f" Skv={self.seq_len_kv}"
+        if self.kv_heads not in (None, self.heads):
+            extra += f" Hkv={self.kv_heads}"
+        mask = " causal" if self.causal else ""
+        return f"{self.name} inputs (B={self.batch} H={self.heads} S={self.seq_len}{extra}{mask})"
+
+
+def _odd(n: int) -> int:
+    return n if n % 2 else n + 1
 
 
 def gate_cases(problem) -> list[GateCase]:
-    odd = problem.seq_len if problem.seq_len % 2 else problem.seq_len + 1
-    heads = min(max(2, problem.heads), MAX_STRUCTURED_HEADS)
+    group = problem.group
+    # 2 to 8 query heads at group 1 (as before KV heads existed); else 2 KV heads or more.
+    kv_heads = min(max(2, problem.kv_heads), max(2, MAX_STRUCTURED_HEADS // group))
     return [
-        GateCase("random", problem.batch, problem.heads, problem.seq_len, False),
-        GateCase("structured", max(2, problem.batch), heads, odd, True),
+        GateCase("random", problem.batch, problem.heads, problem.seq_len, False,
+                 problem.seq_len_kv, problem.kv_heads, problem.causal),
+        GateCase("structured", max(2, problem.batch), kv_heads * group, _odd(problem.seq_len),
+                 True, _odd(problem.seq_len_kv), kv_heads, problem.causal),
     ]
 
 
@@ -81,32 +112,38 @@ def checked_rows(case: GateCase, device, seed: int = 0):
 
 
 def case_inputs(case: GateCase, head_dim: int, device, seed: int, dtype=None):
-    """q, k, v (batch, seq_len, heads, head_dim) for one gate case, from a seeded generator."""
+    """q (batch, seq_len, heads, head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) for
+    one gate case, from a seeded generator."""
     import torch
 
     from tuner.measure import random_inputs
-    from tuner.problem import Problem
 
+    problem = case.problem(head_dim)
     if not case.structured:  # the timing inputs' draw, in the target dtype (no fp32 copy)
-        return random_inputs(Problem(case.batch, case.heads, case.seq_len, head_dim), device,
-                             seed, dtype)
+        return random_inputs(problem, device, seed, dtype)
     dtype = dtype or torch.bfloat16
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(int(seed))
-    shape = (case.batch, case.seq_len, case.heads, head_dim)
+    q_shape = (case.batch, problem.seq_len, problem.heads, head_dim)
+    kv_shape = (case.batch, problem.seq_len_kv, problem.kv_heads, head_dim)
     # fp32 construction, cast once at the end: the structure must survive in the caller's dtype.
-    q, k, v = (torch.randn(shape, generator=gen, device=device) for _ in range(3))
+    q, k, v = (torch.randn(shape, generator=gen, device=device)
+               for shape in (q_shape, kv_shape, kv_shape))
     scale = head_dim**-0.5
-    # Batch 0, peaked: key j is PEAK_GAIN q_{L-1-j}.
-    k[0] = PEAK_GAIN * q[0].flip(0)
-    # Batch 1, a sink at key 0 along a random unit direction u per head:
+    group = problem.group
+    lead = q[:, :, ::group]  # the first query head of every KV head's group (a view)
+    # Batch 0, peaked: key j is PEAK_GAIN q_{L-1-j} (of its group's first query head).
+    n = min(problem.seq_len, problem.seq_len_kv)
+    k[0, :n] = PEAK_GAIN * lead[0, :n].flip(0)
+    # Batch 1, a sink at key 0 along a random unit direction u per KV head:
     # s_i0 = scale (z_i . u + SINK_OFFSET) b = SINK_LOGIT +- SINK_LOGIT / SINK_OFFSET.
-    u = torch.randn((case.heads, head_dim), generator=gen, device=device)
+    u = torch.randn((problem.kv_heads, head_dim), generator=gen, device=device)
     u = u / u.norm(dim=-1, keepdim=True)
-    q[1] += SINK_OFFSET * u
+    q[1] += SINK_OFFSET * u.repeat_interleave(group, dim=0)
     k[1, 0] = (SINK_LOGIT / (SINK_OFFSET * scale)) * u
-    # The last head: 1000x amax of q and v, 1/1000 of k's: logits unchanged.
-    q[..., -1, :] *= OUTLIER_GAIN
+    # The last KV head and its group of query heads: 1000x amax of q and v, 1/1000 of k's:
+    # logits unchanged.
+    q[..., -group:, :] *= OUTLIER_GAIN
     k[..., -1, :] /= OUTLIER_GAIN
     v[..., -1, :] *= OUTLIER_GAIN
     return tuple(x.to(dtype) for x in (q, k, v))
@@ -158,7 +195,8 @@ def validate_kernel(kernel, problem, device, seed: int) -> GateReport:
                                     device)
         out, lse = guarded("run", kernel.run, prepared, out=out, lse=lse, sync=sync)
         del prepared
-        ref = reference_attention(ref_inputs, checked_rows(case, device, seed))
+        ref = reference_attention(ref_inputs, checked_rows(case, device, seed),
+                                  causal=case.causal)
         metrics = accuracy(out, lse, ref)
         report.cases.append({"case": case.name, **metrics.to_dict()})
         if case.name == "random":

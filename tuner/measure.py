@@ -144,7 +144,8 @@ def read_clocks(device) -> tuple[float | None, float | None]:
 
 
 def random_inputs(problem, device, seed: int, dtype=None):
-    """q, k, v (batch, seq_len, heads, head_dim), standard normal, from a seeded generator."""
+    """q (batch, seq_len, heads, head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim),
+    standard normal, from a seeded generator."""
     import torch
 
     dtype = dtype or torch.bfloat16
@@ -153,9 +154,11 @@ def random_inputs(problem, device, seed: int, dtype=None):
     # ~5 s per candidate on the H200 host, more than timing the kernel. The same seed gives the
     # same inputs on the same kind of device (Philox on CUDA), which is all a re-check needs.
     gen = torch.Generator(device=device).manual_seed(int(seed))
-    shape = (problem.batch, problem.seq_len, problem.heads, problem.head_dim)
+    q_shape = (problem.batch, problem.seq_len, problem.heads, problem.head_dim)
+    kv_shape = (problem.batch, problem.seq_len_kv, problem.kv_heads, problem.head_dim)
     # Drawn in the target dtype: an fp32 draw would cost a 0.9 GB temporary per tensor there.
-    return tuple(torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(3))
+    return tuple(torch.randn(shape, generator=gen, device=device, dtype=dtype)
+                 for shape in (q_shape, kv_shape, kv_shape))
 
 
 def synchronizer(device) -> Callable[[], None] | None:

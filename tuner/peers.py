@@ -26,14 +26,22 @@ class _SdpaInputs:
 
 
 class SdpaPeer:
-    """torch.nn.functional.scaled_dot_product_attention with one backend, bf16."""
+    """torch.nn.functional.scaled_dot_product_attention with one backend, bf16: the problem's
+    own key/value length and heads (enable_gqa), and its causal mask where SDPA's is_causal is
+    the same mask (equal lengths: is_causal aligns to the top left, ours to the bottom right)."""
 
-    def __init__(self, backend: str) -> None:
+    def __init__(self, backend: str, problem=None) -> None:
         from torch.nn.attention import SDPBackend
 
         self.name = f"sdpa-{backend}"
         self._backend = {"cudnn": SDPBackend.CUDNN_ATTENTION,
                          "flash": SDPBackend.FLASH_ATTENTION}[backend]
+        self._causal = bool(problem is not None and problem.causal)
+        self._gqa = bool(problem is not None and problem.kv_heads != problem.heads)
+        if self._causal and problem.seq_len_kv != problem.seq_len:
+            raise PeerUnavailable(
+                f"{self.name}: is_causal aligns the mask to the top left, this problem's to the "
+                "bottom right (seq_len != seq_len_kv); an explicit mask would time another kernel")
 
     def prepare(self, q, k, v, softmax_scale: float | None = None) -> _SdpaInputs:
         # SDPA wants (batch, heads, seq, dim); the layout change is prepare's cost, not the peer's.
@@ -46,17 +54,27 @@ class SdpaPeer:
 
         with sdpa_kernel([self._backend]):
             o = F.scaled_dot_product_attention(prepared.q, prepared.k, prepared.v,
-                                               scale=prepared.scale)
+                                               scale=prepared.scale, is_causal=self._causal,
+                                               enable_gqa=self._gqa)
         return o.transpose(1, 2), lse
 
 
-def make_peer(name: str):
+def make_peer(name: str, problem=None):
+    """The peer `name` for `problem` (None: self-attention over all heads, no mask); a peer
+    that cannot time the problem as it is raises PeerUnavailable saying why."""
     if name == "sdpa-cudnn":
-        return SdpaPeer("cudnn")
+        return SdpaPeer("cudnn", problem)
     if name == "sdpa-flash":
-        return SdpaPeer("flash")
+        return SdpaPeer("flash", problem)
     if name == "cudnn-fp8":
         from tuner.peers_cudnn import CudnnFp8Peer
 
+        if problem is not None and (problem.causal or problem.kv_heads != problem.heads
+                                    or problem.seq_len_kv != problem.seq_len):
+            # cuDNN has all three; its graph here is built for self-attention without a mask,
+            # and timing it on another problem would compare two different computations.
+            raise PeerUnavailable("cudnn-fp8: the peer's graph is built for self-attention over "
+                                  "all heads without a mask; causal, other key/value lengths and "
+                                  "grouped KV heads are not wired into it yet")
         return CudnnFp8Peer()
     raise PeerUnavailable(f"unknown peer {name!r}; known: {', '.join(PEERS)}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 from tuner.errors import TunerError
@@ -14,11 +15,20 @@ from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
 # batch and heads are grid dimensions of the mma_sync launch (CUDA caps gridDim.y and .z at
 # 65535); seq_len and its padded length are 32-bit launch arguments (2**30 leaves room for the
 # padding, and is 35000x the longest sequence tuned so far). All fit PostgreSQL's 32-bit INTEGER.
-MAX_DIMS = {"batch": 65535, "heads": 65535, "seq_len": 2**30}
+# The key/value length and head count take the bounds of their query counterparts.
+MAX_DIMS = {"batch": 65535, "heads": 65535, "seq_len": 2**30, "seq_len_kv": 2**30,
+            "kv_heads": 65535}
+
+# b<batch>-h<heads>-s<seq_len>-d<head_dim>-<full|causal>, then only the fields that differ from
+# self-attention over all heads, in this order: -kvh<kv_heads> (grouped KV heads) and
+# -kv<seq_len_kv> (another key/value length). Keys written before those fields existed are the
+# same text for the same problem, so databases and tables keep their keys.
+_KEY = re.compile(r"b(\d+)-h(\d+)-s(\d+)-d(\d+)-(full|causal)(?:-kvh(\d+))?(?:-kv(\d+))?")
 
 
 def check_dimension(name: str, value) -> None:
-    """One problem dimension (batch, heads, seq_len, head_dim) is an int in its range."""
+    """One problem dimension (batch, heads, seq_len, head_dim, seq_len_kv, kv_heads) is an int
+    in its range."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TunerError(f"Problem.{name} must be an int, got {value!r}")
     if value < 1:
@@ -37,45 +47,115 @@ def check_dimension(name: str, value) -> None:
 
 @dataclass(frozen=True)
 class Problem:
-    """Attention forward (non-causal for now) over q, k, v of (batch, seq_len, heads, head_dim)."""
+    """Attention forward: q (batch, seq_len, heads, head_dim) against k, v (batch, seq_len_kv,
+    kv_heads, head_dim).
+
+    `seq_len` is the query length (also `seq_len_q`); `seq_len_kv` None means seq_len
+    (self-attention) and `kv_heads` None means heads (one KV head per query head); both are
+    stored resolved, so Problem(1, 8, 64) == Problem(1, 8, 64, seq_len_kv=64, kv_heads=8).
+    Query head h reads KV head h // group, group = heads // kv_heads (grouped-query attention).
+    `causal` masks aligned to the bottom right, as FlashAttention defines it: query i sees the
+    keys j <= i + seq_len_kv - seq_len, so the last query sees every key, and when
+    seq_len > seq_len_kv the first seq_len - seq_len_kv queries see none (their output is 0 and
+    their LSE -inf). Whether a kernel implements a problem is its family's can_implement's call.
+    """
 
     batch: int
     heads: int
     seq_len: int
     head_dim: int = 128
     causal: bool = False
+    seq_len_kv: int | None = None
+    kv_heads: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("batch", "heads", "seq_len", "head_dim"):
             check_dimension(name, getattr(self, name))
         if not isinstance(self.causal, bool):
             raise TunerError(f"Problem.causal must be a bool, got {self.causal!r}")
-        if self.causal:
+        # Frozen: resolve the defaults in place, so that equal problems compare and hash equal.
+        if self.seq_len_kv is None:
+            object.__setattr__(self, "seq_len_kv", self.seq_len)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        check_dimension("seq_len_kv", self.seq_len_kv)
+        check_dimension("kv_heads", self.kv_heads)
+        if self.heads % self.kv_heads:
             raise TunerError(
-                "causal attention is not implemented yet (non-causal prefill comes first); "
-                "use causal=False"
+                f"Problem.kv_heads={self.kv_heads} does not divide heads={self.heads}: each KV "
+                "head serves a whole group of query heads; use a divisor of heads "
+                "(kv_heads == heads is plain multi-head attention)"
             )
 
+    @property
+    def seq_len_q(self) -> int:
+        return self.seq_len
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (1: multi-head attention)."""
+        return self.heads // self.kv_heads
+
+    @property
+    def self_attention(self) -> bool:
+        """Keys and values as long as the queries (they may still have fewer heads)."""
+        return self.seq_len_kv == self.seq_len
+
     def key(self) -> str:
-        """Stable text key: the same problem always maps to the same string, across versions."""
+        """Stable text key: the same problem always maps to the same string, across versions
+        (a self-attention problem over all heads keeps the key it had before kv_heads and
+        seq_len_kv existed)."""
         mask = "causal" if self.causal else "full"
-        return f"b{self.batch}-h{self.heads}-s{self.seq_len}-d{self.head_dim}-{mask}"
+        key = f"b{self.batch}-h{self.heads}-s{self.seq_len}-d{self.head_dim}-{mask}"
+        if self.kv_heads != self.heads:
+            key += f"-kvh{self.kv_heads}"
+        if self.seq_len_kv != self.seq_len:
+            key += f"-kv{self.seq_len_kv}"
+        return key
 
     @classmethod
     def from_key(cls, key: str) -> Problem:
-        try:
-            b, h, s, d, mask = key.split("-")
-            return cls(int(b[1:]), int(h[1:]), int(s[1:]), int(d[1:]), mask == "causal")
-        except (ValueError, IndexError) as exc:
-            raise TunerError(
-                f"malformed problem key {key!r}; expected e.g. 'b1-h56-s4096-d128-full'"
-            ) from exc
+        """The problem of key(); only the canonical text is accepted (a field at its default
+        spelled out, say -kvh56 for 56 heads, is another string for the same problem, and
+        would split one problem's rows in the database)."""
+        match = _KEY.fullmatch(key) if isinstance(key, str) else None
+        if match is None:
+            raise TunerError(f"malformed problem key {key!r}; expected e.g. "
+                             "'b1-h56-s4096-d128-full' or 'b1-h32-s8192-d128-causal-kvh8-kv512'")
+        b, h, s, d, mask, kv_heads, seq_len_kv = match.groups()
+        problem = cls(int(b), int(h), int(s), int(d), mask == "causal",
+                      seq_len_kv=int(seq_len_kv) if seq_len_kv else None,
+                      kv_heads=int(kv_heads) if kv_heads else None)
+        if problem.key() != key:
+            raise TunerError(f"problem key {key!r} is not in canonical form; it is written "
+                             f"{problem.key()!r}")
+        return problem
+
+    @property
+    def visible_pairs(self) -> float:
+        """(query, key) pairs a head computes, in the convention FLOP counts use: the full
+        seq_len x seq_len_kv, or with the causal mask the area of the visible region
+        {(x, y) in [0, Sq] x [0, Skv]: y <= x + Skv - Sq} of the continuous square:
+          Sq <= Skv: Sq * Skv - Sq^2 / 2   (Sq = Skv: exactly half the square, FA's "causal
+                                            halves the count"; FA3's benchmark formula
+                                            Sq * (Skv + max(0, Skv - Sq)) / 2 is the same here)
+          Sq >  Skv: Skv^2 / 2             (only the last Skv rows see keys; FA3's formula
+                                            gives Sq * Skv / 2, counting the empty rows)
+        The discrete count of pairs with j <= i + Skv - Sq (0-based) exceeds this by
+        min(Sq, Skv) / 2: the diagonal's half cells, 1 / (2 S) relative at equal lengths
+        (0.006% at S = 8192), left out so that TFLOP/s compare with FlashAttention's."""
+        sq, skv = self.seq_len, self.seq_len_kv
+        if not self.causal:
+            return float(sq) * skv
+        if sq <= skv:
+            return float(sq) * skv - sq * sq / 2
+        return skv * skv / 2
 
     @property
     def flops(self) -> float:
-        """Matmul FLOPs of the forward (2 GEMMs of 2*S*S*D per head), the usual FA count."""
-        flops = 4.0 * self.batch * self.heads * self.seq_len * self.seq_len * self.head_dim
-        return flops / 2 if self.causal else flops
+        """Matmul FLOPs of the forward: 2 GEMMs of 2 * D FLOPs per visible (query, key) pair and
+        query head, 4 * B * H * Sq * Skv * D without a mask (the usual FA count)."""
+        return 4.0 * self.batch * self.heads * self.head_dim * self.visible_pairs
 
     def tflops(self, ms: float) -> float:
         return self.flops / (ms * 1e-3) / 1e12

@@ -39,10 +39,11 @@ def _plot_tflops(series: Series, path: str, title: str) -> Path:
 
 
 def plot_winners(rows: list[dict], path: str, peers: list[dict] | None = None) -> Path:
-    """Stored winners: one line per (device, batch, heads, head_dim) for the tuned config and one
-    for the family default; `peers` (stored by `tuner bench`) add a line per system. A label
-    names head_dim and heads always, batch where the rows hold more than one. GPU and date in
-    the title."""
+    """Stored winners: one line per (device, batch, heads, KV heads and length, head_dim, mask)
+    for the tuned config and one for the family default; `peers` (stored by `tuner bench`) add a
+    line per system. A label names head_dim and heads always, batch where the rows hold more
+    than one, KV heads, KV length and the mask where they are not those of self-attention.
+    GPU and date in the title."""
     if not rows:
         raise TunerError("nothing to plot: no stored winners (run `tuner search` first)")
     shape = {r["problem"]: Problem.from_key(r["problem"]) for r in rows}
@@ -50,9 +51,13 @@ def plot_winners(rows: list[dict], path: str, peers: list[dict] | None = None) -
     several_batches = len({p.batch for p in shape.values()}) > 1
 
     def group(device: str, key: str) -> str:
+        # The x axis is the query length: a key/value length, KV heads or a mask of its own is
+        # another line.
         p = shape[key]
         batch = f" B={p.batch}" if several_batches else ""
-        return f"{device}{batch} H={p.heads} D={p.head_dim}"
+        kv = (f" Hkv={p.kv_heads}" if p.kv_heads != p.heads else "") + \
+            (f" Skv={p.seq_len_kv}" if not p.self_attention else "")
+        return f"{device}{batch} H={p.heads}{kv} D={p.head_dim}{' causal' if p.causal else ''}"
 
     series: Series = defaultdict(list)
     for r in rows:

@@ -1,12 +1,30 @@
 """What user code calls: `load_best_config(seq_len)` and `attention(q, k, v)`.
 
-Lookup order for a problem on the local GPU (DESIGN.md):
-  1. the results database: exact seq_len, else the nearest tuned seq_len on a log scale among
-     winners with the same head_dim (and heads / batch when given),
+Lookup order for a problem on the local GPU (DESIGN.md; README states the same):
+  1. the results database: the winner nearest to the problem (the rule below) among winners
+     with the same mask (causal or not: never the other), the same head_dim, and the same heads
+     (and batch) when given,
   2. the shipped table db/tables/<gpu>.yaml, same matching,
-  3. the family default for the arch.
+  3. only where a head count was given and no winner of a source has it (issue 19): that
+     source's winner nearest by work, the database's first (`db-nearest-work`, then
+     `table-nearest-work`),
+  4. the family default for the arch.
 Every candidate is re-checked with can_implement on the local GPU before it is returned; a
-fallback (anything but an exact database hit) is logged once per key, never silent.
+fallback (anything but an exact database hit) is logged once per key with its source, never
+silent.
+
+The nearest winner (`_nearest`), in order of preference, each deciding only among the winners
+the previous ones left level:
+  a. the same group size (query heads per KV head),
+  b. the same kind: self-attention (seq_len_kv == seq_len) or cross-attention,
+  c. for a cross-attention problem, the same key/value length,
+  d. the least distance on a log scale in both lengths: the ratio max/min of the query
+     lengths times that of the key/value lengths (for self-attention: of seq_len alone), exact,
+  e. on a tie (2048 and 8192 for 4096), the longer query, then the longer key/value length:
+     their tiles are the more conservative choice; then the order the source lists them in.
+Nearest by work (`_nearest_by_work`) takes a, b, then the least ratio of work, where work is
+batch x heads x ceil(seq_len / 128), the query tiles of 128 rows a grid holds (the quantity
+that decides how the grid fills the SMs), then d and e; batch and heads need not match.
 
 The lookup is memoized per key; a SQLite database is re-read only when its files change
 (one stat() per file), so a repeated call costs microseconds.
@@ -29,17 +47,23 @@ from tuner.problem import Problem
 log = logging.getLogger("tuner.runtime")
 
 TABLES_DIR = Path(__file__).resolve().parents[1] / "db" / "tables"
+# Query rows per tile in the work measure of the head-count fallback: the default tile of both
+# families at head_dim 128 (wgmma: 2 consumer warpgroups of 64 rows; mma_sync: 128 rows).
+WORK_TILE_ROWS = 128
 
 
 @dataclass(frozen=True)
 class BestConfig:
-    """A config and its source: db-exact, db-nearest, table-exact, table-nearest or default."""
+    """A config and its source: db-exact, db-nearest, table-exact, table-nearest,
+    db-nearest-work, table-nearest-work or default; `tuned_problem` is the problem it was tuned
+    for (None for the default)."""
 
     family: str
     config: Any
     source: str
     tuned_seq_len: int | None = None
     detail: str = ""
+    tuned_problem: Problem | None = None
 
 
 def _log_distance(a: int, b: int) -> Fraction:
@@ -48,23 +72,61 @@ def _log_distance(a: int, b: int) -> Fraction:
     return Fraction(max(a, b), min(a, b))
 
 
+def _same_mask_and_dim(tuned: Problem, want: Problem) -> bool:
+    # A causal kernel skips and masks strips a full one computes: neither stands in for the
+    # other. head_dim is a compile-time shape of every kernel.
+    return tuned.causal == want.causal and tuned.head_dim == want.head_dim
+
+
+def _preferences(tuned: Problem, want: Problem) -> tuple:
+    """Rules a to c of the module docstring: False sorts first."""
+    other_kv_len = not want.self_attention and tuned.seq_len_kv != want.seq_len_kv
+    return (tuned.group != want.group, tuned.self_attention != want.self_attention, other_kv_len)
+
+
+def _length_distance(tuned: Problem, want: Problem) -> Fraction:
+    """Rule d: for self-attention the square of the seq_len ratio, which orders as it does."""
+    return (_log_distance(tuned.seq_len, want.seq_len)
+            * _log_distance(tuned.seq_len_kv, want.seq_len_kv))
+
+
+def _longer_first(tuned: Problem) -> tuple[int, int]:
+    return -tuned.seq_len, -tuned.seq_len_kv
+
+
+def work(problem: Problem) -> int:
+    """batch x heads x ceil(seq_len / WORK_TILE_ROWS): the query tiles of the problem's grid."""
+    return problem.batch * problem.heads * -(-problem.seq_len // WORK_TILE_ROWS)
+
+
 def _nearest(
     candidates: list[tuple[Problem, str, dict]], want: Problem, heads: int | None, batch: int | None
 ):
-    """Among (problem, family, config) entries with the same head_dim (and heads/batch if given),
-    the one whose seq_len is nearest on a log scale; an exact tie (2048 and 8192 for 4096: the
-    same ratio) goes to the larger seq_len, whose tiles are the more conservative choice for a
-    long sequence; entries of one seq_len keep their given order (the first wins)."""
+    """Among (problem, family, config) entries with the mask and head_dim of `want` (and the
+    heads/batch if given), the nearest by rules a-e of the module docstring; None if none."""
     usable = [
         c
         for c in candidates
-        if c[0].head_dim == want.head_dim
+        if _same_mask_and_dim(c[0], want)
         and (heads is None or c[0].heads == heads)
         and (batch is None or c[0].batch == batch)
     ]
     if not usable:
         return None
-    return min(usable, key=lambda c: (_log_distance(c[0].seq_len, want.seq_len), -c[0].seq_len))
+    return min(usable, key=lambda c: (*_preferences(c[0], want), _length_distance(c[0], want),
+                                      *_longer_first(c[0])))
+
+
+def _nearest_by_work(candidates: list[tuple[Problem, str, dict]], want: Problem):
+    """The head-count fallback: among entries with the mask and head_dim of `want`, whatever
+    their batch and heads, the nearest by rules a, b, the work ratio, then d and e."""
+    usable = [c for c in candidates if _same_mask_and_dim(c[0], want)]
+    if not usable:
+        return None
+    return min(usable, key=lambda c: (c[0].group != want.group,
+                                      c[0].self_attention != want.self_attention,
+                                      _log_distance(work(c[0]), work(want)),
+                                      _length_distance(c[0], want), *_longer_first(c[0])))
 
 
 class _Resolver:
@@ -131,49 +193,71 @@ class _Resolver:
             family = load_family(family_name)
             cfg = family.Config.from_dict(config_dict)
             ok, reason = family.can_implement(cfg, problem, gpu)
-            exact = tuned_problem.seq_len == problem.seq_len
-            kind = f"{source}-{'exact' if exact else 'nearest'}"
+            detail = f"tuned for {tuned_problem.key()}"
+            if source.endswith("-work"):
+                kind = f"{source.removesuffix('-work')}-nearest-work"
+                detail += (f", the nearest by work: {work(tuned_problem)} query tiles of "
+                           f"{WORK_TILE_ROWS} rows for {work(problem)}, no winner with "
+                           f"{problem.heads} heads")
+            else:
+                exact = (tuned_problem.seq_len, tuned_problem.seq_len_kv, tuned_problem.group) \
+                    == (problem.seq_len, problem.seq_len_kv, problem.group)
+                kind = f"{source}-{'exact' if exact else 'nearest'}"
             if ok:
                 return BestConfig(
                     family_name,
                     cfg,
                     kind,
                     tuned_problem.seq_len,
-                    f"tuned for {tuned_problem.key()}"
-                    + ("; " + "; ".join(rejected) if rejected else ""),
+                    detail + ("; " + "; ".join(rejected) if rejected else ""),
+                    tuned_problem,
                 )
             rejected.append(f"{kind} {family_name} rejected: {reason}")
         return self._default(problem, gpu, rejected)
 
     def _candidates(self, problem, heads, batch, gpu, url, device_id):
-        """Yield (source, (problem, family, config)) in lookup order: db first, then table."""
-        if device_id is not None:
-            from tuner.store import NoResults, Store, sqlite_path
+        """Yield (source, (problem, family, config)) in lookup order: the database's nearest,
+        the table's, then (heads given, and none with them) each one's nearest by work."""
+        sources = {"db": lambda: self._db_winners(url, device_id),
+                   "table": lambda: self._table_entries(gpu)}
+        without_heads = {}
+        for name, read in sources.items():
+            entries = read()
+            found = _nearest(entries, problem, heads, batch)
+            if found:
+                yield name, found
+            elif heads is not None and entries:
+                without_heads[name] = entries
+        for name, entries in without_heads.items():
+            found = _nearest_by_work(entries, problem)
+            if found:
+                yield f"{name}-work", found
 
-            path = sqlite_path(url)
-            if path is None or path.exists():  # never create an empty database on lookup
-                try:
-                    store = Store(url, readonly=True)
-                except NoResults:  # an empty file (say): no winners, on to the table
-                    store = None
-                if store is not None:
-                    try:
-                        winners = [
-                            (Problem.from_key(w.problem_key), w.family, w.config)
-                            for w in store.winners(device_id)
-                        ]
-                    finally:
-                        store.close()
-                    found = _nearest(winners, problem, heads, batch)
-                    if found:
-                        yield "db", found
+    @staticmethod
+    def _db_winners(url, device_id) -> list[tuple[Problem, str, dict]]:
+        if device_id is None:
+            return []
+        from tuner.store import NoResults, Store, sqlite_path
+
+        path = sqlite_path(url)
+        if path is not None and not path.exists():  # never create an empty database on lookup
+            return []
+        try:
+            store = Store(url, readonly=True)
+        except NoResults:  # an empty file (say): no winners, on to the table
+            return []
+        try:
+            return [(Problem.from_key(w.problem_key), w.family, w.config)
+                    for w in store.winners(device_id)]
+        finally:
+            store.close()
+
+    @staticmethod
+    def _table_entries(gpu) -> list[tuple[Problem, str, dict]]:
         from tuner.tables import load_table_entries
 
         table = TABLES_DIR / f"{gpu.name}.yaml"
-        if table.exists():
-            found = _nearest(load_table_entries(table), problem, heads, batch)
-            if found:
-                yield "table", found
+        return load_table_entries(table) if table.exists() else []
 
     @staticmethod
     def _default(problem, gpu, rejected) -> BestConfig:
@@ -185,7 +269,7 @@ class _Resolver:
             cfg = family.default(gpu.arch, problem)
             ok, reason = family.can_implement(cfg, problem, gpu)
             if ok:
-                why = "nothing tuned for this GPU and head_dim"
+                why = "nothing tuned for this GPU, head_dim and mask"
                 return BestConfig(
                     name, cfg, "default", None, "; ".join([why, *rejected]) if rejected else why
                 )
@@ -239,19 +323,35 @@ def load_best_config(
     heads: int | None = None,
     head_dim: int = 128,
     batch: int | None = None,
+    seq_len_kv: int | None = None,
+    kv_heads: int | None = None,
+    causal: bool = False,
     gpu: str = "auto",
     db: str | None = None,
     with_source: bool = False,
 ):
-    """The config to run attention over `seq_len` tokens with on this GPU.
+    """The config to run attention over `seq_len` query tokens with on this GPU.
 
-    Returns the family's Config; with `with_source=True`, a BestConfig that also says which
-    family, where the config came from and which tuned seq_len it was taken from.
+    heads and batch, when given, must match a winner's (else the nearest by work, module
+    docstring); None matches any. seq_len_kv (None: seq_len) and kv_heads (None: heads) pick
+    the nearest winner by the module docstring's rules; causal must match exactly. Returns the
+    family's Config; with `with_source=True`, a BestConfig that also says which family, where
+    the config came from and which tuned problem it was taken from.
     """
-    problem = Problem(batch or 1, heads or 1, seq_len, head_dim)
+    if kv_heads is not None and heads is None:
+        raise TunerError(f"kv_heads={kv_heads} needs heads: the group size is heads // kv_heads; "
+                         "pass heads= as well")
+    problem = Problem(batch or 1, heads or 1, seq_len, head_dim, causal, seq_len_kv, kv_heads)
     profile, device_id = _local_gpu_and_device(gpu)
     best = _RESOLVER.resolve(problem, heads, batch, profile, db, device_id)
     return best if with_source else best.config
+
+
+def config_for_problem(problem: Problem, *, gpu: str = "auto", db: str | None = None) -> BestConfig:
+    """The BestConfig tuner.attention runs `problem` with: a winner with its heads (any batch),
+    else the nearest by work, where the problem's own batch counts, else the default."""
+    profile, device_id = _local_gpu_and_device(gpu)
+    return _RESOLVER.resolve(problem, problem.heads, None, profile, db, device_id)
 
 
 def family_of(config) -> str:
@@ -263,20 +363,22 @@ def family_of(config) -> str:
     return parts[1]
 
 
-def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool):
+def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool,
+                  causal: bool = False):
     """The body of the custom op on real tensors: the plan (config pinned or looked up, its
     kernel compiled once), prepare and launch on the current stream."""
     if check_finite:
         from variants.prepare import check_finite_inputs
 
         check_finite_inputs(q, k, v)
-    kernel = _plan(q, config_text, gpu, db)
+    kernel = _plan(q, k, causal, config_text, gpu, db)
     return kernel.run(kernel.prepare(q, k, v, softmax_scale, validate=False))
 
 
-def run_attention_fp8(q, k, v, descales, softmax_scale, config_text: str, gpu: str, db):
+def run_attention_fp8(q, k, v, descales, softmax_scale, config_text: str, gpu: str, db,
+                      causal: bool = False):
     """attention_fp8's body: the same plan as bf16 inputs of this shape, without quantizing."""
-    kernel = _plan(q, config_text, gpu, db)
+    kernel = _plan(q, k, causal, config_text, gpu, db)
     return kernel.run(kernel.prepare_fp8(q, k, v, descales, softmax_scale))
 
 
@@ -290,27 +392,34 @@ class _Plan:
     stamp: tuple
 
 
-# (shape, device, config text, gpu, db argument, $TUNER_DB_URL) -> _Plan. A hot call costs a dict
-# lookup and two stat() calls instead of the lookup's Problem keys, URL parsing and GPU checks.
+# (q shape, k shape, causal, device, config text, gpu, db argument, $TUNER_DB_URL) -> _Plan. A
+# hot call costs a dict lookup and two stat() calls instead of the lookup's Problem keys, URL
+# parsing and GPU checks.
 _PLANS: dict[tuple, _Plan] = {}
 
 
-def _plan(q, config_text: str, gpu: str, db):
-    key = (q.shape, q.device, config_text, gpu, db, os.environ.get("TUNER_DB_URL"))
+def problem_of(q, k, causal: bool = False) -> Problem:
+    """The Problem of q (batch, seq_len, heads, head_dim) and k (batch, seq_len_kv, kv_heads,
+    head_dim), shapes checked by variants.prepare.check_qkv."""
+    batch, seq_len, heads, head_dim = q.shape
+    return Problem(batch, heads, seq_len, head_dim, causal, seq_len_kv=k.shape[1],
+                   kv_heads=k.shape[2])
+
+
+def _plan(q, k, causal: bool, config_text: str, gpu: str, db):
+    key = (q.shape, k.shape, causal, q.device, config_text, gpu, db,
+           os.environ.get("TUNER_DB_URL"))
     plan = _PLANS.get(key)
     if plan is not None and (plan.url is None or _Resolver._db_stamp(plan.url) == plan.stamp):
         return plan.kernel
-    batch, seq_len, heads, head_dim = q.shape
-    problem = Problem(batch, heads, seq_len, head_dim)
+    problem = problem_of(q, k, causal)
     url = stamp = None
     if config_text:
         family_name, config = _config_from_text(config_text)
     else:
         url = db_url(db)
         stamp = _Resolver._db_stamp(url)
-        best = load_best_config(
-            seq_len, heads=heads, head_dim=head_dim, batch=None, gpu=gpu, db=db, with_source=True
-        )
+        best = config_for_problem(problem, gpu=gpu, db=db)
         family_name, config = best.family, best.config
     kernel = _kernel_for(family_name, config, problem, gpu)
     _PLANS[key] = _Plan(kernel, url, stamp)

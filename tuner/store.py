@@ -14,6 +14,7 @@ they wait for when another process holds it longer than LOCK_NOTICE_S.
 
 Contract for the runtime (issue 5) and the other commands:
   Store(url)                                  open (create on first use), check the schema version
+                                              (migrate a version-1 file: SCHEMA_VERSION)
   Store(url, readonly=True)                   open an existing database for reading only
   best_for(device_id, problem, family_set)    the stored winner, or None
   winners(device_id=None)                     every stored winner
@@ -62,9 +63,18 @@ from tuner.errors import TunerError
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem
 
-# Bump on any change to the tables below; an older or newer file is refused with a clear error
-# instead of being half-read.
-SCHEMA_VERSION = 1
+# Bump on any change to the tables below. A newer file, or an older one without a migration
+# below, is refused with a clear error instead of being half-read.
+#   1: the first schema.
+#   2: tuner_problems.seq_len_kv and .kv_heads (cross-attention, grouped KV heads; causal had a
+#      column from the start). A version-1 database is migrated when a writer opens it
+#      (_migrate_1_to_2); readers read it as it is (READABLE_VERSIONS).
+SCHEMA_VERSION = 2
+# Versions a reader takes without migrating: every read takes a problem from its key
+# (Problem.from_key), never from tuner_problems' other columns, and a version-1 key is the
+# version-2 key of the same self-attention problem. A reader never writes, so it cannot
+# migrate (the file may be read-only to it, and `tuner show` must not wait on a writer).
+READABLE_VERSIONS = (1, 2)
 
 log = logging.getLogger("tuner.store")
 
@@ -130,6 +140,11 @@ class _Problem(_Base):
     seq_len: Mapped[int] = mapped_column(Integer)
     head_dim: Mapped[int] = mapped_column(Integer)
     causal: Mapped[bool] = mapped_column(Boolean)
+    # Since schema 2. Nullable as the migration adds them: a version-1 process that opened the
+    # file before the migration may still insert its (self-attention) problems, without them;
+    # the key is the truth either way.
+    seq_len_kv: Mapped[int | None] = mapped_column(Integer)
+    kv_heads: Mapped[int | None] = mapped_column(Integer)
 
 
 class _Trial(_Base):
@@ -415,14 +430,40 @@ class Store:
         if _SchemaVersion.__tablename__ in names:
             with self.session() as s:
                 version = s.scalar(select(_SchemaVersion.version))
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
+            newer = isinstance(version, int) and version > SCHEMA_VERSION
             raise TunerError(
                 f"results database {display_url(self.url)} has schema version {version}, this "
-                f"tuner expects {SCHEMA_VERSION}; export its winners with the tuner version that "
-                "wrote it (`tuner export`), then point --db (or TUNER_DB_URL) at a new file"
+                f"tuner expects {SCHEMA_VERSION}"
+                + (" (a newer tuner wrote it): upgrade fp8-attn-tuner, or" if newer else ";")
+                + " export its winners with the tuner version that wrote it (`tuner export`), "
+                "then point --db (or TUNER_DB_URL) at a new file"
             )
-        if not self.readonly:
-            _Base.metadata.create_all(self.engine)  # a table added without a version bump
+        if self.readonly:
+            return
+        if version == 1:
+            self._migrate_1_to_2()
+        _Base.metadata.create_all(self.engine)  # a table added without a version bump
+
+    def _migrate_1_to_2(self) -> None:
+        """Add tuner_problems.seq_len_kv and .kv_heads, filled from seq_len and heads (every
+        version-1 problem is self-attention over all heads), and set the version, in one
+        transaction: a failure leaves a version-1 file. Two writers opening one file at once
+        are serialized by creation_lock (Store.__init__ holds it around _open_schema); the
+        version is read again inside the write transaction too, so a writer that got here
+        second (another backend without the lock, a lock file on another host's view of a
+        network disk) finds version 2 and does nothing."""
+        with self.session() as s:
+            if s.scalar(select(_SchemaVersion.version)) != 1:
+                return
+            for column in ("seq_len_kv", "kv_heads"):
+                s.execute(text(f"ALTER TABLE {_Problem.__tablename__} ADD COLUMN {column} "
+                               "INTEGER"))
+            s.execute(text(f"UPDATE {_Problem.__tablename__} SET seq_len_kv = seq_len, "
+                           "kv_heads = heads"))
+            s.execute(text(f"UPDATE {_SchemaVersion.__tablename__} SET version = 2"))
+        log.info("tuner: migrated %s from schema version 1 to 2 (key/value length and head "
+                 "count of each problem)", display_url(self.url))
 
     @contextmanager
     def session(self) -> Iterator[Session]:

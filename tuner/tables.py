@@ -7,9 +7,13 @@ error names the line and the field. A table proves it is whole: export writes th
 entries and a sha256 of them (`entry_count`, `entries_sha256`, schema version 2), and import
 refuses a file whose entries do not match, so a copy cut off mid-file or a value edited by hand
 never lands in a database; a version-1 table (written before the checksum) is still imported,
-with a warning that nothing proves it whole. A file over MAX_TABLE_BYTES is refused before it is
-parsed. Export is deterministic (sorted, dates from the data, not
-from the clock), so export -> import -> export gives the same bytes.
+with a warning that nothing proves it whole. Version 3 gave each entry's problem the key/value
+length and head count (`seq_len_kv`, `kv_heads`, written always); a version-1 or 2 problem has
+neither and reads as self-attention over all heads (its `causal` was always false), so tables of
+every readable version give the same winners. A table of a version this tuner does not know, a
+newer one included, is refused before anything is written. A file over MAX_TABLE_BYTES is refused
+before it is parsed. Export is deterministic (sorted, dates from the data, not from the clock),
+so export -> import -> export gives the same bytes.
 """
 
 from __future__ import annotations
@@ -33,8 +37,12 @@ from tuner.problem import Problem, check_dimension
 log = logging.getLogger("tuner.tables")
 
 # 2 added entry_count and entries_sha256; version 1 tables are read without them.
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# 3 added the problem's seq_len_kv and kv_heads; older tables are read without them.
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+# The fields of an entry's problem, by the first version that has them.
+PROBLEM_FIELDS = {"batch": 1, "heads": 1, "seq_len": 1, "head_dim": 1, "causal": 1,
+                  "seq_len_kv": 3, "kv_heads": 3}
 # A table is a few KB per hundred problems (the shipped one: 10 entries, 6 KB); 16 MiB is room
 # for ~25000 entries and keeps a wrong file (a log, a checkpoint) from being parsed for minutes.
 MAX_TABLE_BYTES = 16 * 2**20
@@ -151,10 +159,14 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
         fail(("kind",), f"expected kind {KIND!r}, got {data.get('kind')!r}")
     version = data.get("schema_version")
     if type(version) is not int or version not in READABLE_VERSIONS:  # not True, not 1.0
+        newer = type(version) is int and version > SCHEMA_VERSION
         fail(
             ("schema_version",),
             f"schema version {data.get('schema_version')!r} is not one of "
-            f"{READABLE_VERSIONS}; re-export the table with a matching tuner version",
+            f"{READABLE_VERSIONS}; "
+            + ("a newer tuner wrote it: upgrade fp8-attn-tuner to import it, or re-export it "
+               "with this version" if newer else
+               "re-export the table with a matching tuner version"),
         )
     if version >= 2:
         for field in ("entry_count", "entries_sha256"):
@@ -183,9 +195,17 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
         for field in sorted(set(entry) - ENTRY_FIELDS):
             fail((*at, field), f"unknown field; known: {', '.join(sorted(ENTRY_FIELDS))}")
         if not isinstance(entry["problem"], dict):
-            fail((*at, "problem"), "must be a mapping (batch, heads, seq_len, head_dim, causal)")
+            fail((*at, "problem"), f"must be a mapping ({', '.join(PROBLEM_FIELDS)})")
         for field, value in entry["problem"].items():
-            if field in ("batch", "heads", "seq_len", "head_dim"):
+            since = PROBLEM_FIELDS.get(field)
+            if since is None or since > version:
+                known = [f for f, v in PROBLEM_FIELDS.items() if v <= version]
+                fail((*at, "problem", field),
+                     f"unknown problem field in a version-{version} table; known: "
+                     f"{', '.join(known)}"
+                     + (f" ({field} needs schema_version >= {since}: re-export the table with "
+                        "`tuner export`)" if since is not None else ""))
+            if field != "causal":
                 try:
                     check_dimension(field, value)
                 except TunerError as exc:
@@ -322,8 +342,9 @@ def _round(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else float(f"{x:.{digits}g}")
 
 
-def build_table(store, device_id: str, gpu_name: str) -> dict:
-    """The YAML document for every winner of `device_id` in `store`."""
+def build_table(store, device_id: str, gpu_name: str, keep=None) -> dict:
+    """The YAML document for every winner of `device_id` in `store` (with `keep`, a predicate
+    on the Problem, for those it keeps: `tuner export --causal` and the like)."""
     from tuner import __version__
 
     fingerprint = store.devices().get(device_id)
@@ -334,6 +355,8 @@ def build_table(store, device_id: str, gpu_name: str) -> dict:
     entries = []
     for w in store.winners(device_id):
         problem = Problem.from_key(w.problem_key)
+        if keep is not None and not keep(problem):
+            continue
         t = w.trial
         # Candidates the search measured (the default included): not the infeasible proposals
         # it stored without compiling, nor the final re-timings. An imported winner carries the
@@ -362,9 +385,12 @@ def build_table(store, device_id: str, gpu_name: str) -> dict:
     entries.sort(
         key=lambda e: (
             e["problem"]["head_dim"],
+            e["problem"]["causal"],
             e["problem"]["heads"],
+            e["problem"]["kv_heads"],
             e["problem"]["batch"],
             e["problem"]["seq_len"],
+            e["problem"]["seq_len_kv"],
             e["family_set"],
         )
     )

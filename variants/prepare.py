@@ -101,9 +101,12 @@ def check_qkv(
     *,
     require_cuda: bool = False,
     check_finite: bool = True,
+    kv_own_shape: bool = False,
 ) -> None:
     """Public-boundary validation of bf16/fp16 inputs: every message names the problem and the
-    fix."""
+    fix. kv_own_shape: k and v may have their own length and a divisor of q's head count
+    (tuner.attention, whose Problem and can_implement then say whether a kernel implements
+    that); False demands q's shape, what quantize_inputs (every kernel's prepare) reads today."""
     _check_tensors(q, k, v, require_cuda=require_cuda)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16):
@@ -112,33 +115,38 @@ def check_qkv(
                 f"(the kernels quantize to FP8 themselves), e.g. {name}.to(torch.bfloat16); "
                 "e4m3 codes with their descales go to tuner.attention_fp8"
             )
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, kv_own_shape=kv_own_shape)
     if check_finite:
         check_finite_inputs(q, k, v)
 
 
 def check_fp8_qkv(q, k, v, descales) -> None:
-    """The FP8 entry point's boundary: e4m3 q, k, v (batch, seq_len, heads, head_dim) and fp32
-    descales broadcastable to (batch, heads); every message names the problem and the fix."""
+    """The FP8 entry point's boundary: e4m3 q (batch, seq_len, heads, head_dim), k and v (batch,
+    seq_len_kv, kv_heads, head_dim), and fp32 descales broadcastable to (batch, heads) for q and
+    (batch, kv_heads) for k and v (each tensor's own heads); every message names the problem
+    and the fix."""
     _check_tensors(q, k, v, require_cuda=True)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float8_e4m3fn:
             raise TunerError(
                 f"{name} has dtype {t.dtype}; attention_fp8 takes float8_e4m3fn codes with their "
                 "descales (bf16/fp16 inputs go to tuner.attention, which quantizes them)")
-    _check_shapes(q, k, v)
-    batch, _, heads, _ = q.shape
-    for name, d in zip(("q_descale", "k_descale", "v_descale"), descales, strict=True):
+    _check_shapes(q, k, v, kv_own_shape=True)
+    for index, (name, d) in enumerate(zip(("q_descale", "k_descale", "v_descale"), descales,
+                                          strict=True)):
+        x = (q, k, v)[index]
+        batch, heads = x.shape[0], x.shape[2]
+        which = "kv_heads" if index else "heads"
         if not isinstance(d, torch.Tensor) or d.dtype != torch.float32:
-            raise TunerError(f"{name} must be a float32 tensor of shape (batch, heads) = "
+            raise TunerError(f"{name} must be a float32 tensor of shape (batch, {which}) = "
                              f"({batch}, {heads}) or broadcastable to it (one per tensor), got "
                              f"{getattr(d, 'dtype', type(d).__name__)}")
         try:
             torch.broadcast_shapes(tuple(d.shape), (batch, heads))
         except RuntimeError:
             raise TunerError(f"{name} has shape {tuple(d.shape)}; it must broadcast to (batch, "
-                             f"heads) = ({batch}, {heads}): one descale per (batch, head), or "
-                             "one per tensor") from None
+                             f"{which}) = ({batch}, {heads}): one descale per (batch, head) of "
+                             f"{name[0]}, or one per tensor") from None
         if d.device != q.device:
             raise TunerError(f"{name} is on {d.device}, q on {q.device}: move it with "
                              f".to({str(q.device)!r})")
@@ -162,12 +170,18 @@ def _check_tensors(q, k, v, *, require_cuda: bool) -> None:
             )
 
 
-def _check_shapes(q, k, v) -> None:
-    if not (q.shape == k.shape == v.shape):
+def _check_shapes(q, k, v, *, kv_own_shape: bool = False) -> None:
+    if not kv_own_shape and not (q.shape == k.shape == v.shape):
         raise TunerError(
             f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
-            "self-attention prefill needs equal (batch, seq_len, heads, head_dim) "
-            "(repeat k/v heads for GQA before the call)"
+            "this prepare reads k and v at q's (batch, seq_len, heads, head_dim) (other key/value "
+            "lengths and fewer KV heads go through tuner.attention, which says whether a kernel "
+            "implements them)"
+        )
+    if k.shape != v.shape:
+        raise TunerError(
+            f"k and v shapes differ: {tuple(k.shape)}, {tuple(v.shape)}; each key has its value: "
+            "pass both as (batch, seq_len_kv, kv_heads, head_dim)"
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise TunerError(
@@ -176,10 +190,29 @@ def _check_shapes(q, k, v) -> None:
     if not (q.device == k.device == v.device):
         raise TunerError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
     batch, seq_len, heads, head_dim = q.shape
-    if seq_len == 0 or batch == 0 or heads == 0:
+    kv_batch, seq_len_kv, kv_heads, kv_head_dim = k.shape
+    if kv_batch != batch:
         raise TunerError(
-            f"empty input (batch={batch}, seq_len={seq_len}, heads={heads}); "
-            "attention over zero tokens has no output: skip the call"
+            f"q has batch {batch}, k and v {kv_batch}: each sequence attends to its own keys; "
+            "pass k and v with q's batch (expand a shared context to it)"
+        )
+    if seq_len == 0 or batch == 0 or heads == 0 or seq_len_kv == 0 or kv_heads == 0:
+        raise TunerError(
+            f"empty input (batch={batch}, seq_len={seq_len}, heads={heads}, "
+            f"seq_len_kv={seq_len_kv}, kv_heads={kv_heads}); "
+            "attention over zero tokens or heads has no output: skip the call"
+        )
+    if kv_head_dim != head_dim:
+        raise TunerError(
+            f"q has head_dim {head_dim}, k and v {kv_head_dim}: q . k needs one head_dim (the "
+            "kernels take v's equal to it too); zero-pad the shorter one"
+        )
+    if heads % kv_heads:
+        raise TunerError(
+            f"q has {heads} heads, k and v {kv_heads}: the query heads must be a multiple of the "
+            f"key/value heads (each KV head serves heads // kv_heads query heads, grouped-query "
+            "attention); pass k and v with a divisor of q's heads, or repeat_interleave them to "
+            f"{heads}"
         )
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise TunerError(

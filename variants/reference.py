@@ -12,6 +12,13 @@ systematic scale inside the FP8 rounding noise, so beside it the gate checks the
 the least-squares output scale of every (batch, head), and LSE against a bound that grows with
 the score magnitude. Every threshold lives in the block below, with its derivation.
 
+Shapes and masks. q is (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads,
+head_dim) with heads a multiple of kv_heads: query head h reads KV head h // (heads // kv_heads),
+as a view (K and V are never repeated per query head). causal masks aligned to the bottom right,
+as FlashAttention does: query i sees keys j <= i + seq_len_kv - seq_len. A query that sees no key
+(the first seq_len - seq_len_kv when seq_len > seq_len_kv) has output 0 and LSE -inf, exactly;
+`accuracy` demands exactly that of a kernel.
+
 The error of FP8 quantization itself is reported by `end_to_end_error` (kernel vs fp32
 attention on the original inputs), never gated: it measures the format, not the kernel.
 """
@@ -67,12 +74,22 @@ HEAD_SLOPE_MAX = 2.0**-6
 # H200 measurement. A masking bug moves LSE by O(0.1 .. 1) at any magnitude.
 LSE_ABS_MAX = 2.0**-8
 LSE_QK_REL = 2.0**-8
+# Masks and other key/value lengths change none of the above: every sum runs over the keys a row
+# sees (a causal row i: the first i + seq_len_kv - seq_len + 1; masked keys have p = 0 in the
+# reference and must have it in the kernel), so each bound holds per row with S the number of
+# keys it sees. The floor's sqrt(S) x RMS |v_i| is computed as the norm of the visible keys' V
+# rows, sqrt(sum_visible |v_i|^2) (the same number for an unmasked row). The noise, the score
+# magnitude and the head slope weight keys by p and so exclude masked ones already. A row that
+# sees no key has nothing to round: its output must be exactly 0 and its LSE exactly -inf.
 
 
 @dataclass(frozen=True)
 class ReferenceInputs:
-    """The gate's own quantization of q, k, v: e4m3 codes (batch, seq_len, heads, head_dim) in
-    the natural layout, no padding, and the per-(batch, head) descales (batch, heads, 3)."""
+    """The gate's own quantization of q, k, v: e4m3 codes in the natural layout, no padding (q
+    (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads, head_dim)), and
+    the descales (batch, heads, 3) of q, k, v, indexed by QUERY head: a KV head's descale is
+    repeated over the query heads of its group (the layout of prepare's Fp8Inputs, in which a
+    kernel finds every scale of query head h at [b, h])."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -84,26 +101,64 @@ class ReferenceInputs:
     def seq_len(self) -> int:
         return self.q.shape[1]
 
+    @property
+    def seq_len_kv(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def group(self) -> int:
+        return self.q.shape[2] // self.k.shape[2]
+
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return tuple(x.float() * self.descale[:, None, :, i, None]
-                     for i, x in enumerate((self.q, self.k, self.v)))
+        """fp32 q, k, v in their own shapes; K/V descales read at the first query head of each
+        group (all of the group hold the same)."""
+        kv_descale = self.descale[:, :: self.group]  # (batch, kv_heads, 3)
+        return (self.q.float() * self.descale[:, None, :, 0, None],
+                self.k.float() * kv_descale[:, None, :, 1, None],
+                self.v.float() * kv_descale[:, None, :, 2, None])
+
+
+def _group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
+    """Query heads per KV head, after checking the shapes the reference computes with."""
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: k and v "
+                         "must match each other, and q in batch and head_dim")
+    if q.shape[2] % k.shape[2]:
+        raise ValueError(f"{q.shape[2]} query heads are not a multiple of {k.shape[2]} KV heads")
+    return q.shape[2] // k.shape[2]
 
 
 def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        softmax_scale: float | None = None) -> ReferenceInputs:
     """The documented per-(batch, head) FP8 formula, written plainly (no fused kernel, no
-    layout): amax over (seq_len, head_dim) in fp32, code = e4m3(clamp(x * (448 / amax)))."""
+    layout): amax over (seq_len, head_dim) of each tensor's own heads in fp32, code =
+    e4m3(clamp(x * (448 / amax))); K/V descales repeated over their query heads."""
+    group = _group(q, k, v)
     codes, descales = [], []
-    for x in (q, k, v):
+    for index, x in enumerate((q, k, v)):
         x32 = x.float()
-        amax = x32.abs().amax(dim=(1, 3)).clamp_min(TINY_AMAX)  # (batch, heads)
+        amax = x32.abs().amax(dim=(1, 3)).clamp_min(TINY_AMAX)  # (batch, the tensor's heads)
         scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare
         # Rounding can land a hair above 448 and e4m3fn has no Inf: clamp before the cast.
         codes.append((x32 * scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
                      .to(torch.float8_e4m3fn))
-        descales.append(amax * DESCALE_PER_AMAX)
+        descale = amax * DESCALE_PER_AMAX
+        descales.append(descale.repeat_interleave(group, dim=1) if index else descale)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return ReferenceInputs(*codes, descale=torch.stack(descales, dim=-1), softmax_scale=scale)
+
+
+def empty_rows(seq_len: int, seq_len_kv: int, causal: bool) -> int:
+    """How many leading query rows see no key: seq_len - seq_len_kv under a bottom-right causal
+    mask when the queries are the longer, else none."""
+    return max(0, seq_len - seq_len_kv) if causal else 0
+
+
+def causal_masked(rows: torch.Tensor, seq_len: int, seq_len_kv: int) -> torch.Tensor:
+    """(len(rows), seq_len_kv) bool, True where query row i may not see key j: j > i +
+    seq_len_kv - seq_len (FlashAttention's bottom-right alignment)."""
+    keys = torch.arange(seq_len_kv, device=rows.device)
+    return keys[None, :] > (rows + (seq_len_kv - seq_len))[:, None]
 
 
 def _first_mismatch(name: str, got: torch.Tensor, want: torch.Tensor, dims: str) -> str | None:
@@ -136,6 +191,9 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
             return f"prepare: {problem}"
     got = prepared.dequantized()
     for name, g, want in zip("qkv", got, ref.dequantized(), strict=True):
+        if g.shape != want.shape:
+            return (f"prepare: {name} decodes to shape {tuple(g.shape)}, the input was "
+                    f"{tuple(want.shape)}")
         problem = _first_mismatch(name, g, want, "batch token head dim")
         if problem:
             return (f"prepare: {problem}; the prepared codes are not what the layout and key "
@@ -150,62 +208,85 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
 
 @dataclass
 class ReferenceResult:
-    """fp32 reference of the rows checked: out (batch, rows, heads, head_dim); lse, noise and
-    score magnitude (batch, heads, rows); `rows` the query indices (None: all)."""
+    """fp32 reference of the rows checked: out (batch, rows, heads, head_dim); lse, noise, score
+    magnitude and visible V norm (batch, heads, rows); `rows` the query indices (None: all).
+    Rows that see no key hold out 0, LSE -inf and zero statistics."""
 
     out: torch.Tensor
     lse: torch.Tensor
     noise: torch.Tensor  # sqrt(sum_i p_i^2 |v_i|^2): the scale of a row's rounding error
     score_magnitude: torch.Tensor  # sum_i p_i scale sum_d |q_d k_id|: what LSE's error scales by
-    v_row_rms: torch.Tensor  # (batch, heads): RMS over keys of |v_i|
+    visible_v_norm: torch.Tensor  # sqrt(sum over the keys the row sees of |v_i|^2): the floor's
     rows: torch.Tensor | None
     seq_len: int
+    seq_len_kv: int | None = None  # None: seq_len
+    causal: bool = False
+
+    @property
+    def empty_rows(self) -> int:
+        """Leading query rows (of all seq_len, checked or not) that see no key."""
+        kv = self.seq_len if self.seq_len_kv is None else self.seq_len_kv
+        return empty_rows(self.seq_len, kv, self.causal)
 
 
-def _chunk_rows(seq_len: int, budget_bytes: int) -> int:
-    # One chunk holds a (rows, seq_len) fp32 score block (plus its exp, in end_to_end_error).
-    return max(1, min(seq_len, budget_bytes // (8 * seq_len)))
+def _chunk_rows(seq_len_kv: int, budget_bytes: int) -> int:
+    # One chunk holds a (rows, seq_len_kv) fp32 score block (plus its exp, in end_to_end_error)
+    # and, with a causal mask, its bool mask.
+    return max(1, min(seq_len_kv, budget_bytes // (9 * seq_len_kv)))
 
 
-def reference_attention(inputs, rows: torch.Tensor | None = None, *,
+def reference_attention(inputs, rows: torch.Tensor | None = None, *, causal: bool = False,
                         score_budget_bytes: int = 1 << 29) -> ReferenceResult:
     """fp32 attention on `inputs.dequantized()` (ReferenceInputs, or a family's Fp8Inputs for a
-    CPU test double) for the query `rows` (all when None).
+    CPU test double) for the query `rows` (all when None), bottom-right causal if `causal`.
 
     One (batch, head) at a time and `score_budget_bytes` of scores per query chunk, so that
-    B=1, H=56, S=30272 peaks at well under 2 GB besides the inputs and outputs.
+    B=1, H=56, S=30272 peaks at well under 2 GB besides the inputs and outputs; a KV head's
+    K and V are read in place by each query head of its group.
     """
     q, k, v = inputs.dequantized()
+    group = _group(q, k, v)
     batch, seq_len, heads, head_dim = q.shape
+    seq_len_kv = k.shape[1]
+    row_index = torch.arange(seq_len, device=q.device) if rows is None else rows.to(q.device)
     if rows is not None:
-        q = q[:, rows.to(q.device)]
+        q = q[:, row_index]
     n_rows = q.shape[1]
     device = q.device
     out = torch.empty(batch, n_rows, heads, head_dim, dtype=torch.float32, device=device)
-    lse, noise, magnitude = (torch.empty(batch, heads, n_rows, dtype=torch.float32,
-                                         device=device) for _ in range(3))
-    v_rms = torch.empty(batch, heads, dtype=torch.float32, device=device)
-    chunk = _chunk_rows(seq_len, score_budget_bytes)
+    lse, noise, magnitude, v_norm = (torch.empty(batch, heads, n_rows, dtype=torch.float32,
+                                                 device=device) for _ in range(4))
+    chunk = _chunk_rows(seq_len_kv, score_budget_bytes)
     for b in range(batch):
         for h in range(heads):
             qh = q[b, :, h] * inputs.softmax_scale
-            kh, vh = k[b, :, h], v[b, :, h]
+            kh, vh = k[b, :, h // group], v[b, :, h // group]
             v_norm2 = (vh * vh).sum(-1)
+            # Row i sees a prefix of the keys (or all): the floor's norm from a running sum.
+            v_prefix = torch.cat([v_norm2.new_zeros(1), v_norm2.cumsum(0)])
             k_abs = kh.abs()
-            v_rms[b, h] = v_norm2.mean().sqrt()
             for r0 in range(0, n_rows, chunk):
-                qc = qh[r0 : r0 + chunk]
-                # The softmax in place in the score block: one (rows, seq_len) temporary.
+                at = slice(r0, r0 + chunk)
+                qc = qh[at]
+                # The softmax in place in the score block: one (rows, seq_len_kv) temporary.
                 p = qc @ kh.t()
+                if causal:
+                    p.masked_fill_(causal_masked(row_index[at], seq_len, seq_len_kv),
+                                   float("-inf"))
+                    seen = (row_index[at] + (seq_len_kv - seq_len + 1)).clamp(0, seq_len_kv)
+                else:
+                    seen = torch.full_like(row_index[at], seq_len_kv)
                 row_max = p.amax(dim=-1)
-                p.sub_(row_max[:, None]).exp_()
+                # A row with no visible key is all -inf: subtract 0 there instead (exp -> 0).
+                p.sub_(torch.where(seen > 0, row_max, 0.0)[:, None]).exp_()
                 row_sum = p.sum(dim=-1)
-                p.div_(row_sum[:, None])
-                out[b, r0 : r0 + chunk, h] = p @ vh
-                lse[b, h, r0 : r0 + chunk] = row_max + row_sum.log()
-                magnitude[b, h, r0 : r0 + chunk] = (qc.abs() * (p @ k_abs)).sum(-1)
-                noise[b, h, r0 : r0 + chunk] = (p.square_() @ v_norm2).sqrt()  # p is spent
-    return ReferenceResult(out, lse, noise, magnitude, v_rms, rows, seq_len)
+                p.div_(row_sum.clamp_min(torch.finfo(torch.float32).tiny)[:, None])
+                out[b, at, h] = p @ vh
+                lse[b, h, at] = row_max + row_sum.log()  # -inf + log 0 = -inf: no key seen
+                magnitude[b, h, at] = (qc.abs() * (p @ k_abs)).sum(-1)
+                v_norm[b, h, at] = v_prefix[seen].sqrt()
+                noise[b, h, at] = (p.square_() @ v_norm2).sqrt()  # p is spent
+    return ReferenceResult(out, lse, noise, magnitude, v_norm, rows, seq_len, seq_len_kv, causal)
 
 
 @dataclass(frozen=True)
@@ -218,8 +299,11 @@ class AccuracyMetrics:
     lse_max_err: float
     lse_excess: float  # max over rows of |lse error| / its bound (<= 1 passes)
     lse_excess_at: str
-    nonfinite: int  # NaN/Inf in out and lse (outputs are poisoned with NaN, so unwritten counts)
+    nonfinite: int  # NaN/Inf in out and lse (outputs are poisoned with NaN, so unwritten counts),
+    # besides the -inf LSE of rows that see no key
     written_share: float  # share of output elements that are finite
+    empty_row_errors: int = 0  # elements of rows that see no key other than out 0 and LSE -inf
+    empty_row_at: str = ""
 
     @property
     def reason(self) -> str | None:
@@ -227,6 +311,9 @@ class AccuracyMetrics:
         if self.nonfinite:
             return (f"non-finite: {self.nonfinite} NaN/Inf outputs "
                     f"(written share {self.written_share:.4f})")
+        if self.empty_row_errors:
+            return (f"rows with no visible key: {self.empty_row_errors} values are not out 0 / "
+                    f"LSE -inf, first at {self.empty_row_at}")
         if not self.worst_row <= ROW_REL_MAX:
             return (f"worst row: error {self.worst_row:.4g} of the row's scale > "
                     f"{ROW_REL_MAX:.4g} at {self.worst_row_at}")
@@ -259,26 +346,53 @@ def _where(index: int, shape: tuple[int, ...], names: str, rows=None) -> str:
     return " ".join(parts)
 
 
+def _empty_row_check(out32: torch.Tensor, lse32: torch.Tensor, n_empty: int) -> tuple[int, str]:
+    """(count, where) of values in the leading n_empty rows (all of them, checked by the
+    reference or not) other than out == 0 and lse == -inf; NaN counts (as non-finite too)."""
+    if not n_empty:
+        return 0, ""
+    bad_out = out32[:, :n_empty] != 0  # (batch, rows, heads, head_dim)
+    bad_lse = lse32[:, :, :n_empty] != float("-inf")  # (batch, heads, rows)
+    count = int(bad_out.sum()) + int(bad_lse.sum())
+    if not count:
+        return 0, ""
+    if bad_lse.any():
+        b, h, r = (int(i) for i in bad_lse.nonzero()[0])
+        return count, f"batch {b} head {h} row {r}: LSE {float(lse32[b, h, r]):.6g}"
+    b, r, h, d = (int(i) for i in bad_out.nonzero()[0])
+    return count, f"batch {b} head {h} row {r}: out[{d}] = {float(out32[b, r, h, d]):.6g}"
+
+
 def accuracy(out: torch.Tensor, lse: torch.Tensor, ref: ReferenceResult) -> AccuracyMetrics:
-    """Compare a kernel's whole (out, lse) with the reference rows it holds."""
+    """Compare a kernel's whole (out, lse) with the reference rows it holds; rows that see no
+    key are compared exactly, all of them."""
     batch, seq_len, heads, head_dim = out.shape
     if seq_len != ref.seq_len or lse.shape != (batch, heads, seq_len) or \
             (batch, heads, head_dim) != (ref.out.shape[0], ref.out.shape[2], ref.out.shape[3]):
         raise ValueError(f"shape mismatch: out {tuple(out.shape)}, lse {tuple(lse.shape)} vs "
                          f"reference of seq_len {ref.seq_len}, out {tuple(ref.out.shape)}")
     out32, lse32 = out.float(), lse.float()
-    # Every element, also of rows the reference skips: an unwritten row anywhere fails.
+    n_empty = ref.empty_rows
+    # Every element, also of rows the reference skips: an unwritten row anywhere fails. The
+    # -inf LSE of a row that sees no key is its right value, not a non-finite one.
     finite_out = torch.isfinite(out32)
-    nonfinite = int((~finite_out).sum()) + int((~torch.isfinite(lse32)).sum())
+    lse_ok = torch.isfinite(lse32)
+    lse_ok[:, :, :n_empty] |= lse32[:, :, :n_empty] == float("-inf")
+    nonfinite = int((~finite_out).sum()) + int((~lse_ok).sum())
     written_share = float(finite_out.float().mean())
+    empty_errors, empty_at = _empty_row_check(out32, lse32, n_empty)
     if ref.rows is not None:
         rows = ref.rows.to(out.device)
         out32, lse32 = out32[:, rows], lse32[:, :, rows]
+        seeing = rows >= n_empty  # (rows,): the checked rows that see a key
+    else:
+        seeing = torch.arange(seq_len, device=out.device) >= n_empty
     diff = torch.nan_to_num(out32 - ref.out, nan=0.0, posinf=0.0, neginf=0.0)
     rel_rms = float(diff.norm()) / max(float(ref.out.norm()), 1e-30)
 
-    row_err = diff.norm(dim=-1).transpose(1, 2)  # (batch, heads, rows)
-    floor = ROW_FLOOR_PER_SQRT_KEY * math.sqrt(ref.seq_len) * ref.v_row_rms[..., None]
+    # Rows that see no key were compared exactly above: the relative checks skip them.
+    row_err = diff.norm(dim=-1).transpose(1, 2) * seeing  # (batch, heads, rows)
+    floor = ROW_FLOOR_PER_SQRT_KEY * ref.visible_v_norm
     row_scale = torch.maximum(torch.maximum(ref.out.norm(dim=-1).transpose(1, 2), ref.noise),
                               floor.clamp_min(1e-30))
     row_ratio = row_err / row_scale
@@ -292,7 +406,7 @@ def accuracy(out: torch.Tensor, lse: torch.Tensor, ref: ReferenceResult) -> Accu
     slope_err = torch.where(energy > 0, (slope - 1).abs(), torch.zeros_like(slope))
     worst_head = int(slope_err.argmax())
 
-    lse_err = torch.nan_to_num((lse32 - ref.lse).abs(), nan=0.0, posinf=0.0)
+    lse_err = torch.nan_to_num((lse32 - ref.lse).abs(), nan=0.0, posinf=0.0) * seeing
     lse_ratio = lse_err / (LSE_ABS_MAX + LSE_QK_REL * ref.score_magnitude)
     worst_lse = int(lse_ratio.argmax())
     shape = tuple(row_ratio.shape)
@@ -307,14 +421,18 @@ def accuracy(out: torch.Tensor, lse: torch.Tensor, ref: ReferenceResult) -> Accu
         lse_excess_at=_where(worst_lse, shape, "batch head row", ref.rows),
         nonfinite=nonfinite,
         written_share=written_share,
+        empty_row_errors=empty_errors,
+        empty_row_at=empty_at,
     )
 
 
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, rows: torch.Tensor | None = None) -> AccuracyMetrics:
+             lse: torch.Tensor, rows: torch.Tensor | None = None, *,
+             causal: bool = False) -> AccuracyMetrics:
     """A kernel's (out, lse) for the original q, k, v against the reference on the gate's own
     quantization of them (prepare's output is checked apart: `prepare_mismatch`)."""
-    return accuracy(out, lse, reference_attention(quantize_reference(q, k, v), rows))
+    return accuracy(out, lse, reference_attention(quantize_reference(q, k, v), rows,
+                                                  causal=causal))
 
 
 def end_to_end_error(
@@ -323,20 +441,30 @@ def end_to_end_error(
     k: torch.Tensor,
     v: torch.Tensor,
     softmax_scale: float | None = None,
+    *,
+    causal: bool = False,
 ) -> float:
     """Relative RMS of a kernel's output against fp32 attention on the original inputs (FP8
     quantization included): reported beside the gated metrics, never gated, since it measures
-    the format, not the kernel. Chunked per head like the reference."""
+    the format, not the kernel. Chunked per head like the reference; rows that see no key count
+    with their reference output 0."""
+    group = _group(q, k, v)
     batch, s, heads, head_dim = q.shape
+    s_kv = k.shape[1]
     scale = head_dim**-0.5 if softmax_scale is None else softmax_scale
     num = den = 0.0
-    rows = _chunk_rows(s, 1 << 29)
+    rows = _chunk_rows(s_kv, 1 << 29)
     for b in range(batch):
         for h in range(heads):
-            qh, kh, vh = (x[b, :, h].float() for x in (q, k, v))
+            qh = q[b, :, h].float()
+            kh, vh = (x[b, :, h // group].float() for x in (k, v))
             for r0 in range(0, s, rows):
-                probs = torch.softmax((qh[r0 : r0 + rows] * scale) @ kh.t(), dim=-1)
-                ref = probs @ vh
+                scores = (qh[r0 : r0 + rows] * scale) @ kh.t()
+                if causal:
+                    index = torch.arange(r0, min(r0 + rows, s), device=q.device)
+                    scores.masked_fill_(causal_masked(index, s, s_kv), float("-inf"))
+                # A fully masked row's softmax is NaN: its reference output is 0.
+                ref = torch.softmax(scores, dim=-1).nan_to_num_(0.0) @ vh
                 num += float(((out[b, r0 : r0 + rows, h].float() - ref) ** 2).sum())
                 den += float((ref**2).sum())
     return math.sqrt(num / max(den, 1e-30))

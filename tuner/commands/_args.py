@@ -105,6 +105,56 @@ def add_problem_arguments(parser: argparse.ArgumentParser, *, seq_lens_example: 
                         f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (default 128)")
 
 
+def add_shape_arguments(parser: argparse.ArgumentParser, *, as_filter: bool = False) -> None:
+    """--kv-len, --kv-heads, --causal: the key/value side and the mask of the problems a command
+    builds (search, bench), or with as_filter those it shows or exports (show, export: absent
+    means any)."""
+    if as_filter:
+        parser.add_argument("--kv-len", type=dimension("seq_len_kv"), default=None,
+                            help="only problems whose keys/values have this length")
+        parser.add_argument("--kv-heads", type=dimension("kv_heads"), default=None,
+                            help="only problems with this many key/value heads")
+        parser.add_argument("--causal", action="store_true",
+                            help="only causal problems (default: causal or not)")
+        return
+    parser.add_argument("--kv-len", type=dimension("seq_len_kv"), default=None,
+                        help="key/value length (tokens) of every problem, 1 to "
+                        f"{MAX_DIMS['seq_len_kv']}, for cross-attention, e.g. 512 text tokens "
+                        "(default: each problem's seq_len, self-attention)")
+    parser.add_argument("--kv-heads", type=dimension("kv_heads"), default=None,
+                        help="key/value heads, a divisor of --heads, for grouped-query "
+                        "attention (default: --heads)")
+    parser.add_argument("--causal", action="store_true",
+                        help="causal mask, aligned to the bottom right when --kv-len differs "
+                        "(default: none)")
+
+
+def problems_from_args(args) -> list:
+    """The Problems of --seq-lens with --batch, --heads, --head-dim, --kv-len, --kv-heads and
+    --causal; a combination that is no problem is named by its options."""
+    from tuner.problem import Problem
+
+    if args.kv_heads is not None and args.heads % args.kv_heads:
+        divisors = [d for d in range(1, args.heads + 1) if args.heads % d == 0]
+        shown = ", ".join(map(str, divisors[:12])) + (", ..." if len(divisors) > 12 else "")
+        raise TunerError(f"--kv-heads {args.kv_heads} does not divide --heads {args.heads}: each "
+                         "key/value head serves a whole group of query heads; pick one of "
+                         f"{shown}")
+    return [Problem(args.batch, args.heads, s, args.head_dim, args.causal, args.kv_len,
+                    args.kv_heads) for s in args.seq_lens]
+
+
+def shape_filter(args):
+    """A predicate on Problems from show/export's --kv-len, --kv-heads and --causal."""
+
+    def keep(problem) -> bool:
+        return ((args.kv_len is None or problem.seq_len_kv == args.kv_len)
+                and (args.kv_heads is None or problem.kv_heads == args.kv_heads)
+                and (not args.causal or problem.causal))
+
+    return keep
+
+
 def wide_console(width_when_piped: int):
     """A rich Console that keeps wide tables on one line when output is piped (rich assumes 80
     columns without a terminal)."""

@@ -5,7 +5,12 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from tuner.commands._args import add_problem_arguments, at_least
+from tuner.commands._args import (
+    add_problem_arguments,
+    add_shape_arguments,
+    at_least,
+    problems_from_args,
+)
 
 NAME = "bench"
 HELP = "time the tuned config, the default and peers (SDPA, cuDNN FP8) side by side"
@@ -14,6 +19,7 @@ HELP = "time the tuned config, the default and peers (SDPA, cuDNN FP8) side by s
 def add_arguments(parser) -> None:
     parser.add_argument("--gpu", default="auto", help="must be the local GPU (default: auto)")
     add_problem_arguments(parser, seq_lens_example="4096,30272", heads_default=56)
+    add_shape_arguments(parser)
     parser.add_argument(
         "--against",
         default="default,sdpa",
@@ -32,9 +38,9 @@ def run(args) -> int:
     from tuner.bench import AGAINST, bench_seq_len, markdown_table, store_peer_rows
     from tuner.errors import TunerError
     from tuner.gpus import device_fingerprint, fingerprint_id, resolve_gpu
-    from tuner.problem import Problem
     from tuner.store import Store
 
+    problems = problems_from_args(args)
     against = [a.strip() for a in args.against.split(",") if a.strip()]
     unknown = [a for a in against if a not in AGAINST]
     if unknown:
@@ -47,8 +53,7 @@ def run(args) -> int:
     rows = []
     try:
         store.record_device(device_id, fp)
-        for seq_len in args.seq_lens:
-            problem = Problem(args.batch, args.heads, seq_len, args.head_dim)
+        for problem in problems:
             found = bench_seq_len(problem, gpu, against, repeats=args.repeats, db=args.db)
             store_peer_rows(store, device_id, problem, found)
             rows += found
@@ -56,7 +61,7 @@ def run(args) -> int:
         store.close()
     label = (
         f"{fp['name']} ({dt.date.today().isoformat()}), B={args.batch} H={args.heads} "
-        f"D={args.head_dim}"
+        f"D={args.head_dim}" + _shape_label(args)
     )
     table = markdown_table(rows, label)
     if args.markdown:
@@ -71,3 +76,14 @@ def run(args) -> int:
     else:
         print(table)
     return 0
+
+
+def _shape_label(args) -> str:
+    parts = []
+    if args.kv_len is not None:
+        parts.append(f"Skv={args.kv_len}")
+    if args.kv_heads is not None and args.kv_heads != args.heads:
+        parts.append(f"Hkv={args.kv_heads}")
+    if args.causal:
+        parts.append("causal")
+    return "".join(f" {p}" for p in parts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from tuner.commands._args import add_shape_arguments, shape_filter
 from tuner.dburl import display_url
 from tuner.errors import TunerError
 
@@ -22,6 +23,7 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--db", default=None, help="results database URL")
     parser.add_argument("--out", default="-", help="output file (default: stdout)")
+    add_shape_arguments(parser, as_filter=True)
 
 
 def _pick_device(store, gpu: str, device_id: str | None) -> tuple[str, str]:
@@ -66,7 +68,7 @@ def run(args) -> int:
     store = Store(args.db, readonly=True)
     try:
         device_id, gpu_name = _pick_device(store, args.gpu, args.device_id)
-        text = dump_table(build_table(store, device_id, gpu_name))
+        text = dump_table(build_table(store, device_id, gpu_name, keep=shape_filter(args)))
     finally:
         store.close()
     if args.out == "-":

@@ -7,7 +7,13 @@ import json
 import os
 import sys
 
-from tuner.commands._args import add_problem_arguments, at_least, duration
+from tuner.commands._args import (
+    add_problem_arguments,
+    add_shape_arguments,
+    at_least,
+    duration,
+    problems_from_args,
+)
 from tuner.errors import TunerError
 from tuner.outcomes import Outcome
 
@@ -35,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpu", default="auto", help="target profile; must be the local GPU (default: auto)"
     )
     add_problem_arguments(parser, seq_lens_example="4096,8192,30272", heads_default=None)
+    add_shape_arguments(parser)
     parser.add_argument(
         "--families",
         default="auto",
@@ -130,10 +137,10 @@ def run(args: argparse.Namespace) -> int:
             "install the project's dependencies (pip install -e .)"
         ) from exc
     from tuner.multi_gpu import visible_devices
-    from tuner.problem import Problem
     from tuner.store import Store
     from variants import load_family
 
+    problems = problems_from_args(args)  # before looking for a GPU: a bad combination first
     if args.families.strip() == "auto":
         from tuner.gpus import resolve_gpu
         from variants import families_for_arch
@@ -154,7 +161,6 @@ def run(args: argparse.Namespace) -> int:
     # takes them without a local GPU.
     devices = visible_devices(args.workers, runs_on_cpu(modules)) if args.workers != 1 else []
     target = make_target(args.gpu, modules)
-    problems = [Problem(args.batch, args.heads, s, args.head_dim) for s in args.seq_lens]
     settings = SearchSettings(
         trials=args.trials,
         time_budget_s=args.time_budget,

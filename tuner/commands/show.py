@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from tuner.commands._args import wide_console
+from tuner.commands._args import add_shape_arguments, shape_filter, wide_console
 from tuner.dburl import display_url
 from tuner.errors import TunerError
 from tuner.outcomes import Role
@@ -33,6 +33,7 @@ def add_arguments(parser) -> None:
         help="list the trials of one seq_len (outcomes by kind)",
     )
     parser.add_argument("--heads", type=int, default=None, help="with --trials: heads")
+    add_shape_arguments(parser, as_filter=True)
     parser.add_argument(
         "--plot",
         metavar="FILE",
@@ -57,11 +58,15 @@ def _devices(store, gpu_name: str | None) -> dict[str, dict]:
     }
 
 
-def winner_rows(store, devices: dict[str, dict]) -> list[dict]:
+def winner_rows(store, devices: dict[str, dict], keep=None) -> list[dict]:
+    """One row per stored winner of `devices` (with `keep`, a predicate on the Problem, those it
+    keeps)."""
     rows = []
     for device_id, fp in devices.items():
         for w in store.winners(device_id):
             p = Problem.from_key(w.problem_key)
+            if keep is not None and not keep(p):
+                continue
             d = w.default_trial
             rows.append(
                 {
@@ -70,6 +75,9 @@ def winner_rows(store, devices: dict[str, dict]) -> list[dict]:
                     "problem": w.problem_key,
                     "seq_len": p.seq_len,
                     "heads": p.heads,
+                    "seq_len_kv": p.seq_len_kv,
+                    "kv_heads": p.kv_heads,
+                    "causal": p.causal,
                     "family_set": w.family_set,
                     "family": w.family,
                     "config": w.config,
@@ -83,7 +91,8 @@ def winner_rows(store, devices: dict[str, dict]) -> list[dict]:
                     "decided_at": w.decided_at.isoformat() if w.decided_at else None,
                 }
             )
-    return sorted(rows, key=lambda r: (r["device"] or "", r["heads"], r["seq_len"]))
+    return sorted(rows, key=lambda r: (r["device"] or "", r["causal"], r["heads"], r["kv_heads"],
+                                       r["seq_len"], r["seq_len_kv"]))
 
 
 def peer_rows(store, devices: dict[str, dict], rows: list[dict]) -> list[dict]:
@@ -137,17 +146,18 @@ def _print_winners(rows: list[dict]) -> None:
     wide_console(220).print(table)
 
 
-def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool) -> int:
+def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool, keep) -> int:
     shown = []
     for device_id, fp in devices.items():
         for w in store.winners(device_id):
             p = Problem.from_key(w.problem_key)
-            if p.seq_len == seq_len and (heads is None or p.heads == heads):
+            if p.seq_len == seq_len and (heads is None or p.heads == heads) and keep(p):
                 shown.append((fp, p))
     problems = {p for _, p in shown}
     if not problems:
         # A problem searched but never decided still has trials: look it up by key directly.
-        raise TunerError(f"no stored winner for seq_len {seq_len}; `tuner show` lists them")
+        raise TunerError(f"no stored winner for seq_len {seq_len} with the filters given; "
+                         "`tuner show` lists them")
     out = []
     for p in sorted(problems, key=lambda p: p.key()):
         trials = [t for d in devices for t in store.trials(p, device_id=d)]
@@ -211,9 +221,10 @@ def run(args) -> int:
     store = Store(args.db, readonly=True)
     try:
         devices = _devices(store, args.gpu)
+        keep = shape_filter(args)
         if args.trials is not None:
-            return _trials(store, devices, args.trials, args.heads, args.json)
-        rows = winner_rows(store, devices)
+            return _trials(store, devices, args.trials, args.heads, args.json, keep)
+        rows = winner_rows(store, devices, keep)
         if args.plot:
             from tuner.report import plot_winners
 

@@ -1,0 +1,97 @@
+"""tuner.attention / attention_fp8 inputs with their own key/value length and head count: the
+shape checks (variants/prepare.py) accept them and name what is wrong otherwise; the Problem
+built from them; the op's shapes without a GPU (meta tensors)."""
+
+import pytest
+import torch
+
+import tuner
+from tuner.errors import TunerError
+from tuner.problem import Problem
+from tuner.runtime import problem_of
+from variants.prepare import check_fp8_qkv, check_qkv, quantize_inputs
+
+
+def tensors(q_shape, kv_shape, dtype=torch.bfloat16, device="meta"):
+    q = torch.empty(q_shape, dtype=dtype, device=device)
+    k, v = (torch.empty(kv_shape, dtype=dtype, device=device) for _ in range(2))
+    return q, k, v
+
+
+@pytest.mark.parametrize("q_shape, kv_shape", [
+    ((1, 100, 32, 128), (1, 100, 8, 128)),  # GQA 4
+    ((2, 4608, 24, 128), (2, 512, 24, 128)),  # cross-attention
+    ((1, 37, 8, 64), (1, 1000, 1, 64)),  # multi-query, longer keys
+    ((1, 1, 4, 128), (1, 1, 4, 128)),
+])
+def test_own_key_value_shapes_are_accepted_and_make_the_problem(q_shape, kv_shape):
+    q, k, v = tensors(q_shape, kv_shape)
+    check_qkv(q, k, v, require_cuda=True, check_finite=False, kv_own_shape=True)
+    p = problem_of(q, k, causal=True)
+    assert p == Problem(q_shape[0], q_shape[2], q_shape[1], q_shape[3], True, kv_shape[1],
+                        kv_shape[2])
+    out, lse = tuner.attention(q, k, v, causal=True, return_lse=True)
+    assert out.shape == q_shape and out.dtype == torch.bfloat16
+    assert lse.shape == (q_shape[0], q_shape[2], q_shape[1]) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("q_shape, k_shape, v_shape, message", [
+    ((1, 100, 32, 128), (1, 100, 8, 128), (1, 90, 8, 128),
+     r"k and v shapes differ: \(1, 100, 8, 128\), \(1, 90, 8, 128\); each key has its value"),
+    ((1, 100, 32, 128), (2, 100, 8, 128), (2, 100, 8, 128),
+     "q has batch 1, k and v 2: each sequence attends to its own keys"),
+    ((1, 100, 32, 128), (1, 100, 8, 64), (1, 100, 8, 64),
+     "q has head_dim 128, k and v 64: q . k needs one head_dim"),
+    ((1, 100, 32, 128), (1, 100, 12, 128), (1, 100, 12, 128),
+     "q has 32 heads, k and v 12: the query heads must be a multiple of the key/value heads"),
+    ((1, 100, 8, 128), (1, 100, 16, 128), (1, 100, 16, 128),
+     "q has 8 heads, k and v 16: the query heads must be a multiple"),
+    ((1, 100, 8, 128), (1, 0, 8, 128), (1, 0, 8, 128), "seq_len_kv=0"),
+    ((1, 100, 8, 128), (1, 50, 0, 128), (1, 50, 0, 128), "kv_heads=0"),
+], ids=["k-vs-v", "batch", "head-dim", "not-a-multiple", "more-kv-heads", "no-keys",
+        "no-kv-heads"])
+def test_bad_key_value_shapes_are_named(q_shape, k_shape, v_shape, message):
+    q = torch.empty(q_shape, dtype=torch.bfloat16, device="meta")
+    k = torch.empty(k_shape, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(v_shape, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(TunerError, match=message):
+        check_qkv(q, k, v, require_cuda=True, check_finite=False, kv_own_shape=True)
+    with pytest.raises(TunerError, match=message):
+        tuner.attention(q, k, v)
+
+
+def test_the_quantize_path_still_demands_qs_shape():
+    # quantize_inputs (every kernel's prepare today) pads and reads k and v at q's length: a
+    # shorter k must be refused there, not padded with zero keys that the kernel would count.
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 64, 4, 64, generator=g).bfloat16()
+    k = v = torch.randn(1, 32, 4, 64, generator=g).bfloat16()
+    with pytest.raises(TunerError, match="q, k, v shapes differ: .* this prepare reads k and v "
+                       "at q's"):
+        quantize_inputs(q, k, v)
+
+
+def test_causal_must_be_a_bool():
+    q, k, v = tensors((1, 64, 4, 128), (1, 64, 4, 128))
+    with pytest.raises(TunerError, match="causal must be True or False, got 'yes'"):
+        tuner.attention(q, k, v, causal="yes")
+
+
+def _fp8(shape):
+    return torch.empty(shape, dtype=torch.float8_e4m3fn, device="meta")
+
+
+def test_fp8_descales_follow_each_tensors_own_heads():
+    q, k, v = _fp8((2, 64, 32, 128)), _fp8((2, 50, 8, 128)), _fp8((2, 50, 8, 128))
+    one = torch.ones(1, dtype=torch.float32, device="meta")
+    per_q, per_kv = (torch.ones(2, n, dtype=torch.float32, device="meta") for n in (32, 8))
+    check_fp8_qkv(q, k, v, (per_q, per_kv, per_kv))
+    check_fp8_qkv(q, k, v, (one, one, one))
+    with pytest.raises(TunerError, match=r"k_descale has shape \(2, 32\); it must broadcast to "
+                       r"\(batch, kv_heads\) = \(2, 8\)"):
+        check_fp8_qkv(q, k, v, (per_q, per_q, per_kv))
+    with pytest.raises(TunerError, match=r"q_descale has shape \(2, 8\); it must broadcast to "
+                       r"\(batch, heads\) = \(2, 32\)"):
+        check_fp8_qkv(q, k, v, (per_kv, per_kv, per_kv))
+    with pytest.raises(TunerError, match="q has 32 heads, k and v 12"):
+        check_fp8_qkv(q, _fp8((2, 50, 12, 128)), _fp8((2, 50, 12, 128)), (one, one, one))

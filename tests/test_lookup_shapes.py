@@ -1,0 +1,255 @@
+"""The runtime lookup over causal, cross-attention and grouped-KV-head winners (the rules of
+tuner/runtime.py's docstring), and issue 19's fallback across head counts: the nearest tuned
+problem by work, logged with its own source, before the default."""
+
+import logging
+
+import pytest
+
+import variants.mma_sync.config as mma_sync_config
+import variants.wgmma.config as wgmma_config
+from tuner import runtime
+from tuner.errors import TunerError
+from tuner.gpus import PROFILES
+from tuner.problem import Problem
+from tuner.store import Store, TrialRecord
+from variants import mma_sync
+
+DEVICE = "dev-h200"
+A = mma_sync.default("sm_90a")
+B = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
+                    p_source="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+C = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
+                    p_source="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
+
+
+@pytest.fixture
+def lookup(tmp_path, monkeypatch):
+    """(add(problem, cfg) to the database, table(entries), best(problem, heads=...)) on a
+    pretend H200, with every family implementing every shape (the lookup's choice is the test;
+    can_implement's shape rejections are tested apart, below)."""
+    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
+
+    url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
+    monkeypatch.setattr(runtime, "TABLES_DIR", tables)
+    for config in (mma_sync_config, wgmma_config):
+        monkeypatch.setattr(config, "shape_not_implemented", lambda problem: None)
+    runtime.clear_cache()
+    store = Store(url)
+    store.record_device(DEVICE, {"name": "NVIDIA H200"})
+
+    def add(problem, cfg):
+        tid = store.record_trial(TrialRecord(
+            id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
+            family="mma_sync", config=cfg.to_dict(), config_hash="x", outcome="ok",
+            median_ms=1.0))
+        store.set_best(DEVICE, problem, "mma_sync", tid, None, None)
+
+    def table(*entries):
+        rows = [{"problem": p.to_dict(), "family": "mma_sync", "config": cfg.to_dict(),
+                 "median_ms": 1.0} for p, cfg in entries]
+        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
+               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
+               "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
+        (tables / "h200.yaml").write_text(dump_table(doc))
+        runtime.clear_cache()
+
+    def best(problem):
+        """What tuner.attention would run the problem with: (source, tuned problem, config)."""
+        found = runtime.config_for_problem(problem, gpu="h200", db=url)
+        return found.source, found.tuned_problem, found.config
+
+    yield add, table, best, url
+    store.close()
+    runtime.clear_cache()
+
+
+def test_causal_never_takes_a_non_causal_winner_nor_the_other_way(lookup):
+    add, _, best, _ = lookup
+    full, causal = Problem(1, 56, 8192), Problem(1, 56, 2048, causal=True)
+    add(full, A)
+    add(causal, B)
+    assert best(Problem(1, 56, 8192, causal=True)) == ("db-nearest", causal, B)
+    assert best(Problem(1, 56, 2048)) == ("db-nearest", full, A)
+    # Nothing causal tuned at all: the default, not the exact non-causal winner.
+    lone = Problem(1, 56, 8192, 64)
+    add(lone, A)
+    assert best(Problem(1, 56, 8192, 64, causal=True))[0] == "default"
+    # ... also across head counts.
+    assert best(Problem(1, 8, 8192, 64, causal=True))[0] == "default"
+
+
+def test_the_same_group_size_comes_before_the_nearer_length(lookup):
+    add, _, best, _ = lookup
+    gqa, mha = Problem(1, 32, 4096, kv_heads=8), Problem(1, 32, 8192)
+    add(gqa, A)
+    add(mha, B)
+    assert best(Problem(1, 32, 8192, kv_heads=8)) == ("db-nearest", gqa, A)
+    assert best(Problem(1, 32, 4096)) == ("db-nearest", mha, B)
+    assert best(Problem(1, 32, 4096, kv_heads=8)) == ("db-exact", gqa, A)
+    # Another group size still beats nothing: group 2 takes the nearest of the others.
+    assert best(Problem(1, 32, 8192, kv_heads=16))[1] == mha
+
+
+def test_cross_attention_prefers_its_kind_then_its_kv_length_then_the_nearest(lookup):
+    add, _, best, _ = lookup
+    self_long = Problem(1, 40, 75600)
+    cross_512 = Problem(2, 40, 4608, seq_len_kv=512)
+    cross_1024 = Problem(1, 40, 75600, seq_len_kv=1024)
+    cross_2048 = Problem(1, 40, 75600, seq_len_kv=2048)
+    add(self_long, A)
+    add(cross_512, B)
+    add(cross_1024, C)
+    add(cross_2048, B)
+    # The same key/value length beats a query length 16x nearer.
+    assert best(Problem(1, 40, 75600, seq_len_kv=512)) == ("db-nearest", cross_512, B)
+    # No winner with 600 keys: nearest in both lengths, 1 x 1024/600 < 75600/4608 x 600/512,
+    # and < 1 x 2048/600 (the same query length, farther key/value length).
+    assert best(Problem(1, 40, 75600, seq_len_kv=600)) == ("db-nearest", cross_1024, C)
+    # Self-attention takes self-attention, though a cross winner is nearer in both lengths
+    # (4608 x 512: 1 x 9; 75600: 16.4 x 16.4).
+    assert best(Problem(1, 40, 4608)) == ("db-nearest", self_long, A)
+    assert best(Problem(1, 40, 75600)) == ("db-exact", self_long, A)
+    assert best(Problem(1, 40, 30000)) == ("db-nearest", self_long, A)
+    assert best(Problem(1, 40, 4608, seq_len_kv=512))[0] == "db-exact"
+
+
+def test_a_tie_in_both_lengths_goes_to_the_longer_query(lookup):
+    add, _, best, _ = lookup
+    short, long = Problem(1, 8, 2048, seq_len_kv=256), Problem(1, 8, 8192, seq_len_kv=256)
+    add(short, B)
+    add(long, A)
+    assert best(Problem(1, 8, 4096, seq_len_kv=256)) == ("db-nearest", long, A)
+
+
+def test_other_heads_take_the_nearest_tuned_problem_by_work(lookup, caplog):
+    add, _, best, _ = lookup
+    # Issue 19's B=4 S=1024 H=32: 4 x 32 x 8 = 1024 query tiles of 128 rows.
+    near = Problem(1, 56, 2048)  # 56 x 16 = 896 tiles: ratio 1.14
+    same_length = Problem(1, 56, 1024)  # 448: ratio 2.29
+    far = Problem(2, 24, 4608)  # 2 x 24 x 36 = 1728: ratio 1.69
+    for p, cfg in ((same_length, B), (near, A), (far, C)):
+        add(p, cfg)
+    with caplog.at_level(logging.WARNING, logger="tuner.runtime"):
+        assert best(Problem(4, 32, 1024)) == ("db-nearest-work", near, A)
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "db-nearest-work" in message and "896 query tiles of 128 rows for 1024" in message
+    assert "no winner with 32 heads" in message
+    # A winner with the head count comes first, whatever its batch and work.
+    assert best(Problem(8, 24, 1024)) == ("db-nearest", far, C)
+    # The problem's own batch counts: B=1 has 256 tiles, nearest 448 (1.75) before 896 (3.5).
+    assert best(Problem(1, 32, 1024))[1] == same_length
+
+
+def test_a_tie_in_work_goes_by_length_then_to_the_longer_query(lookup):
+    add, _, best, _ = lookup
+    wide, narrow = Problem(1, 32, 512), Problem(1, 2, 2048)  # 128 and 32 query tiles
+    add(wide, B)
+    add(narrow, A)
+    # 64 tiles: both 2x off in work and 2x off in length; the longer query wins.
+    assert best(Problem(1, 8, 1024)) == ("db-nearest-work", narrow, A)
+    add(Problem(1, 4, 1024), C)  # 32 tiles, 2x off in work, the exact length
+    assert best(Problem(1, 8, 1024))[1] == Problem(1, 4, 1024)
+
+
+def test_work_fallback_keeps_the_mask_and_prefers_the_group(lookup):
+    add, _, best, _ = lookup
+    add(Problem(1, 56, 1024), A)  # work 448
+    add(Problem(1, 56, 2048, causal=True), B)  # work 896
+    add(Problem(1, 56, 8192, kv_heads=14), C)  # work 3584, the group of 4
+    assert best(Problem(4, 32, 1024, causal=True))[1:] == (Problem(1, 56, 2048, causal=True), B)
+    assert best(Problem(4, 32, 1024, kv_heads=8))[1:] == (Problem(1, 56, 8192, kv_heads=14), C)
+    # Cross-attention takes cross-attention: 1792 tiles (28x off) before 448 (7x).
+    add(Problem(1, 56, 4096, seq_len_kv=512), B)
+    assert best(Problem(1, 8, 1024, seq_len_kv=512))[1] == Problem(1, 56, 4096, seq_len_kv=512)
+
+
+def test_a_table_with_the_head_count_comes_before_the_database_by_work(lookup):
+    add, table, best, _ = lookup
+    add(Problem(1, 56, 1024), A)
+    table((Problem(1, 24, 4096), B), (Problem(1, 56, 1024), C))
+    assert best(Problem(2, 24, 4608)) == ("table-nearest", Problem(1, 24, 4096), B)
+    # No 8 heads anywhere: the database's nearest by work before the table's.
+    assert best(Problem(1, 8, 1024)) == ("db-nearest-work", Problem(1, 56, 1024), A)
+    table((Problem(1, 24, 4096), B))
+    add(Problem(1, 8, 512, causal=True), C)  # another mask: never
+    assert best(Problem(1, 40, 1024))[0] == "db-nearest-work"
+
+
+def test_load_best_config_takes_the_new_fields(lookup):
+    add, _, _, url = lookup
+    gqa = Problem(1, 32, 8192, causal=True, kv_heads=8)
+    add(gqa, A)
+    add(Problem(1, 32, 8192, causal=True), B)
+    add(Problem(1, 32, 8192), C)
+    found = runtime.load_best_config(8192, heads=32, kv_heads=8, causal=True, db=url,
+                                     with_source=True)
+    assert (found.source, found.tuned_problem, found.config) == ("db-exact", gqa, A)
+    assert runtime.load_best_config(8192, heads=32, causal=True, db=url) == B
+    assert runtime.load_best_config(8192, heads=32, db=url) == C
+    cross = runtime.load_best_config(8192, heads=32, seq_len_kv=512, db=url, with_source=True)
+    assert (cross.source, cross.config) == ("db-nearest", C)
+    with pytest.raises(TunerError, match="kv_heads=8 needs heads"):
+        runtime.load_best_config(8192, kv_heads=8, causal=True, db=url)
+
+
+# ---- can_implement's shape rejections reach the caller -------------------------------------------
+
+
+@pytest.mark.parametrize("problem, feature", [
+    (Problem(1, 32, 4096, causal=True), "causal attention is not implemented by the {} kernel yet"),
+    (Problem(1, 32, 4096, kv_heads=8), "grouped KV heads (kv_heads=8 for heads=32) are not "
+     "implemented by the {} kernel yet"),
+    (Problem(1, 40, 75600, seq_len_kv=512), "a key/value length other than the query's "
+     "(seq_len_kv=512, seq_len=75600) is not implemented by the {} kernel yet"),
+])
+def test_every_family_rejects_the_shapes_it_does_not_implement_by_name(problem, feature):
+    from variants import load_family
+
+    for name in ("wgmma", "mma_sync"):
+        family = load_family(name)
+        cfg = family.default("sm_90a", problem)
+        ok, reason = family.can_implement(cfg, problem, PROFILES["h200"])
+        assert not ok and reason == feature.format(name)
+        plain = Problem(problem.batch, problem.heads, problem.seq_len, problem.head_dim)
+        assert family.can_implement(cfg, plain, PROFILES["h200"]) == (True, None)
+
+
+def test_attention_on_a_shape_no_kernel_implements_is_a_tuner_error(tmp_path, monkeypatch):
+    """The plan tuner.attention makes for causal / GQA / cross inputs refuses before any
+    compile, naming the feature, with a tuned winner of that very problem stored, and with
+    a pinned config."""
+    import torch
+
+    from tuner import gpus
+
+    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
+    monkeypatch.setattr(runtime, "TABLES_DIR", tmp_path / "none")
+    monkeypatch.setattr(gpus, "resolve_gpu", lambda name, **kw: PROFILES["h200"])
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    store = Store(url)
+    store.record_device(DEVICE, {"name": "NVIDIA H200"})
+    problem = Problem(1, 32, 256, 128, True, kv_heads=8)
+    tid = store.record_trial(TrialRecord(
+        id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
+        family="mma_sync", config=A.to_dict(), config_hash="x", outcome="ok", median_ms=1.0))
+    store.set_best(DEVICE, problem, "mma_sync", tid, None, None)
+    store.close()
+    runtime.clear_cache()
+    q = torch.empty(1, 256, 32, 128, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(1, 256, 8, 128, device="meta", dtype=torch.bfloat16)
+    try:
+        with pytest.raises(TunerError, match=r"no kernel can run b1-h32-s256-d128-causal-kvh8 on "
+                           r"h200 .*db-exact mma_sync rejected: causal attention is not "
+                           r"implemented by the mma_sync kernel yet.*default wgmma rejected"):
+            runtime._plan(q, k, True, "", "h200", url)
+        from tuner.ops import config_key
+
+        with pytest.raises(TunerError, match="cannot run b1-h32-s256-d128-full-kvh8 on h200: "
+                           r"grouped KV heads \(kv_heads=8 for heads=32\) are not implemented"):
+            runtime._plan(q, k, False, config_key(A), "h200", url)
+    finally:
+        runtime.clear_cache()

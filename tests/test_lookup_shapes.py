@@ -6,8 +6,6 @@ import logging
 
 import pytest
 
-import variants.mma_sync.config as mma_sync_config
-import variants.wgmma.config as wgmma_config
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.gpus import PROFILES
@@ -35,8 +33,6 @@ def lookup(tmp_path, monkeypatch):
     tables.mkdir()
     monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
     monkeypatch.setattr(runtime, "TABLES_DIR", tables)
-    for config in (mma_sync_config, wgmma_config):
-        monkeypatch.setattr(config, "shape_not_implemented", lambda problem: None)
     runtime.clear_cache()
     store = Store(url)
     store.record_device(DEVICE, {"name": "NVIDIA H200"})
@@ -199,57 +195,19 @@ def test_load_best_config_takes_the_new_fields(lookup):
 # ---- can_implement's shape rejections reach the caller -------------------------------------------
 
 
-@pytest.mark.parametrize("problem, feature", [
-    (Problem(1, 32, 4096, causal=True), "causal attention is not implemented by the {} kernel yet"),
-    (Problem(1, 32, 4096, kv_heads=8), "grouped KV heads (kv_heads=8 for heads=32) are not "
-     "implemented by the {} kernel yet"),
-    (Problem(1, 40, 75600, seq_len_kv=512), "a key/value length other than the query's "
-     "(seq_len_kv=512, seq_len=75600) is not implemented by the {} kernel yet"),
+@pytest.mark.parametrize("problem", [
+    Problem(1, 32, 4096, causal=True), Problem(1, 32, 4096, kv_heads=8),
+    Problem(1, 40, 75600, seq_len_kv=512), Problem(2, 24, 4608, seq_len_kv=512, causal=True),
+    Problem(1, 32, 77, seq_len_kv=1, kv_heads=1, causal=True),
 ])
-def test_every_family_rejects_the_shapes_it_does_not_implement_by_name(problem, feature):
+def test_every_family_implements_the_shapes(problem):
+    """Causal masks, grouped KV heads and cross-attention lengths are the kernels' own now:
+    can_implement takes every family's default for them (a rejection coming back fails here)."""
     from variants import load_family
 
     for name in ("wgmma", "mma_sync"):
         family = load_family(name)
         cfg = family.default("sm_90a", problem)
-        ok, reason = family.can_implement(cfg, problem, PROFILES["h200"])
-        assert not ok and reason == feature.format(name)
-        plain = Problem(problem.batch, problem.heads, problem.seq_len, problem.head_dim)
-        assert family.can_implement(cfg, plain, PROFILES["h200"]) == (True, None)
+        assert family.can_implement(cfg, problem, PROFILES["h200"]) == (True, None)
 
 
-def test_attention_on_a_shape_no_kernel_implements_is_a_tuner_error(tmp_path, monkeypatch):
-    """The plan tuner.attention makes for causal / GQA / cross inputs refuses before any
-    compile, naming the feature, with a tuned winner of that very problem stored, and with
-    a pinned config."""
-    import torch
-
-    from tuner import gpus
-
-    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
-    monkeypatch.setattr(runtime, "TABLES_DIR", tmp_path / "none")
-    monkeypatch.setattr(gpus, "resolve_gpu", lambda name, **kw: PROFILES["h200"])
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    store = Store(url)
-    store.record_device(DEVICE, {"name": "NVIDIA H200"})
-    problem = Problem(1, 32, 256, 128, True, kv_heads=8)
-    tid = store.record_trial(TrialRecord(
-        id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
-        family="mma_sync", config=A.to_dict(), config_hash="x", outcome="ok", median_ms=1.0))
-    store.set_best(DEVICE, problem, "mma_sync", tid, None, None)
-    store.close()
-    runtime.clear_cache()
-    q = torch.empty(1, 256, 32, 128, device="meta", dtype=torch.bfloat16)
-    k = torch.empty(1, 256, 8, 128, device="meta", dtype=torch.bfloat16)
-    try:
-        with pytest.raises(TunerError, match=r"no kernel can run b1-h32-s256-d128-causal-kvh8 on "
-                           r"h200 .*db-exact mma_sync rejected: causal attention is not "
-                           r"implemented by the mma_sync kernel yet.*default wgmma rejected"):
-            runtime._plan(q, k, True, "", "h200", url)
-        from tuner.ops import config_key
-
-        with pytest.raises(TunerError, match="cannot run b1-h32-s256-d128-full-kvh8 on h200: "
-                           r"grouped KV heads \(kv_heads=8 for heads=32\) are not implemented"):
-            runtime._plan(q, k, False, config_key(A), "h200", url)
-    finally:
-        runtime.clear_cache()

@@ -76,7 +76,6 @@ ARGS = dict(attn_mask=torch.empty(1, 64, 64, device="meta"), dropout_p=0.1, is_c
 @pytest.mark.parametrize("name, value, expected", [
     ("attn_mask", ARGS["attn_mask"], r"attn_mask is not supported.*call torch\.nn\.functional"),
     ("dropout_p", 0.1, r"dropout_p=0.1 is not supported.*dropout_p=0\.0"),
-    ("is_causal", True, r"is_causal=True is not supported yet.*scaled_dot_product_attention"),
 ])
 def test_sdpa_refuses_what_the_kernels_cannot_honour(name, value, expected):
     q = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16, device="meta")
@@ -84,17 +83,27 @@ def test_sdpa_refuses_what_the_kernels_cannot_honour(name, value, expected):
         tuner.scaled_dot_product_attention(q, q, q, **{name: value})
 
 
-@pytest.mark.parametrize("kv_shape, gqa, expected", [
-    ((1, 1, 64, 128), True, r"query has 2 heads, key/value 1/1: grouped-query attention "
-                            r"\(enable_gqa=True\) is not supported yet; repeat"),
-    ((1, 2, 32, 128), False, r"query has 64 tokens, key/value 32/32: different query"),
-    ((2, 64, 128), False, r"key has shape \(2, 64, 128\); expected 4 dims"),
+@pytest.mark.parametrize("kv_shape, gqa, causal, expected", [
+    ((1, 1, 64, 128), False, False, r"query has 2 heads, key/value 1: pass enable_gqa=True"),
+    ((1, 2, 32, 128), False, True, r"is_causal=True with 64 queries and 32 keys: torch's "
+                                   r"is_causal aligns the diagonal to the top left"),
+    ((2, 64, 128), False, False, r"key has shape \(2, 64, 128\); expected 4 dims"),
 ])
-def test_sdpa_refuses_other_head_counts_and_lengths(kv_shape, gqa, expected):
+def test_sdpa_refuses_what_torch_would_mean_otherwise(kv_shape, gqa, causal, expected):
     q = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16, device="meta")
     kv = torch.empty(*kv_shape, dtype=torch.bfloat16, device="meta")
     with pytest.raises(TunerError, match=expected):
-        tuner.scaled_dot_product_attention(q, kv, kv, enable_gqa=gqa)
+        tuner.scaled_dot_product_attention(q, kv, kv, enable_gqa=gqa, is_causal=causal)
+
+
+@pytest.mark.parametrize("kv_shape, gqa, causal", [
+    ((1, 1, 64, 128), True, True), ((1, 2, 32, 128), False, False), ((1, 2, 64, 128), False, True),
+])
+def test_sdpa_takes_causal_grouped_heads_and_other_lengths(kv_shape, gqa, causal):
+    q = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16, device="meta")
+    kv = torch.empty(*kv_shape, dtype=torch.bfloat16, device="meta")
+    out = tuner.scaled_dot_product_attention(q, kv, kv, enable_gqa=gqa, is_causal=causal)
+    assert out.shape == q.shape
 
 
 def test_sdpa_layout_and_dtype_follow_torch():

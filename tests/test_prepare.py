@@ -147,7 +147,7 @@ def test_default_softmax_scale():
     [
         (lambda q, k, v: (q.float(), k, v), "q has dtype torch.float32; pass bfloat16 or float16"),
         (lambda q, k, v: (q[0], k, v), "q has rank 3"),
-        (lambda q, k, v: (q, k[:, :10], v), "q, k, v shapes differ"),
+        (lambda q, k, v: (q, k[:, :10], v), "k and v shapes differ"),
         (lambda q, k, v: (q, k, v.half()), "dtypes differ"),
         (lambda q, k, v: (q[..., :96], k[..., :96], v[..., :96]), "head_dim 96 is not supported"),
         (lambda q, k, v: (q[:, :0], k[:, :0], v[:, :0]), "seq_len=0"),

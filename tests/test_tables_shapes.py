@@ -7,7 +7,6 @@ import json
 import pytest
 import yaml
 
-import variants.mma_sync.config as mma_sync_config
 from tuner.cli import main
 from tuner.gpus import fingerprint_id
 from tuner.problem import Problem
@@ -29,13 +28,6 @@ SHAPED = [
 ]
 
 
-@pytest.fixture
-def kernels_implement_every_shape(monkeypatch):
-    """As if mma_sync implemented causal masks, KV lengths and KV heads: import validates every
-    config with can_implement, which today refuses them (its other constraints still apply)."""
-    monkeypatch.setattr(mma_sync_config, "shape_not_implemented", lambda problem: None)
-
-
 def shaped_store(url, entries=SHAPED) -> Store:
     store = Store(url)
     store.record_device(DEVICE, FINGERPRINT)
@@ -53,7 +45,7 @@ def _winners(store):
                    for w in store.winners()), key=lambda r: r[0].key())
 
 
-def test_shaped_winners_round_trip_through_a_table(tmp_path, kernels_implement_every_shape):
+def test_shaped_winners_round_trip_through_a_table(tmp_path):
     store = shaped_store(f"sqlite:///{tmp_path / 'a.sqlite'}")
     text = dump_table(build_table(store, DEVICE, "h200"))
     assert "schema_version: 3" in text and "kv_heads: 8" in text and "seq_len_kv: 512" in text
@@ -65,14 +57,17 @@ def test_shaped_winners_round_trip_through_a_table(tmp_path, kernels_implement_e
     assert dump_table(build_table(fresh, DEVICE, "h200")) == text
 
 
-def test_a_shape_no_kernel_implements_is_refused_on_import(tmp_path):
-    store = shaped_store(f"sqlite:///{tmp_path / 'a.sqlite'}")
+def test_a_shaped_entry_its_kernel_cannot_run_is_refused_on_import(tmp_path):
+    """Import re-checks every entry with can_implement for its own problem (here a grouped-KV
+    causal problem with a config whose rows do not add up): nothing is imported."""
+    bad = mma_sync.Config(block_m=128, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
+                          p_source="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+    store = shaped_store(f"sqlite:///{tmp_path / 'a.sqlite'}",
+                         [*SHAPED, (Problem(1, 32, 4096, causal=True, kv_heads=8), bad, 0.3)])
     path = tmp_path / "h200.yaml"
     path.write_text(dump_table(build_table(store, DEVICE, "h200")))
     fresh = Store(f"sqlite:///{tmp_path / 'b.sqlite'}")
-    with pytest.raises(TableError, match=r"entries\.0\.config: cannot run on h200: grouped KV "
-                       r"heads \(kv_heads=8 for heads=32\) are not implemented by the mma_sync "
-                       "kernel yet"):
+    with pytest.raises(TableError, match=r"cannot run on h200: block_m=128 != warps\*rows_per"):
         import_table(fresh, path, local_fingerprint=FINGERPRINT)
     assert fresh.winners() == []
 

@@ -69,12 +69,10 @@ def make_peer(name: str, problem=None):
     if name == "cudnn-fp8":
         from tuner.peers_cudnn import CudnnFp8Peer
 
-        if problem is not None and (problem.causal or problem.kv_heads != problem.heads
-                                    or problem.seq_len_kv != problem.seq_len):
-            # cuDNN has all three; its graph here is built for self-attention without a mask,
-            # and timing it on another problem would compare two different computations.
-            raise PeerUnavailable("cudnn-fp8: the peer's graph is built for self-attention over "
-                                  "all heads without a mask; causal, other key/value lengths and "
-                                  "grouped KV heads are not wired into it yet")
-        return CudnnFp8Peer()
+        if problem is not None and problem.causal and problem.seq_len_kv != problem.seq_len:
+            # The graph's causal mask is cuDNN's top-left one; ours is aligned to the bottom
+            # right, which differs when the lengths do: another computation.
+            raise PeerUnavailable("cudnn-fp8: its causal mask here is aligned to the top left, "
+                                  "this problem's to the bottom right (seq_len != seq_len_kv)")
+        return CudnnFp8Peer(causal=bool(problem is not None and problem.causal))
     raise PeerUnavailable(f"unknown peer {name!r}; known: {', '.join(PEERS)}")

@@ -27,7 +27,8 @@ class _CudnnInputs:
 class CudnnFp8Peer:
     name = "cudnn-fp8"
 
-    def __init__(self) -> None:
+    def __init__(self, causal: bool = False) -> None:
+        self._causal = causal
         try:
             import cudnn
         except ImportError as exc:
@@ -38,15 +39,21 @@ class CudnnFp8Peer:
         self._handle = cudnn.create_handle()
         self._graphs: dict[tuple, tuple] = {}
 
-    def _graph(self, shape_bshd: tuple, scale: float):
-        """Build (once per shape) the graph for q, k, v in (batch, seq, heads, dim) memory order."""
-        key = (shape_bshd, scale)
+    def _graph(self, shape_bshd: tuple, kv_shape_bshd: tuple, scale: float):
+        """Build (once per shape) the graph for q (and k, v at their own length and KV heads)
+        in (batch, seq, heads, dim) memory order."""
+        key = (shape_bshd, kv_shape_bshd, scale)
         if key in self._graphs:
             return self._graphs[key]
         cudnn = self._cudnn
-        batch, seq, heads, dim = shape_bshd
-        dims = (batch, heads, seq, dim)
-        strides = (seq * heads * dim, dim, heads * dim, 1)  # a BSHD buffer seen as BHSD
+
+        def bhsd(shape):
+            batch, seq, heads, dim = shape
+            # a BSHD buffer seen as BHSD
+            return (batch, heads, seq, dim), (seq * heads * dim, dim, heads * dim, 1)
+
+        dims, strides = bhsd(shape_bshd)
+        kv_dims, kv_strides = bhsd(kv_shape_bshd)
         e4m3, fp32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
         graph = cudnn.pygraph(
             io_data_type=e4m3,
@@ -54,13 +61,16 @@ class CudnnFp8Peer:
             compute_data_type=fp32,
             handle=self._handle,
         )
-        q, k, v = (graph.tensor(name=n, dim=dims, stride=strides, data_type=e4m3) for n in "qkv")
+        q = graph.tensor(name="q", dim=dims, stride=strides, data_type=e4m3)
+        k, v = (graph.tensor(name=n, dim=kv_dims, stride=kv_strides, data_type=e4m3)
+                for n in "kv")
         scalars = {
             n: graph.tensor(name=n, dim=(1, 1, 1, 1), stride=(1, 1, 1, 1), data_type=fp32)
             for n in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o")
         }
         o, _, amax_s, amax_o = graph.sdpa_fp8(
-            q=q, k=k, v=v, **scalars, attn_scale=scale, use_causal_mask=False, generate_stats=False
+            q=q, k=k, v=v, **scalars, attn_scale=scale, use_causal_mask=self._causal,
+            generate_stats=False
         )
         o.set_output(True).set_dim(dims).set_stride(strides).set_data_type(e4m3)
         for amax in (amax_s, amax_o):
@@ -77,7 +87,8 @@ class CudnnFp8Peer:
         import torch
 
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-        graph, tq, tk, tv, scalars, to, t_amax_s, t_amax_o = self._graph(tuple(q.shape), scale)
+        graph, tq, tk, tv, scalars, to, t_amax_s, t_amax_o = self._graph(
+            tuple(q.shape), tuple(k.shape), scale)
 
         def quantize(x):
             amax = x.abs().amax().float().clamp_min(1e-12)

@@ -2,8 +2,9 @@
 `torch.nn.functional.scaled_dot_product_attention`, so a model swaps one call.
 
 What the kernels cannot honour is refused in one place, `unsupported()`, with the argument named
-and the way out (torch's own SDPA). Causal masks and grouped-query attention belong there until
-a family implements them; then only that function changes.
+and the way out (torch's own SDPA). is_causal, enable_gqa and key/value lengths of their own run
+on the kernels, with torch's semantics: its is_causal aligns the diagonal to the top left, which
+is ours (bottom right) only at equal lengths, so is_causal with different lengths is refused.
 """
 
 from __future__ import annotations
@@ -19,21 +20,25 @@ def unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) 
     if dropout_p != 0.0:
         return (f"dropout_p={dropout_p} is not supported (the kernels are inference forward "
                 f"only); pass dropout_p=0.0 (as in model.eval()) or call {SDPA} for training")
-    if is_causal:
-        return (f"is_causal=True is not supported yet (non-causal prefill only); call {SDPA} "
-                "for causal attention")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.dim() != 4:
             return (f"{name} has shape {tuple(t.shape)}; expected 4 dims (batch, heads, seq_len, "
                     f"head_dim): add a batch dim with unsqueeze(0), or call {SDPA}")
-    if key.shape[1] != query.shape[1] or value.shape[1] != query.shape[1]:
-        gqa = " (enable_gqa=True)" if enable_gqa else ""
-        return (f"query has {query.shape[1]} heads, key/value {key.shape[1]}/{value.shape[1]}: "
-                f"grouped-query attention{gqa} is not supported yet; repeat the key/value heads "
-                f"(repeat_interleave on dim 1) or call {SDPA}")
-    if key.shape[2] != query.shape[2] or value.shape[2] != query.shape[2]:
-        return (f"query has {query.shape[2]} tokens, key/value {key.shape[2]}/{value.shape[2]}: "
-                f"different query and key/value lengths are not supported yet; call {SDPA}")
+    if key.shape != value.shape:
+        return (f"key has shape {tuple(key.shape)}, value {tuple(value.shape)}: they must match "
+                f"(value head_dim other than key's is not supported); call {SDPA}")
+    if key.shape[1] != query.shape[1]:
+        if not enable_gqa:
+            return (f"query has {query.shape[1]} heads, key/value {key.shape[1]}: pass "
+                    "enable_gqa=True for grouped-query attention (as torch requires)")
+        if query.shape[1] % key.shape[1]:
+            return (f"query has {query.shape[1]} heads, key/value {key.shape[1]}: grouped-query "
+                    "attention needs the query heads to be a multiple of the key/value heads")
+    if is_causal and key.shape[2] != query.shape[2]:
+        return (f"is_causal=True with {query.shape[2]} queries and {key.shape[2]} keys: torch's "
+                "is_causal aligns the diagonal to the top left, the kernels to the bottom right "
+                "(FlashAttention's); the two differ here. Call tuner.attention(..., causal=True) "
+                f"for the bottom-right mask, or {SDPA}")
     return None
 
 
@@ -52,5 +57,5 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     # quantizing a strided view: the fused e4m3 cast reads contiguous tensors only, a strided
     # one takes the torch ops (about 3x the prepare time on the H200, README).
     q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-    out = attention(q, k, v, softmax_scale=scale)
+    out = attention(q, k, v, softmax_scale=scale, causal=bool(is_causal))
     return out.transpose(1, 2).to(query.dtype)

@@ -91,9 +91,12 @@ def _dsl_environment() -> dict[str, str]:
             if k.startswith("CUTE_DSL_") and k not in _ENV_NOT_CODEGEN}
 
 
-def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path) -> str:
+def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path,
+                causal: bool = False) -> str:
     # host: kernel.o holds host code too, so a cache shared by x86 and Arm hosts keeps both.
+    # causal is a compile-time constant of the kernels (lengths and head counts are runtime).
     blob = json.dumps({"family": family, "config": cfg.to_dict(), "head_dim": head_dim,
+                       "causal": causal,
                        "arch": arch, "src": source_hash(str(src_dir)), "dsl": dsl_version(),
                        "shared": shared_source_hash(), "env": _dsl_environment(),
                        "host": platform.machine()},
@@ -279,9 +282,10 @@ class CompiledKernel:
         if (prepared.v_feature_major, prepared.key_permuted) != self._v_layout():
             raise ValueError("prepared inputs have the wrong V layout or key order for this "
                              "config: use this kernel's prepare()")
-        if prepared.padded_len % self.config.pad_to():
-            raise ValueError(f"padded length {prepared.padded_len} is not a multiple of "
-                             f"{self.config.pad_to()}: use this kernel's prepare()")
+        for padded in (prepared.padded_len, prepared.padded_len_kv):
+            if padded % self.config.pad_to():
+                raise ValueError(f"padded length {padded} is not a multiple of "
+                                 f"{self.config.pad_to()}: use this kernel's prepare()")
         if not prepared.softmax_scale > 0:
             raise ValueError("softmax_scale must be > 0")
         batch, _padded, heads, head_dim = prepared.q.shape
@@ -306,7 +310,7 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                    extra_args: Callable[[Any], tuple] = lambda device: ()) -> CompiledKernel:
     """The one compile cache: memory per (build, problem), a build per codegen key, and on disk
     the cubin, resources and loadable function of every build (read back by other processes)."""
-    key = codegen_key(family, cfg, problem.head_dim, arch, src_dir)
+    key = codegen_key(family, cfg, problem.head_dim, arch, src_dir, problem.causal)
     kernel_key = f"{key}/{problem.key()}"
     with _LOCK:
         hit = _KERNELS.get(kernel_key)

@@ -42,19 +42,32 @@ class Fp8Inputs:
     """Quantized inputs in the layouts the kernels read."""
 
     q: torch.Tensor  # (batch, padded_len, heads, head_dim) float8_e4m3fn
-    k: torch.Tensor  # (batch, padded_len, heads, head_dim) float8_e4m3fn
-    # v_feature_major: (batch, heads, head_dim, padded_len), keys permuted if key_permuted;
-    # otherwise (batch, padded_len, heads, head_dim) like k, keys in their natural order.
+    k: torch.Tensor  # (batch, padded_len_kv, kv_heads, head_dim) float8_e4m3fn
+    # v_feature_major: (batch, kv_heads, head_dim, padded_len_kv), keys permuted if
+    # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order.
     v: torch.Tensor
-    descale: torch.Tensor  # (batch, heads, 3) float32: q, k, v descales (amax / 448)
-    seq_len: int  # the real length; rows and keys at or past it are padding (zeros)
+    # (batch, heads, 3) float32: q, k, v descales (amax / 448) by query head; K's and V's are
+    # per (batch, KV head), repeated over the heads // kv_heads query heads that read it.
+    descale: torch.Tensor
+    seq_len: int  # q's real length; rows at or past it are padding (zeros)
     key_permuted: bool
     softmax_scale: float
     v_feature_major: bool = True
+    seq_len_kv: int | None = None  # k's and v's real length (None: seq_len); keys past: zeros
+
+    def __post_init__(self) -> None:
+        if self.seq_len_kv is None:
+            self.seq_len_kv = self.seq_len
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head."""
+        return self.q.shape[2] // self.k.shape[2]
 
     def v_codes(self, b: int, h: int) -> torch.Tensor:
-        """V's fp8 codes of one (batch, head) as (head_dim, padded_len), keys in natural order,
-        whatever layout the kernel asked for (the reference and the metrics read V through it)."""
+        """V's fp8 codes of one (batch, KV head) as (head_dim, padded_len_kv), keys in natural
+        order, whatever layout the kernel asked for (the reference and the metrics read V
+        through it)."""
         if not self.v_feature_major:
             return self.v[b, :, h].t()
         return self.v[b, h][:, self.natural_key_slots()]
@@ -63,13 +76,19 @@ class Fp8Inputs:
     def padded_len(self) -> int:
         return self.q.shape[1]
 
+    @property
+    def padded_len_kv(self) -> int:
+        return self.k.shape[1]
+
     def padding(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The codes of q, k, v at tokens >= seq_len (fp32; zeros by contract, since a kernel
-        that multiplies a masked P of 0 by a NaN code of V would still produce NaN)."""
-        s = self.seq_len
+        """The codes of q at rows >= seq_len and of k, v at keys >= seq_len_kv (fp32; zeros by
+        contract, since a kernel that multiplies a masked P of 0 by a NaN code of V would still
+        produce NaN)."""
+        s, skv = self.seq_len, self.seq_len_kv
         v = self.v.float()
-        v_pad = v[:, s:] if not self.v_feature_major else v[..., self.natural_key_slots()[s:]]
-        return self.q[:, s:].float(), self.k[:, s:].float(), v_pad
+        v_pad = v[:, skv:] if not self.v_feature_major else \
+            v[..., self.natural_key_slots()[skv:]]
+        return self.q[:, s:].float(), self.k[:, skv:].float(), v_pad
 
     def natural_key_slots(self) -> torch.Tensor:
         """The stored position of every key, in natural key order (feature-major V: the last
@@ -80,16 +99,19 @@ class Fp8Inputs:
         return torch.arange(n, device=self.v.device)
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """fp32 q, k, v (batch, seq_len, heads, head_dim) exactly as the kernel sees them."""
-        s = self.seq_len
-        dq, dk, dv = (self.descale[..., i] for i in range(3))  # (batch, heads)
+        """fp32 q (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads,
+        head_dim) exactly as the kernel sees them."""
+        s, skv = self.seq_len, self.seq_len_kv
+        dq = self.descale[..., 0]  # (batch, heads)
+        # K's and V's descale per KV head: the first query head of each group holds it.
+        dk, dv = (self.descale[:, ::self.group, i] for i in (1, 2))  # (batch, kv_heads)
         # In place after one fp32 copy each: at B=1 H=56 S=30272 a temporary is 0.9 GB.
         q = self.q[:, :s].float().mul_(dq[:, None, :, None])
-        k = self.k[:, :s].float().mul_(dk[:, None, :, None])
+        k = self.k[:, :skv].float().mul_(dk[:, None, :, None])
         if not self.v_feature_major:
-            return q, k, self.v[:, :s].float().mul_(dv[:, None, :, None])
+            return q, k, self.v[:, :skv].float().mul_(dv[:, None, :, None])
         # The key gather on the 1-byte codes, then one fp32 copy.
-        codes = self.v.view(torch.uint8)[..., self.natural_key_slots()[:s]]
+        codes = self.v.view(torch.uint8)[..., self.natural_key_slots()[:skv]]
         v = codes.view(torch.float8_e4m3fn).float().permute(0, 3, 1, 2)
         return q, k, v.mul_(dv[:, None, :, None])
 
@@ -311,16 +333,20 @@ class _QuantKernels:
     cast_v: object
 
 
-def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int, *,
-                 v_feature_major: bool, permute_keys: bool, rescale: bool = True):
+def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
+                 padded_kv: int, *, v_feature_major: bool, permute_keys: bool,
+                 rescale: bool = True):
     """The launchers of variants/quantize_kernel.py for these inputs (_QuantKernels), or None
     where they do not apply: contiguous, 16-byte aligned CUDA tensors of one dtype with 32-bit
     offsets into the padded outputs. Inside a CUDA-graph capture they are used only if compiled
     already (compiling loads a module, which a capture must not see); the torch path gives the
-    same codes. Feature-major V also needs padded % 8 == 0 (8 keys per store)."""
-    if not (q.is_cuda and q.shape[-1] % 8 == 0 and q.numel() // q.shape[1] * padded < 2**31):
+    same codes. Feature-major V also needs padded_kv % 8 == 0 (8 keys per store)."""
+    if not (q.is_cuda and q.shape[-1] % 8 == 0):
         return None
-    if v_feature_major and padded % 8:  # the feature-major cast writes 8 keys per store
+    for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
+        if x.numel() // x.shape[1] * rows >= 2**31:
+            return None
+    if v_feature_major and padded_kv % 8:  # the feature-major cast writes 8 keys per store
         return None
     for x in (q, k, v):
         if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
@@ -339,46 +365,63 @@ def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
         if cast_qk is None or cast_v is None:
             return None
         return _QuantKernels(None, None, cast_qk, cast_v)
-    per_cta = quantize_kernel.amax_chunks_per_cta(q.shape[0], q.shape[2], q.shape[1],
-                                                  q.shape[3], q.device)
-    amax = quantize_kernel.compiled("amax", *args, chunks_per_cta=per_cta, compile_now=now)
-    fused = quantize_kernel.compiled("cast_then_amax", *args, chunks_per_cta=per_cta,
+    # The amax's chunks per CTA follow its input's size: q's for amax(q), k's (= v's) for the
+    # amax in the fused launches.
+    q_per_cta, kv_per_cta = (
+        quantize_kernel.amax_chunks_per_cta(x.shape[0], x.shape[2], x.shape[1], x.shape[3],
+                                            x.device) for x in (q, k))
+    amax = quantize_kernel.compiled("amax", *args, chunks_per_cta=q_per_cta, compile_now=now)
+    fused = quantize_kernel.compiled("cast_then_amax", *args, chunks_per_cta=kv_per_cta,
                                      compile_now=now)
     if amax is None or fused is None or cast_v is None:
         return None
     return _QuantKernels(amax, fused, None, cast_v)
 
 
-def _quantize_on_gpu(kernels: _QuantKernels, q, k, v, padded: int, v_feature_major: bool):
+def _quantize_on_gpu(kernels: _QuantKernels, q, k, v, padded: int, padded_kv: int,
+                     v_feature_major: bool):
     """codes of q, k, v and their descales (batch, heads, 3) by the GPU kernels, four launches:
     amax(q); cast(q) + amax(k); cast(k) + amax(v); cast(v). Every cast's first CTAs read what
-    its input's amax read last, from L2."""
+    its input's amax read last, from L2. K's and V's casts write their descale for every query
+    head of their KV head's group."""
     from variants.launch import current_stream_handle
 
     batch, seq_len, heads, head_dim = q.shape
+    _, seq_len_kv, kv_heads, _ = k.shape
+    group = heads // kv_heads
     device = q.device
     stream = current_stream_handle(device)
     # Few allocations (each ~3-7 us of host time): descale (batch, heads, 3) and the amax
-    # scratch (3, batch, heads) share one, q's and k's codes another.
-    heads_total = batch * heads
-    scalars = torch.empty(6 * heads_total, dtype=torch.float32, device=device)
-    descale = scalars[:3 * heads_total].view(batch, heads, 3)
+    # scratch (q's batch x heads, then k's and v's batch x kv_heads) share one, q's and k's
+    # codes another when they have one shape.
+    q_heads, kv_total = batch * heads, batch * kv_heads
+    scalars = torch.empty(3 * q_heads + q_heads + 2 * kv_total, dtype=torch.float32,
+                          device=device)
+    descale = scalars[:3 * q_heads].view(batch, heads, 3)
     descale_at = scalars.data_ptr()
-    amax_at = descale_at + 4 * 3 * heads_total
-    _zero_on_stream(amax_at, 3 * heads_total, stream)
+    amax_at = descale_at + 4 * 3 * q_heads
+    _zero_on_stream(amax_at, q_heads + 2 * kv_total, stream)
+    slots = (amax_at, amax_at + 4 * q_heads, amax_at + 4 * (q_heads + kv_total))
     natural = (batch, padded, heads, head_dim)
-    v_shape = (batch, heads, head_dim, padded) if v_feature_major else natural
-    q8, k8 = torch.empty((2, *natural), dtype=torch.float8_e4m3fn, device=device).unbind(0)
+    natural_kv = (batch, padded_kv, kv_heads, head_dim)
+    v_shape = (batch, kv_heads, head_dim, padded_kv) if v_feature_major else natural_kv
+    if natural == natural_kv:
+        q8, k8 = torch.empty((2, *natural), dtype=torch.float8_e4m3fn, device=device).unbind(0)
+    else:
+        q8, k8 = (torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+                  for shape in (natural, natural_kv))
     outs = (q8, k8, torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device))
-    slots = [amax_at + 4 * index * heads_total for index in range(3)]  # amax[index]
     inputs = (q.data_ptr(), k.data_ptr(), v.data_ptr())
     kernels.amax(inputs[0], slots[0], batch, seq_len, heads, stream)
-    for index in (0, 1):  # cast q or k, and the amax of the input after it
+    # cast q with amax k, then cast k with amax v: (length, padded, heads, replicas) of the cast.
+    casts = ((seq_len, padded, heads, 1), (seq_len_kv, padded_kv, kv_heads, group))
+    for index, (length, rows, cast_heads, replicas) in enumerate(casts):
         kernels.cast_then_amax(inputs[index], slots[index], descale_at + 4 * index,
                                outs[index].data_ptr(), inputs[index + 1], slots[index + 1],
-                               batch, seq_len, padded, heads, seq_len, heads, stream)
-    kernels.cast_v(inputs[2], slots[2], descale_at + 8, outs[2].data_ptr(), batch, seq_len,
-                   padded, heads, stream)
+                               batch, length, rows, cast_heads, replicas, seq_len_kv, kv_heads,
+                               stream)
+    kernels.cast_v(inputs[2], slots[2], descale_at + 8, outs[2].data_ptr(), batch, seq_len_kv,
+                   padded_kv, kv_heads, group, stream)
     return outs, descale
 
 
@@ -410,15 +453,18 @@ def quantize_inputs(
 ) -> Fp8Inputs:
     """Quantize and lay out q, k, v for the FP8 kernels, on the device the inputs live on.
 
-    pad_to: zero-pad seq_len up to a multiple of this (the kernel's tile), so that every tile
-    load is in bounds; kernels still mask keys and skip stores past seq_len.
+    q is (batch, seq_len, heads, head_dim); k and v (batch, seq_len_kv, kv_heads, head_dim), with
+    heads a multiple of kv_heads (grouped-query attention; equal shapes for self-attention).
+    pad_to: zero-pad both lengths up to a multiple of this (the kernel's tile), so that every
+    tile load is in bounds; kernels still mask keys and skip stores past the lengths.
     permute_keys: store V's keys in register_p_key_order (pad_to must then be a multiple of 16).
-    v_feature_major: V as (batch, heads, head_dim, padded); False keeps (batch, padded, heads,
-    head_dim) for a kernel that transposes V itself (no key permutation then).
+    v_feature_major: V as (batch, kv_heads, head_dim, padded_kv); False keeps (batch, padded_kv,
+    kv_heads, head_dim) for a kernel that transposes V itself (no key permutation then).
     """
     if validate:
-        check_qkv(q, k, v)
+        check_qkv(q, k, v, kv_own_shape=True)
     batch, seq_len, heads, head_dim = q.shape
+    seq_len_kv = k.shape[1]
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
     if permute_keys and not v_feature_major:
@@ -426,21 +472,23 @@ def quantize_inputs(
                          "its natural layout orders the keys itself")
     if permute_keys and pad_to % 16:
         raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
-    padded = round_up(seq_len, pad_to)
+    padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
 
-    kernels = _gpu_kernels(q, k, v, padded, v_feature_major=v_feature_major,
+    kernels = _gpu_kernels(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
                            permute_keys=permute_keys)
     if kernels is not None:
-        out, descale = _quantize_on_gpu(kernels, q, k, v, padded, v_feature_major)
+        out, descale = _quantize_on_gpu(kernels, q, k, v, padded, padded_kv, v_feature_major)
     else:
         descales = []
         out = []
         for index, x in enumerate((q, k, v)):
             # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
             scale, descale = _per_head_scale(x)
-            descales.append(descale)
+            # By query head: a KV head's descale repeated for each query head that reads it.
+            descales.append(descale.repeat_interleave(heads // x.shape[2], dim=1))
             is_v = index == 2
-            out.append(_quantize(x, scale, padded, feature_major=is_v and v_feature_major,
+            out.append(_quantize(x, scale, padded if index == 0 else padded_kv,
+                                 feature_major=is_v and v_feature_major,
                                  permute_keys=is_v and permute_keys))
         descale = torch.stack(descales, dim=-1).contiguous()
     q8, k8, v8 = out
@@ -453,8 +501,8 @@ def quantize_inputs(
         key_permuted=permute_keys,
         softmax_scale=float(softmax_scale),
         v_feature_major=v_feature_major,
+        seq_len_kv=seq_len_kv,
     )
-
 
 
 def fp8_inputs(
@@ -468,45 +516,53 @@ def fp8_inputs(
     softmax_scale: float | None = None,
     v_feature_major: bool = True,
 ) -> Fp8Inputs:
-    """Fp8Inputs from e4m3 codes the caller quantized (x ~= code * descale[b, h]), checked by
-    check_fp8_qkv: no quantization, only the layout the kernel reads. q and k are used as they are
-    when contiguous and seq_len is a multiple of pad_to (else copied, zero-padded); V likewise for
-    a kernel that reads it in the natural layout, else re-laid out feature-major (and
-    key-permuted) in one pass over its codes."""
+    """Fp8Inputs from e4m3 codes the caller quantized (x ~= code * descale[b, h] with h the
+    tensor's own head: q's descale broadcast to (batch, heads), k's and v's to (batch,
+    kv_heads)), checked by check_fp8_qkv: no quantization, only the layout the kernel reads. q
+    and k are used as they are when contiguous and their length is a multiple of pad_to (else
+    copied, zero-padded); V likewise for a kernel that reads it in the natural layout, else
+    re-laid out feature-major (and key-permuted) in one pass over its codes."""
+    from variants.launch import current_stream_handle
+
     batch, seq_len, heads, head_dim = q.shape
+    seq_len_kv, kv_heads = k.shape[1], k.shape[2]
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
-    padded = round_up(seq_len, pad_to)
-    descale = torch.stack([d.expand(batch, heads) for d in descales], dim=-1).contiguous()
-    as_is = padded == seq_len
+    padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
+    group = heads // kv_heads
+    descale = torch.stack(
+        [descales[0].expand(batch, heads)]
+        + [d.expand(batch, kv_heads).repeat_interleave(group, dim=1) for d in descales[1:]],
+        dim=-1).contiguous()
+    as_is = padded == seq_len and padded_kv == seq_len_kv
     natural_v = as_is and not v_feature_major and v.is_contiguous()
     kernels = None
     if not (as_is and q.is_contiguous() and k.is_contiguous() and natural_v):
-        kernels = _gpu_kernels(q, k, v, padded, v_feature_major=v_feature_major,
+        kernels = _gpu_kernels(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
                                permute_keys=permute_keys, rescale=False)
-    from variants.launch import current_stream_handle
-
     out = []
     for index, x in enumerate((q, k, v)):
         is_v = index == 2
         feature_major = is_v and v_feature_major
-        if as_is and x.is_contiguous() and not feature_major:
+        length, rows, x_heads = (seq_len, padded, heads) if index == 0 else \
+            (seq_len_kv, padded_kv, kv_heads)
+        if length == rows and x.is_contiguous() and not feature_major:
             out.append(x)
         elif kernels is not None:
-            layout = torch.empty((batch, heads, head_dim, padded) if feature_major
-                                 else (batch, padded, heads, head_dim),
+            layout = torch.empty((batch, x_heads, head_dim, rows) if feature_major
+                                 else (batch, rows, x_heads, head_dim),
                                  dtype=torch.float8_e4m3fn, device=x.device)
             cast = kernels.cast_v if is_v else kernels.cast_qk
-            cast(x.data_ptr(), 0, 0, layout.data_ptr(), batch, seq_len, padded, heads,
+            cast(x.data_ptr(), 0, 0, layout.data_ptr(), batch, length, rows, x_heads, 1,
                  current_stream_handle(x.device))
             out.append(layout)
         else:
-            natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
+            natural = torch.empty((batch, rows, x_heads, head_dim), dtype=torch.float8_e4m3fn,
                                   device=x.device)
-            natural[:, :seq_len].view(torch.uint8).copy_(x.view(torch.uint8))
-            out.append(_lay_out(natural, seq_len, feature_major=feature_major,
+            natural[:, :length].view(torch.uint8).copy_(x.view(torch.uint8))
+            out.append(_lay_out(natural, length, feature_major=feature_major,
                                 permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
     return Fp8Inputs(q=q8, k=k8, v=v8, descale=descale, seq_len=seq_len,
                      key_permuted=permute_keys, softmax_scale=float(softmax_scale),
-                     v_feature_major=v_feature_major)
+                     v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)

@@ -175,8 +175,7 @@ class ScaledCast(_Chunked):
     def slots(self):
         return (pointer(self.in_dtype.__name__, _input_align(self.in_dtype)),
                 pointer("Float32", 4), pointer("Float32", 4),
-                pointer("Float8E4M3FN", VEC),
-                scalar("Int32"), scalar("Int32"), scalar("Int32"), scalar("Int32"), STREAM)
+                pointer("Float8E4M3FN", VEC), *(scalar("Int32"),) * 5, STREAM)
 
     def compile_args(self):
         """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
@@ -187,13 +186,13 @@ class ScaledCast(_Chunked):
                 make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
                 make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
                 make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=VEC),
-                cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1), cutlass.Int32(1),
-                make_fake_stream())
+                *(cutlass.Int32(1),) * 5, make_fake_stream())
 
     @cute.jit
     def __call__(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
                  out_ptr: cute.Pointer, batch: cutlass.Int32, seq_len: cutlass.Int32,
-                 padded: cutlass.Int32, heads: cutlass.Int32, stream: cuda.CUstream):
+                 padded: cutlass.Int32, heads: cutlass.Int32, replicas: cutlass.Int32,
+                 stream: cuda.CUstream):
         # The feature-major cast transposes a chunk through shared memory: head_dim rows of
         # tokens slots, each padded by 8 bytes against bank conflicts (the token-major cast
         # needs none; it gets a token allocation).
@@ -204,7 +203,7 @@ class ScaledCast(_Chunked):
         class SharedStorage:
             tile: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, tile_bytes], 16]
 
-        self.kernel(x_ptr, amax_ptr, descale_ptr, out_ptr, seq_len, padded, heads,
+        self.kernel(x_ptr, amax_ptr, descale_ptr, out_ptr, seq_len, padded, heads, replicas,
                     SharedStorage).launch(
             grid=[batch * heads, self._groups(padded), 1], block=[THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream)
@@ -215,18 +214,19 @@ class ScaledCast(_Chunked):
     @cute.kernel
     def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
                out_ptr: cute.Pointer, seq_len: cutlass.Int32, padded: cutlass.Int32,
-               heads: cutlass.Int32, SharedStorage: cutlass.Constexpr):
+               heads: cutlass.Int32, replicas: cutlass.Int32, SharedStorage: cutlass.Constexpr):
         bidx, bidy, _ = cute.arch.block_idx()
         nbh, ngroups, _ = cute.arch.grid_dim()
         # Reverse of HeadAbsMax's order: the first CTAs read what it read last (in L2).
         self.cast_cta(x_ptr, amax_ptr, descale_ptr, out_ptr, nbh - 1 - bidx, ngroups - 1 - bidy,
-                      seq_len, padded, heads, SharedStorage)
+                      seq_len, padded, heads, replicas, SharedStorage)
 
     @cute.jit
     def cast_cta(self, x_ptr, amax_ptr, descale_ptr, out_ptr, bh, group, seq_len, padded, heads,
-                 SharedStorage: cutlass.Constexpr):
+                 replicas, SharedStorage: cutlass.Constexpr):
         """One CTA's part: the codes of its chunks of (batch, head) bh (and, from its group 0,
-        the descale)."""
+        the descale, written for each of the `replicas` query heads this head serves: 1 for q,
+        heads // kv_heads for k and v)."""
         tidx, _, _ = cute.arch.thread_idx()
         b = bh // heads
         h = bh % heads
@@ -238,9 +238,12 @@ class ScaledCast(_Chunked):
             # fl(fl(1 / amax) * 448): torch's 448 / amax is this (Tensor.__rtruediv__).
             scale = (1.0 / amax) * E4M3_MAX
             if group == 0 and tidx == 0:
-                # descale (batch, heads, 3): this input's column, at stride 3.
-                dst = cute.make_tensor(descale_ptr + bh * 3, cute.make_layout(1))
-                dst[0] = amax * DESCALE_PER_AMAX
+                # descale (batch, query heads, 3): this input's column, at stride 3, for every
+                # query head of the group (query head h * replicas + g reads KV head h).
+                for g in cutlass.range(replicas, unroll=1):
+                    dst = cute.make_tensor(descale_ptr + (bh * replicas + g) * 3,
+                                           cute.make_layout(1))
+                    dst[0] = amax * DESCALE_PER_AMAX
         smem = cutlass.memory.SmemAllocator()
         tile = smem.allocate(SharedStorage).tile.get_tensor(
             cute.make_layout(SharedStorage.size_in_bytes())).iterator
@@ -342,7 +345,7 @@ class CastThenAmax:
         x = pointer(self.in_dtype.__name__, _input_align(self.in_dtype))
         f32 = pointer("Float32", 4)
         return (x, f32, f32, pointer("Float8E4M3FN", VEC), x, f32,
-                *(scalar("Int32"),) * 6, STREAM)
+                *(scalar("Int32"),) * 7, STREAM)
 
     def compile_args(self):
         from cutlass.cute.runtime import make_fake_stream, make_ptr
@@ -351,14 +354,14 @@ class CastThenAmax:
         x = make_ptr(self.in_dtype, 0, gmem, assumed_align=_input_align(self.in_dtype))
         f32 = make_ptr(cutlass.Float32, 0, gmem, assumed_align=4)
         return (x, f32, f32, make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=VEC), x, f32,
-                *(cutlass.Int32(1),) * 6, make_fake_stream())
+                *(cutlass.Int32(1),) * 7, make_fake_stream())
 
     @cute.jit
     def __call__(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
                  out_ptr: cute.Pointer, next_ptr: cute.Pointer, next_amax_ptr: cute.Pointer,
                  batch: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
-                 heads: cutlass.Int32, next_seq_len: cutlass.Int32, next_heads: cutlass.Int32,
-                 stream: cuda.CUstream):
+                 heads: cutlass.Int32, replicas: cutlass.Int32, next_seq_len: cutlass.Int32,
+                 next_heads: cutlass.Int32, stream: cuda.CUstream):
         @cute.struct
         class SharedStorage:  # the token-major cast needs no tile: a token allocation
             tile: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, 16], 16]
@@ -366,7 +369,7 @@ class CastThenAmax:
         cast_ctas = batch * heads * self.cast._groups(padded)
         amax_ctas = batch * next_heads * self.amax._groups(next_seq_len)
         self.kernel(x_ptr, amax_ptr, descale_ptr, out_ptr, next_ptr, next_amax_ptr, seq_len,
-                    padded, heads, next_seq_len, next_heads, batch * heads, cast_ctas,
+                    padded, heads, replicas, next_seq_len, next_heads, batch * heads, cast_ctas,
                     batch * next_heads, SharedStorage).launch(
             grid=[cast_ctas + amax_ctas, 1, 1], block=[THREADS, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream)
@@ -375,14 +378,16 @@ class CastThenAmax:
     def kernel(self, x_ptr: cute.Pointer, amax_ptr: cute.Pointer, descale_ptr: cute.Pointer,
                out_ptr: cute.Pointer, next_ptr: cute.Pointer, next_amax_ptr: cute.Pointer,
                seq_len: cutlass.Int32, padded: cutlass.Int32, heads: cutlass.Int32,
-               next_seq_len: cutlass.Int32, next_heads: cutlass.Int32, cast_bh: cutlass.Int32,
+               replicas: cutlass.Int32, next_seq_len: cutlass.Int32, next_heads: cutlass.Int32,
+               cast_bh: cutlass.Int32,
                cast_ctas: cutlass.Int32, next_bh: cutlass.Int32,
                SharedStorage: cutlass.Constexpr):
         cta, _, _ = cute.arch.block_idx()
         if cta < cast_ctas:
             reverse = cast_ctas - 1 - cta
             self.cast.cast_cta(x_ptr, amax_ptr, descale_ptr, out_ptr, reverse % cast_bh,
-                               reverse // cast_bh, seq_len, padded, heads, SharedStorage)
+                               reverse // cast_bh, seq_len, padded, heads, replicas,
+                               SharedStorage)
         else:
             rest = cta - cast_ctas
             self.amax.amax_cta(next_ptr, next_amax_ptr, rest % next_bh, rest // next_bh,

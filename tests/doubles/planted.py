@@ -13,6 +13,8 @@ import dataclasses
 import importlib
 from dataclasses import dataclass
 
+import torch
+
 from variants.base import ConfigMixin
 
 # bug -> the check of the gate expected to catch it first (variants/reference.py's reasons)
@@ -25,7 +27,28 @@ BUGS = {
     "lse_shift": "LSE",  # LSE 0.05 too large
     "one_nan": "non-finite",  # one element of the output is NaN
     "batch_cross": "worst row",  # batch 0's output written into batch 1
+    # causal: the diagonal itself masked (row r sees keys < r + offset, one too few): the first
+    # row that sees one key then sees none, an LSE of -inf where the reference has a finite one
+    "causal_diagonal_dropped": "non-finite",
+    # grouped KV heads: query head h reads KV head h // group + 1 (mod kv_heads)
+    "kv_head_shifted": "worst row",
 }
+# Bugs that only a problem with that feature can show (elsewhere the kernel is the base's).
+
+
+def expected_check(bug: str, problem) -> str | None:
+    """The gate's check that must catch `bug` on `problem`: BUGS's, except that without a
+    causal mask causal_diagonal_dropped is a kernel that drops the last key (no row turns empty)."""
+    if bug == "causal_diagonal_dropped" and not problem.causal:
+        return "worst row"
+    return BUGS[bug]
+
+
+# last_key_masked copies rows 0 .. S-2 of a run without the last key: under a causal mask only
+# row S-1 sees that key, so there it would copy right answers.
+APPLIES = {"causal_diagonal_dropped": lambda p: p.causal,
+           "kv_head_shifted": lambda p: p.kv_heads >= 2,
+           "last_key_masked": lambda p: not p.causal}
 
 
 @dataclass(frozen=True)
@@ -68,7 +91,8 @@ class PlantedKernel:
         if bug == "last_key_masked" and s >= 2:
             # The same kernel over keys 0 .. S-2 gives rows 0 .. S-2 of a kernel whose mask
             # drops the last key.
-            short_out, short_lse = self._kernel.run(dataclasses.replace(prepared, seq_len=s - 1))
+            short_out, short_lse = self._kernel.run(dataclasses.replace(
+                prepared, seq_len=s - 1, seq_len_kv=prepared.seq_len_kv - 1))
             out[:, : s - 1] = short_out
             lse[:, :, : s - 1] = short_lse
         elif bug == "tail_row" and s >= 2:
@@ -83,6 +107,25 @@ class PlantedKernel:
         elif bug == "batch_cross" and out.shape[0] >= 2:
             out[1] = out[0]
             lse[1] = lse[0]
+        elif bug == "causal_diagonal_dropped" and prepared.seq_len_kv >= 2:
+            # Bottom-right causal over keys 0 .. Skv-2: row r sees keys <= r + offset - 1, the
+            # real kernel with its diagonal moved one key left.
+            short = dataclasses.replace(prepared, seq_len_kv=prepared.seq_len_kv - 1)
+            out, lse = self._kernel.run(short, out=out, lse=lse)
+        elif bug == "kv_head_shifted" and prepared.k.shape[2] >= 2:
+            # K and V read one KV head further on (their descales with them): prepare's codes
+            # are right, the kernel's head mapping is not.
+            group = prepared.group
+
+            def roll(x, dim):  # torch has no roll for e4m3: roll the bytes
+                return x.view(torch.uint8).roll(-1, dims=dim).view(torch.float8_e4m3fn)
+
+            shifted = dataclasses.replace(
+                prepared, k=roll(prepared.k, 2),
+                v=roll(prepared.v, 1 if prepared.v_feature_major else 2),
+                descale=torch.cat([prepared.descale[..., :1],
+                                   prepared.descale[..., 1:].roll(-group, dims=1)], dim=-1))
+            out, lse = self._kernel.run(shifted, out=out, lse=lse)
         return out, lse
 
 

@@ -1,7 +1,13 @@
 """The launch ABI every family's compiled function takes, declared once.
 
-    q, k, v, descale, o, lse pointers; batch, heads, seq_len, padded_len, softmax_scale;
-    then a family's extra scalars (wgmma: the persistent grid size); then the CUDA stream.
+    q, k, v, descale, o, lse pointers; batch, heads, seq_len, padded_len, softmax_scale,
+    kv_heads, seq_len_kv, padded_len_kv; then a family's extra scalars (wgmma: the persistent
+    grid size); then the CUDA stream.
+
+heads, seq_len and padded_len are q's (and O's and LSE's); kv_heads, seq_len_kv and
+padded_len_kv are k's and v's (grouped-query attention: query head h reads KV head
+h // (heads // kv_heads)). The descales stay (batch, heads, 3) by query head, K's and V's
+repeated over the query heads of a group.
 
 `fake_args` gives the stand-ins a compile traces with (only types and alignments reach code
 generation), `slots` the argument kinds variants/launch.py launches with, `launch_values` the
@@ -19,7 +25,8 @@ POINTERS = (("q_ptr", "Float8E4M3FN", 16), ("k_ptr", "Float8E4M3FN", 16),
             ("o_ptr", "BFloat16", 16), ("lse_ptr", "Float32", 4))
 # (name, cutlass scalar type name) of the scalars after them.
 SCALARS = (("batch", "Int32"), ("heads", "Int32"), ("seq_len", "Int32"),
-           ("padded_len", "Int32"), ("softmax_scale", "Float32"))
+           ("padded_len", "Int32"), ("softmax_scale", "Float32"), ("kv_heads", "Int32"),
+           ("seq_len_kv", "Int32"), ("padded_len_kv", "Int32"))
 ABI_NAMES = tuple(n for n, _, _ in POINTERS) + tuple(n for n, _ in SCALARS)
 
 
@@ -44,8 +51,8 @@ def fake_args(*, extra: tuple = ()) -> tuple:
     """Stand-ins for the launch arguments: only types and alignments reach code generation."""
     from cutlass.cute.runtime import make_fake_stream
 
-    return (*_pointers((0,) * len(POINTERS)), *_scalars((1, 1, 1, 256, 1.0)), *extra,
-            make_fake_stream())
+    return (*_pointers((0,) * len(POINTERS)), *_scalars((1, 1, 1, 256, 1.0, 1, 1, 256)),
+            *extra, make_fake_stream())
 
 
 def slots(extra: int = 0) -> tuple:
@@ -60,9 +67,11 @@ def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tupl
     """The raw values of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse,
     in the order of slots(): addresses, scalars, the family's extra ints, the stream handle."""
     batch, padded, heads, _ = prepared.q.shape
+    _, padded_kv, kv_heads, _ = prepared.k.shape
     return (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
             prepared.descale.data_ptr(), out.data_ptr(), lse.data_ptr(),
-            batch, heads, prepared.seq_len, padded, prepared.softmax_scale, *extra, stream)
+            batch, heads, prepared.seq_len, padded, prepared.softmax_scale, kv_heads,
+            prepared.seq_len_kv, padded_kv, *extra, stream)
 
 
 def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:

@@ -23,7 +23,7 @@ def compile(cfg: Config, problem, arch: str) -> build.CompiledKernel:  # noqa: A
 
     return build.compile_cached(
         FAMILY, _SRC_DIR, cfg, problem, arch,
-        make_kernel=lambda: MmaSyncAttention(cfg, problem.head_dim),
+        make_kernel=lambda: MmaSyncAttention(cfg, problem.head_dim, problem.causal),
         smem_bytes=smem_bytes(cfg, problem.head_dim),
     )
 

@@ -159,28 +159,12 @@ _REGISTER_OVERHEAD = 28
 # prepare implement it. Problems written before the features existed have none of them set.
 
 
-def shape_not_implemented(problem) -> str | None:
-    """Why the mma_sync kernel cannot run this problem's mask or head/length layout yet, or None."""
-    if problem.causal:
-        return "causal attention is not implemented by the mma_sync kernel yet"
-    if problem.kv_heads != problem.heads:
-        return (f"grouped KV heads (kv_heads={problem.kv_heads} for heads={problem.heads}) "
-                "are not implemented by the mma_sync kernel yet")
-    if problem.seq_len_kv != problem.seq_len:
-        return (f"a key/value length other than the query's (seq_len_kv={problem.seq_len_kv}, "
-                f"seq_len={problem.seq_len}) is not implemented by the mma_sync kernel yet")
-    return None
-
-
 def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     """THE statement of the constraints: the search and the runtime both call this."""
     arch = gpu.arch
     d = problem.head_dim
     if arch not in SUPPORTED_ARCHS:
         return False, f"arch {arch} unsupported: mma.sync e4m3 needs one of {SUPPORTED_ARCHS}"
-    unimplemented = shape_not_implemented(problem)
-    if unimplemented:
-        return False, unimplemented
     if cfg.mma not in MMAS:
         return False, f"mma={cfg.mma!r} unknown; one of {MMAS}"
     if cfg.mma == "mxf8" and arch not in MXF8_ARCHS:

@@ -45,6 +45,13 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
 from variants.common.abi import output_views
+from variants.common.masking import (
+    causal_offset,
+    first_masked_strip,
+    key_hidden,
+    strip_needs_mask,
+    strips_needed,
+)
 from variants.common.softmax import LOG2_E, exp2_argument, lse_natural, rescale_factor
 from variants.mma_sync.config import Config
 
@@ -70,9 +77,10 @@ def _register_p_slots(m_tiles: int, block_n: int) -> list[int]:
 class MmaSyncAttention:
     """One kernel class; every knob of `Config` is a compile-time constant of it."""
 
-    def __init__(self, cfg: Config, head_dim: int):
+    def __init__(self, cfg: Config, head_dim: int, causal: bool = False):
         self.cfg = cfg
         self.head_dim = head_dim
+        self.causal = causal
         self.block_m = cfg.block_m
         self.block_n = cfg.block_n
         self.threads = cfg.warps * 32
@@ -186,17 +194,22 @@ class MmaSyncAttention:
         seq_len: cutlass.Int32,
         padded_len: cutlass.Int32,
         softmax_scale: cutlass.Float32,
+        kv_heads: cutlass.Int32,
+        seq_len_kv: cutlass.Int32,
+        padded_len_kv: cutlass.Int32,
         stream: cuda.CUstream,
     ):
         d = self.head_dim
         padded = cute.assume(padded_len, divby=math.lcm(self.block_m, self.block_n))
-        # (batch, padded, heads, head_dim), row-major
-        qk_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
-        mQ = cute.make_tensor(q_ptr, qk_layout)
-        mK = cute.make_tensor(k_ptr, qk_layout)
-        # (batch, heads, head_dim, padded): keys contiguous
+        padded_kv = cute.assume(padded_len_kv, divby=math.lcm(self.block_m, self.block_n))
+        # (batch, padded, heads, head_dim), row-major; K at its own length and KV heads
+        mQ = cute.make_tensor(
+            q_ptr, cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0)))
+        mK = cute.make_tensor(
+            k_ptr, cute.make_ordered_layout((batch, padded_kv, kv_heads, d), order=(3, 2, 1, 0)))
+        # (batch, kv_heads, head_dim, padded_kv): keys contiguous
         mV = cute.make_tensor(
-            v_ptr, cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0)))
+            v_ptr, cute.make_ordered_layout((batch, kv_heads, d, padded_kv), order=(3, 2, 1, 0)))
         mDescale, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
 
         sQ_layout = self._smem_layout(self.block_m, d, None)
@@ -216,9 +229,11 @@ class MmaSyncAttention:
             p: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, p_elems], 1024]
 
         tiled_mma = self._tiled_mma()
-        grid = (cute.ceil_div(seq_len, self.block_m), heads, batch)
+        m_blocks = cute.ceil_div(seq_len, self.block_m)
+        grid = (m_blocks, heads, batch)
         self.kernel(
-            mQ, mK, mV, mDescale, mO, mLSE, seq_len, softmax_scale * LOG2_E,
+            mQ, mK, mV, mDescale, mO, mLSE, seq_len, softmax_scale * LOG2_E, seq_len_kv,
+            heads // kv_heads, causal_offset(seq_len, seq_len_kv), m_blocks,
             sQ_layout, sK_layout, sV_layout, sP_layout,
             self._g2s_copy(d), self._g2s_copy(self.block_n), tiled_mma, SharedStorage,
         ).launch(grid=grid, block=[self.threads, 1, 1],
@@ -238,6 +253,10 @@ class MmaSyncAttention:
         mLSE: cute.Tensor,
         seq_len: cutlass.Int32,
         scale_log2: cutlass.Float32,
+        seq_len_kv: cutlass.Int32,
+        group: cutlass.Int32,
+        offset: cutlass.Int32,
+        m_blocks: cutlass.Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -252,16 +271,23 @@ class MmaSyncAttention:
         fp8 = cutlass.Float8E4M3FN
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = cute.arch.block_idx()
+        if cutlass.const_expr(self.causal):
+            # The longest rows (the most strips) first: the short ones fill the grid's tail.
+            m_block = m_blocks - 1 - m_block
+        kv_head = head // group  # grouped-query attention: a view, no copy of K and V
         lane = cute.arch.lane_idx()
 
         # qk_scale = dq * dk * softmax_scale, in log2 units; dv goes to the epilogue.
         qk_log2 = mDescale[batch, head, 0] * mDescale[batch, head, 1] * scale_log2
         dv = mDescale[batch, head, 2]
-        n_strips = cute.ceil_div(seq_len, bn)
+        n_total = cute.ceil_div(seq_len_kv, bn)
+        row_base = m_block * bm
+        n_strips = strips_needed(row_base, bm, bn, n_total, offset, self.causal)
+        first_masked = first_masked_strip(row_base, bn, offset)
 
         gQ = cute.local_tile(mQ[batch, None, head, None], (bm, d), (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head, None], (bn, d), (None, 0))
-        gV = cute.local_tile(mV[batch, head, None, None], (d, bn), (0, None))
+        gK = cute.local_tile(mK[batch, None, kv_head, None], (bn, d), (None, 0))
+        gV = cute.local_tile(mV[batch, kv_head, None, None], (d, bn), (0, None))
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(SharedStorage)
@@ -329,7 +355,7 @@ class MmaSyncAttention:
             cute.arch.sync_threads()
             cute.copy(s2r_Q, tSsQ, tSrQ_view)
 
-        ragged = seq_len % bn != 0
+        ragged = seq_len_kv % bn != 0
         for strip in cutlass.range(n_strips, unroll=1):
             if cutlass.const_expr(stages == 1):
                 cute.copy(g2s_qk, tKgK[None, None, None, strip], tKsK[None, None, None, 0])
@@ -360,12 +386,12 @@ class MmaSyncAttention:
                 cute.copy(s2r_K, tSsK[None, None, kb, stage], tSrK_view[None, None, kb])
                 self._mma(tiled_mma, acc_S, tSrQ[None, None, kb], tSrK[None, None, kb])
 
-            if ragged:
-                if strip == n_strips - 1:
-                    key_base = strip * bn
-                    for i in cutlass.range_constexpr(cute.size(acc_S)):
-                        if key_base + tScS[i][1] >= seq_len:
-                            acc_S[i] = -cutlass.Float32.inf
+            if strip_needs_mask(strip, n_total, ragged, first_masked, self.causal):
+                key_base = strip * bn
+                for i in cutlass.range_constexpr(cute.size(acc_S)):
+                    if key_hidden(key_base + tScS[i][1], row_base + tScS[i][0], seq_len_kv,
+                                  offset, self.causal):
+                        acc_S[i] = -cutlass.Float32.inf
 
             # ---- online softmax, log2 domain ------------------------------------------------
             for mt_i in cutlass.range_constexpr(self.m_tiles):
@@ -379,9 +405,15 @@ class MmaSyncAttention:
                     tile_max = cute.arch.fmax(
                         tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
                     m_new = cute.arch.fmax(row_max[st], tile_max * qk_log2)
-                    alpha = rescale_factor(row_max[st], m_new)
+                    m_use = m_new
+                    if cutlass.const_expr(self.causal):
+                        # A row that has seen no key yet: subtract 0, not -inf (P and alpha 0,
+                        # not NaN).
+                        if m_new == -cutlass.Float32.inf:
+                            m_use = cutlass.Float32(0.0)
+                    alpha = rescale_factor(row_max[st], m_use)
                     # 2^shift * 2^(s - m): P in [0, 2^shift] (256 with pv_accum=fp32).
-                    p = cute.math.exp2(exp2_argument(raw, qk_log2, m_new, self.p_shift),
+                    p = cute.math.exp2(exp2_argument(raw, qk_log2, m_use, self.p_shift),
                                        fastmath=True)
                     row_sum[st] = row_sum[st] * alpha + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
                     row_max[st] = m_new
@@ -424,7 +456,6 @@ class MmaSyncAttention:
         tOgO = thr_mma.partition_C(gO)
         tOcO = thr_mma.partition_C(cute.make_identity_tensor((bm, d)))
         rO = cute.make_rmem_tensor_like(acc_O, cutlass.BFloat16)
-        row_base = m_block * bm
         for mt_i in cutlass.range_constexpr(self.m_tiles):
             for r in cutlass.range_constexpr(2):
                 st = mt_i * 2 + r
@@ -432,7 +463,11 @@ class MmaSyncAttention:
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
                 o_row = acc_O[(None, r), mt_i, None]
-                o_row.store(o_row.load() * (dv / total))
+                scale = dv / total
+                if cutlass.const_expr(self.causal):
+                    if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
+                        scale = cutlass.Float32(0.0)
+                o_row.store(o_row.load() * scale)
                 r_row = rO[(None, r), mt_i, None]
                 r_row.store(o_row.load().to(cutlass.BFloat16))
                 row = row_base + tOcO[(0, r), mt_i, 0][0]

@@ -71,6 +71,13 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from variants.common.abi import output_views
+from variants.common.masking import (
+    causal_offset,
+    first_masked_strip,
+    key_hidden,
+    strip_needs_mask,
+    strips_needed,
+)
 from variants.common.softmax import LOG2_E, exp2_argument, lse_natural, rescale_factor
 from variants.wgmma.barriers import p_store_barrier, sched_barrier
 from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
@@ -85,9 +92,10 @@ class WgmmaAttention(VTransposeMixin):
     (__call__), the producer (load; transpose_v from VTransposeMixin) and the consumers
     (consume: main loop, softmax, epilogue)."""
 
-    def __init__(self, cfg: Config, head_dim: int):
+    def __init__(self, cfg: Config, head_dim: int, causal: bool = False):
         self.cfg = cfg
         self.head_dim = head_dim
+        self.causal = causal
         self.wgs = cfg.consumer_wgs
         self.block_m = cfg.block_m
         self.block_n = cfg.block_n
@@ -154,6 +162,9 @@ class WgmmaAttention(VTransposeMixin):
         seq_len: cutlass.Int32,
         padded_len: cutlass.Int32,
         softmax_scale: cutlass.Float32,
+        kv_heads: cutlass.Int32,
+        seq_len_kv: cutlass.Int32,
+        padded_len_kv: cutlass.Int32,
         max_ctas: cutlass.Int32,
         stream: cuda.CUstream,
     ):
@@ -161,16 +172,20 @@ class WgmmaAttention(VTransposeMixin):
         bm, bn = self.block_m, self.block_n
         fp8 = cutlass.Float8E4M3FN
         padded = cute.assume(padded_len, divby=math.lcm(bm, bn))
-        # TMA views, (seq, head_dim, heads, batch) and V (head_dim, seq, heads, batch).
-        qk_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
-        qk_layout = cute.select(qk_layout, mode=[1, 3, 2, 0])
-        mQ = cute.make_tensor(q_ptr, qk_layout)
-        mK = cute.make_tensor(k_ptr, qk_layout)
+        padded_kv = cute.assume(padded_len_kv, divby=math.lcm(bm, bn))
+        # TMA views, (seq, head_dim, heads, batch) and V (head_dim, seq, heads, batch); K and V
+        # at their own length and KV head count.
+        q_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
+        mQ = cute.make_tensor(q_ptr, cute.select(q_layout, mode=[1, 3, 2, 0]))
+        kv_layout = cute.make_ordered_layout((batch, padded_kv, kv_heads, d), order=(3, 2, 1, 0))
+        kv_layout = cute.select(kv_layout, mode=[1, 3, 2, 0])
+        mK = cute.make_tensor(k_ptr, kv_layout)
         if cutlass.const_expr(self.v_in_kernel):
             # V as the caller holds it, (batch, seq, heads, head_dim): the same view as K.
-            mV = cute.make_tensor(v_ptr, qk_layout)
+            mV = cute.make_tensor(v_ptr, kv_layout)
         else:
-            v_layout = cute.make_ordered_layout((batch, heads, d, padded), order=(3, 2, 1, 0))
+            v_layout = cute.make_ordered_layout((batch, kv_heads, d, padded_kv),
+                                                order=(3, 2, 1, 0))
             mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
         mDescale, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
 
@@ -208,7 +223,8 @@ class WgmmaAttention(VTransposeMixin):
             grid_x = cutlass.min(total_tiles, max_ctas)
         self.kernel(
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mDescale, mO, mLSE,
-            seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E,
+            seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E, seq_len_kv,
+            heads // kv_heads, causal_offset(seq_len, seq_len_kv),
             sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv,
             SharedStorage,
         ).launch(grid=(grid_x, 1, 1), block=[self.threads, 1, 1],
@@ -234,6 +250,9 @@ class WgmmaAttention(VTransposeMixin):
         m_blocks: cutlass.Int32,
         total_tiles: cutlass.Int32,
         scale_log2: cutlass.Float32,
+        seq_len_kv: cutlass.Int32,
+        group: cutlass.Int32,
+        offset: cutlass.Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -296,20 +315,22 @@ class WgmmaAttention(VTransposeMixin):
 
         bid, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
-        n_blocks = cute.ceil_div(seq_len, bn)
+        n_blocks = cute.ceil_div(seq_len_kv, bn)
+        # What _tile_strips reads.
+        strips = (m_blocks, heads, n_blocks, group, offset, total_tiles // m_blocks)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV_load, pipe_q, pipe_k,
-                          pipe_vload, bid, grid, total_tiles, m_blocks, heads, n_blocks)
+                          pipe_vload, bid, grid, total_tiles, strips)
             if cutlass.const_expr(self.v_in_kernel):
                 if warp_idx > 0:
                     # Views with the swizzle in the layout, not in the pointer: the copy adds
                     # the swizzled byte offsets it computes to their plain base pointers.
                     self.transpose_v(storage.vraw.get_tensor(sK_layout),
                                      storage.v.get_tensor(sV_layout), pipe_vload, pipe_v,
-                                     tidx - 32, bid, grid, total_tiles, n_blocks)
+                                     tidx - 32, bid, grid, total_tiles, strips)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             sP = None
@@ -317,33 +338,44 @@ class WgmmaAttention(VTransposeMixin):
                 sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
                          mDescale, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
-                         bid, grid, total_tiles, m_blocks, heads, n_blocks)
+                         bid, grid, total_tiles, strips, seq_len_kv)
 
     @cute.jit
-    def _tile_coords(self, tile: cutlass.Int32, m_blocks: cutlass.Int32, heads: cutlass.Int32):
-        # m fastest: the CTAs in flight share the K/V of one or two heads in L2.
+    def _tile_strips(self, tile: cutlass.Int32, strips):
+        """(m_block, head, KV head, batch, strips to visit) of a tile. m fastest: the CTAs in
+        flight share the K/V of one or two heads in L2. Causal: longest rows first (below)."""
+        m_blocks, heads, n_blocks, group, offset, heads_batch = strips
         m_block = tile % m_blocks
         rest = tile // m_blocks
-        return m_block, rest % heads, rest // heads
+        if cutlass.const_expr(self.causal):
+            # m slowest, from the last block down, (head, batch) fastest: the first tiles of
+            # the grid are the longest of every head, and the persistent grid's static stride
+            # deals each CTA tiles of falling length.
+            m_block = m_blocks - 1 - tile // heads_batch
+            rest = tile % heads_batch
+        head = rest % heads
+        n_tile = strips_needed(m_block * self.block_m, self.block_m, self.block_n, n_blocks,
+                               offset, self.causal)
+        return m_block, head, head // group, rest // heads, n_tile
 
     @cute.jit
     def load(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-             bid, grid, total_tiles, m_blocks, heads, n_blocks):
+             bid, grid, total_tiles, strips):
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         one = cute.make_layout(1)
         tile = bid
         while tile < total_tiles:
-            m_block, head, batch = self._tile_coords(tile, m_blocks, heads)
+            m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.block_m, self.head_dim),
                                  (m_block, 0))
-            gK = cute.local_tile(mK[None, None, head, batch], (self.block_n, self.head_dim),
+            gK = cute.local_tile(mK[None, None, kv_head, batch], (self.block_n, self.head_dim),
                                  (None, 0))
             if cutlass.const_expr(self.v_in_kernel):
-                gV = cute.local_tile(mV[None, None, head, batch],
+                gV = cute.local_tile(mV[None, None, kv_head, batch],
                                      (self.block_n, self.head_dim), (None, 0))
             else:
-                gV = cute.local_tile(mV[None, None, head, batch],
+                gV = cute.local_tile(mV[None, None, kv_head, batch],
                                      (self.head_dim, self.block_n), (0, None))
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
@@ -451,8 +483,14 @@ class WgmmaAttention(VTransposeMixin):
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
             m_new = cute.arch.fmax(row_max[r], tile_max * qk_log2)
-            alpha[r] = rescale_factor(row_max[r], m_new)
-            x = exp2_argument(raw, qk_log2, m_new)
+            m_use = m_new
+            if cutlass.const_expr(self.causal):
+                # A row that has seen no key yet (all -inf): subtract 0, not -inf, so that its
+                # P and alpha are 0 instead of NaN.
+                if m_new == -cutlass.Float32.inf:
+                    m_use = cutlass.Float32(0.0)
+            alpha[r] = rescale_factor(row_max[r], m_use)
+            x = exp2_argument(raw, qk_log2, m_use)
             if cutlass.const_expr(self.fma_exp2 == 0):
                 p = cute.math.exp2(x, fastmath=True)
                 s_mn[r, None].store(p)
@@ -478,9 +516,12 @@ class WgmmaAttention(VTransposeMixin):
             o_mn[r, None].store(o_mn[r, None].load() * alpha[r])
 
     @cute.jit
-    def _mask(self, acc_S, tScS, key_base, seq_len):
+    def _mask(self, acc_S, tScS, key_base, row_base, seq_len_kv, offset):
+        """Scores of keys the row does not see (past seq_len_kv, or causal: above the
+        diagonal) to -inf."""
         for i in cutlass.range_constexpr(cute.size(acc_S)):
-            if key_base + tScS[i][1] >= seq_len:
+            if key_hidden(key_base + tScS[i][1], row_base + tScS[i][0], seq_len_kv, offset,
+                          self.causal):
                 acc_S[i] = -cutlass.Float32.inf
 
     @cute.jit
@@ -500,7 +541,7 @@ class WgmmaAttention(VTransposeMixin):
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
                 mDescale, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
-                m_blocks, heads, n_blocks):
+                strips, seq_len_kv):
         d, bm, bn = self.head_dim, self.block_m, self.block_n
         fp8 = cutlass.Float8E4M3FN
         wg_slice = cute.make_layout(self.wgs, stride=WG_THREADS)
@@ -535,11 +576,14 @@ class WgmmaAttention(VTransposeMixin):
                 # The first consumer holds the first turn.
                 cute.arch.barrier_arrive(barrier_id=sched_barrier(0),
                                          number_of_threads=2 * WG_THREADS)
-        ragged = seq_len % bn != 0
+        n_total, offset = strips[2], strips[4]
+        ragged = seq_len_kv % bn != 0
         lane = cute.arch.lane_idx()
         tile = bid
         while tile < total_tiles:
-            m_block, head, batch = self._tile_coords(tile, m_blocks, heads)
+            m_block, head, _, batch, n_blocks = self._tile_strips(tile, strips)
+            row_base = m_block * bm
+            first_masked = first_masked_strip(row_base, bn, offset)
             qk_log2 = mDescale[batch, head, 0] * mDescale[batch, head, 1] * scale_log2
             dv = mDescale[batch, head, 2]
             row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
@@ -557,11 +601,11 @@ class WgmmaAttention(VTransposeMixin):
                 self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv_state)
-                if ragged:
-                    self._mask(acc_S, tScS, last * bn, seq_len)
+                if strip_needs_mask(last, n_total, ragged, first_masked, self.causal):
+                    self._mask(acc_S, tScS, last * bn, row_base, seq_len_kv, offset)
                 self._softmax(acc_S, row_max, row_sum, qk_log2)
                 self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
-                for _ in cutlass.range(n_blocks - 1, unroll=1):
+                for step in cutlass.range(n_blocks - 1, unroll=1):
                     v_state = kv_state.clone()
                     kv_state.advance()
                     pipe_k.consumer_wait(kv_state)
@@ -572,6 +616,10 @@ class WgmmaAttention(VTransposeMixin):
                     self._sched_arrive(wg)
                     warpgroup.wait_group(1)
                     pipe_k.consumer_release(kv_state)
+                    if cutlass.const_expr(self.causal):  # the diagonal's other strips
+                        strip = last - 1 - step
+                        if strip >= first_masked:
+                            self._mask(acc_S, tScS, strip * bn, row_base, seq_len_kv, offset)
                     alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
@@ -591,9 +639,8 @@ class WgmmaAttention(VTransposeMixin):
                     self._sched_arrive(wg)
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(kv_state)
-                    if i == 0:
-                        if ragged:
-                            self._mask(acc_S, tScS, last * bn, seq_len)
+                    if strip_needs_mask(last - i, n_total, ragged, first_masked, self.causal):
+                        self._mask(acc_S, tScS, (last - i) * bn, row_base, seq_len_kv, offset)
                     alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
                     self._rescale(acc_O, alpha)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
@@ -615,7 +662,11 @@ class WgmmaAttention(VTransposeMixin):
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
                 totals[r] = total
-                o_mn[r, None].store(o_mn[r, None].load() * (dv / total))
+                scale = dv / total
+                if cutlass.const_expr(self.causal):
+                    if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
+                        scale = cutlass.Float32(0.0)
+                o_mn[r, None].store(o_mn[r, None].load() * scale)
             rO = cute.make_rmem_tensor_like(acc_O, cutlass.BFloat16)
             rO.store(acc_O.load().to(cutlass.BFloat16))
             gO = cute.local_tile(mO[batch, None, head, None], (bm, d), (m_block, 0))
@@ -623,7 +674,6 @@ class WgmmaAttention(VTransposeMixin):
             r_mn = cute.make_tensor(rO.iterator, _acc_mn_layout(rO.layout))
             g_mn = cute.make_tensor(tOgO.iterator, _acc_mn_layout(tOgO.layout))
             c_mn = cute.make_tensor(tOcO.iterator, _acc_mn_layout(tOcO.layout))
-            row_base = m_block * bm
             for r in cutlass.range_constexpr(2):
                 row = row_base + c_mn[r, 0][0]
                 if row < seq_len:

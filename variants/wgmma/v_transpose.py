@@ -22,7 +22,7 @@ class VTransposeMixin:
     stages and register_p."""
 
     @cute.jit
-    def transpose_v(self, sVraw, sV, pipe_vload, pipe_v, ttid, bid, grid, total_tiles, n_blocks):
+    def transpose_v(self, sVraw, sV, pipe_vload, pipe_v, ttid, bid, grid, total_tiles, strips):
         """Warps 1-3 of the producer warpgroup: every V strip the loader put in the staging
         ring, (block_n keys, head_dim) as in memory, is written into the V ring K-major
         (head_dim, block_n keys contiguous) for the PV wgmma, with the register-P key order
@@ -35,6 +35,7 @@ class VTransposeMixin:
         lane_offsets = self._lane_offsets(lane)
         tile = bid
         while tile < total_tiles:
+            n_blocks = self._tile_strips(tile, strips)[4]  # as many strips as the loader's
             for _ in cutlass.range(n_blocks, unroll=1):
                 pipe_vload.consumer_wait(raw_state)
                 pipe_v.producer_acquire(v_state)

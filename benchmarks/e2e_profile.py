@@ -25,11 +25,6 @@ def host_us(fn, calls: int = 200) -> float:
     return host_and_wall_us(fn, calls)[0]
 
 
-def gpu_launches(fn, calls: int = 5) -> list[tuple[str, float, int]]:
-    """(kernel name, GPU us per call, launches per call) of fn, from the profiler."""
-    return gpu_kernels(fn, calls)
-
-
 def host_hot_spots(fn, calls: int = 2000, rows: int = 25) -> str:
     """cProfile of `calls` calls of fn: the functions with the most own time (the profiler
     inflates every Python call, so read the shares, not the absolute times)."""
@@ -107,8 +102,8 @@ def profile_shape(shape: tuple[int, int, int, int], with_gpu: bool = False) -> d
         return {"shape": shape, "config": best.config.short(), "source": best.source,
                 "host_us": host}
     return {
-        "attention()": gpu_launches(lambda: tuner.attention(q, k, v, check_finite=False)),
-        "prepare": gpu_launches(lambda: kernel.prepare(q, k, v, validate=False)),
+        "attention()": gpu_kernels(lambda: tuner.attention(q, k, v, check_finite=False)),
+        "prepare": gpu_kernels(lambda: kernel.prepare(q, k, v, validate=False)),
     }
 
 

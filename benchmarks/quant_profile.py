@@ -21,9 +21,9 @@ def main() -> None:
     parser.add_argument("--v-layout", default="prepared", choices=["prepared", "kernel"])
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
-    if args.sweep:
-        return sweep(tuple(int(x) for x in args.shape.split(",")))
     shape = tuple(int(x) for x in args.shape.split(","))
+    if args.sweep:
+        return sweep(shape)
     fm = args.v_layout == "prepared"
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")

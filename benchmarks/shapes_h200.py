@@ -43,7 +43,7 @@ SHAPES = [
 def measure(shape, fa3_call) -> dict:
     import tuner
     from tuner import runtime
-    from tuner.peers import PeerUnavailable, make_peer
+    from tuner.peers import make_peer
     from tuner.problem import Problem
 
     batch, seq, heads, seq_kv, kv_heads, causal = shape
@@ -73,7 +73,7 @@ def measure(shape, fa3_call) -> dict:
         peer = make_peer("cudnn-fp8", problem)
         peer_in = peer.prepare(q, k, v)
         t["cuDNN FP8"] = median_ms(lambda: peer.run(peer_in))
-    except (PeerUnavailable, Exception) as exc:  # noqa: BLE001 - a peer refusing the shape
+    except Exception as exc:  # noqa: BLE001 - a peer missing or refusing the shape
         res["skipped"]["cuDNN FP8"] = str(exc).splitlines()[0][:160]
     res["tflops"] = {name: problem.tflops(ms) for name, ms in t.items()}
     return res

@@ -73,3 +73,71 @@ def python_child():
         return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
 
     return run
+
+
+@pytest.fixture
+def lookup(tmp_path, monkeypatch):
+    """(add(problem, cfg) to the database, table((problem, cfg), ...) as db/tables/h200.yaml,
+    best(problem): what tuner.attention would run it with, the database URL) for the runtime
+    lookup on a pretend H200 (tests/test_runtime.py's DEVICE)."""
+    from tests.test_runtime import DEVICE
+    from tuner import runtime
+    from tuner.gpus import PROFILES
+    from tuner.store import Store, TrialRecord
+    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
+
+    url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
+    tables = tmp_path / "tables"
+    tables.mkdir()
+    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
+    monkeypatch.setattr(runtime, "TABLES_DIR", tables)
+    runtime.clear_cache()
+    store = Store(url)
+    store.record_device(DEVICE, {"name": "NVIDIA H200", "compute_capability": "9.0",
+                                 "sm_count": 132})
+
+    def add(problem, cfg):
+        tid = store.record_trial(TrialRecord(
+            id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
+            family="mma_sync", config=cfg.to_dict(), config_hash="x", outcome="ok",
+            median_ms=1.0))
+        store.set_best(DEVICE, problem, "mma_sync", tid, None, None)
+
+    def table(*entries):
+        rows = [{"problem": p.to_dict(), "family": "mma_sync", "config": cfg.to_dict(),
+                 "median_ms": 1.0} for p, cfg in entries]
+        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
+               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
+               "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
+        (tables / "h200.yaml").write_text(dump_table(doc))
+        runtime.clear_cache()
+
+    def best(problem):
+        """What tuner.attention would run the problem with: (source, tuned problem, config)."""
+        found = runtime.config_for_problem(problem, gpu="h200", db=url)
+        return found.source, found.tuned_problem, found.config
+
+    yield add, table, best, url
+    store.close()
+    runtime.clear_cache()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch on one CPU thread for the test, the caller's count restored after it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def own_build(tmp_path, monkeypatch):
+    """A build of the test's own: an empty disk cache and empty memory caches, so that the
+    caches neither hand this test another's build nor hand this build to other tests, which
+    expect theirs on their own disk cache."""
+    from variants import build
+
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(build, "_FUNCTIONS", {})
+    monkeypatch.setattr(build, "_KERNELS", {})

@@ -26,7 +26,7 @@ def tensors(q_shape, kv_shape, dtype=torch.bfloat16, device="meta"):
 ])
 def test_own_key_value_shapes_are_accepted_and_make_the_problem(q_shape, kv_shape):
     q, k, v = tensors(q_shape, kv_shape)
-    check_qkv(q, k, v, require_cuda=True, check_finite=False, kv_own_shape=True)
+    check_qkv(q, k, v, require_cuda=True, check_finite=False)
     p = problem_of(q, k, causal=True)
     assert p == Problem(q_shape[0], q_shape[2], q_shape[1], q_shape[3], True, kv_shape[1],
                         kv_shape[2])
@@ -55,7 +55,7 @@ def test_bad_key_value_shapes_are_named(q_shape, k_shape, v_shape, message):
     k = torch.empty(k_shape, dtype=torch.bfloat16, device="meta")
     v = torch.empty(v_shape, dtype=torch.bfloat16, device="meta")
     with pytest.raises(TunerError, match=message):
-        check_qkv(q, k, v, require_cuda=True, check_finite=False, kv_own_shape=True)
+        check_qkv(q, k, v, require_cuda=True, check_finite=False)
     with pytest.raises(TunerError, match=message):
         tuner.attention(q, k, v)
 
@@ -102,3 +102,18 @@ def test_fp8_descales_follow_each_tensors_own_heads():
         check_fp8_qkv(q, k, v, (per_kv, per_kv, per_kv))
     with pytest.raises(TunerError, match="q has 32 heads, k and v 12"):
         check_fp8_qkv(q, _fp8((2, 50, 12, 128)), _fp8((2, 50, 12, 128)), (one, one, one))
+
+
+@pytest.mark.parametrize("peer", ["sdpa-cudnn", "sdpa-flash", "cudnn-fp8"])
+def test_peers_refuse_a_causal_mask_they_would_align_otherwise(peer):
+    """Every peer's causal mask is top-left aligned: at different lengths it is another
+    computation, refused by name before the peer is built; at equal lengths SDPA runs it."""
+    from tuner.errors import PeerUnavailable
+    from tuner.peers import make_peer
+    from tuner.problem import Problem
+
+    with pytest.raises(PeerUnavailable, match=f"{peer}: its causal mask is aligned to the top"):
+        make_peer(peer, Problem(1, 8, 100, 64, True, 37))
+    if peer.startswith("sdpa"):
+        sdpa = make_peer(peer, Problem(1, 8, 100, 64, True, kv_heads=2))
+        assert sdpa._causal and sdpa._gqa

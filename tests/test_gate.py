@@ -15,13 +15,7 @@ from tuner.cli import main
 from tuner.gate import EDGE_ROWS, case_inputs, checked_rows, gate_cases, validate_kernel
 from tuner.problem import Problem
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("seq_len", [1, 64, 77, 4096])

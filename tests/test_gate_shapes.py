@@ -4,23 +4,17 @@ kernel passes while a causal off-by-one, a top-left mask or a wrong KV-head mapp
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from tests.doubles.dense import dense_attention
 from tuner.gate import case_inputs, gate_cases, validate_kernel
 from tuner.problem import Problem
 from variants.reference import quantize_reference
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.mark.parametrize("problem, structured", [
@@ -78,20 +72,11 @@ class _DenseKernel:
         return _Prepared(quantize_reference(q, k, v, softmax_scale))
 
     def run(self, prepared, out=None, lse=None):
-        q, k, v = (x.transpose(1, 2) for x in prepared.dequantized())
-        heads, kv_heads = q.shape[1], k.shape[1]
-        group = heads // kv_heads
-        index = [h % kv_heads if self.bug == "kv-head" else h // group for h in range(heads)]
-        k, v = k[:, index], v[:, index]
-        sq, skv = q.shape[2], k.shape[2]
-        s = q @ k.transpose(-1, -2) * prepared.softmax_scale
-        if self.problem.causal:
-            offset = {"off-by-one": 1, "top-left": sq - skv}.get(self.bug, 0)
-            visible = torch.ones(sq, skv, dtype=torch.bool).tril(skv - sq + offset)
-            s = s.masked_fill(~visible, -math.inf)
-        o = torch.softmax(s, -1).nan_to_num(0.0) @ v
-        out.copy_(o.transpose(1, 2))
-        lse.copy_(torch.logsumexp(s, -1))
+        bug = {"off-by-one": dict(diagonal_shift=1), "top-left": dict(top_left=True),
+               "kv-head": dict(kv_head=lambda h, group, kv: h % kv)}.get(self.bug, {})
+        o, lse_ = dense_attention(prepared, self.problem.causal, **bug)
+        out.copy_(o)
+        lse.copy_(lse_)
         return out, lse
 
 

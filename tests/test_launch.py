@@ -58,14 +58,9 @@ def test_quantize_kernel_cells_match_the_dsl(name, feature_major, permute_keys, 
 
 
 @pytest.mark.parametrize("family", ["wgmma", "mma_sync"])
-def test_attention_cells_match_the_dsl(family, tmp_path, monkeypatch):
-    from variants import build, load_family
+def test_attention_cells_match_the_dsl(family, own_build):
+    from variants import load_family
 
-    # A build of its own: the memory caches must not hand this build to other tests, which
-    # expect theirs on their own disk cache.
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(build, "_FUNCTIONS", {})
-    monkeypatch.setattr(build, "_KERNELS", {})
     fam = load_family(family)
     kernel = fam.compile(fam.default("sm_90a", PROBLEM), PROBLEM, "sm_90a")
     extra = 1 if family == "wgmma" else 0  # wgmma's persistent grid size

@@ -6,61 +6,17 @@ import logging
 
 import pytest
 
+from tests.test_runtime import ALT_CFG, SEED_CFG
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
-from tuner.store import Store, TrialRecord
 from variants import mma_sync
 
-DEVICE = "dev-h200"
-A = mma_sync.default("sm_90a")
-B = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
-                    p_source="smem", swizzle="bank_period", q_in_registers=False, mma="fp8")
+# The runtime tests' pretend device and configs (tests/test_runtime.py), and one more.
+A, B = SEED_CFG, ALT_CFG
 C = mma_sync.Config(block_m=64, block_n=64, warps=4, rows_per_warp=16, kv_stages=2,
                     p_source="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
-
-
-@pytest.fixture
-def lookup(tmp_path, monkeypatch):
-    """(add(problem, cfg) to the database, table(entries), best(problem, heads=...)) on a
-    pretend H200, with every family implementing every shape (the lookup's choice is the test;
-    can_implement's shape rejections are tested apart, below)."""
-    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
-
-    url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
-    tables = tmp_path / "tables"
-    tables.mkdir()
-    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
-    monkeypatch.setattr(runtime, "TABLES_DIR", tables)
-    runtime.clear_cache()
-    store = Store(url)
-    store.record_device(DEVICE, {"name": "NVIDIA H200"})
-
-    def add(problem, cfg):
-        tid = store.record_trial(TrialRecord(
-            id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
-            family="mma_sync", config=cfg.to_dict(), config_hash="x", outcome="ok",
-            median_ms=1.0))
-        store.set_best(DEVICE, problem, "mma_sync", tid, None, None)
-
-    def table(*entries):
-        rows = [{"problem": p.to_dict(), "family": "mma_sync", "config": cfg.to_dict(),
-                 "median_ms": 1.0} for p, cfg in entries]
-        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
-               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
-               "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
-        (tables / "h200.yaml").write_text(dump_table(doc))
-        runtime.clear_cache()
-
-    def best(problem):
-        """What tuner.attention would run the problem with: (source, tuned problem, config)."""
-        found = runtime.config_for_problem(problem, gpu="h200", db=url)
-        return found.source, found.tuned_problem, found.config
-
-    yield add, table, best, url
-    store.close()
-    runtime.clear_cache()
 
 
 def test_causal_never_takes_a_non_causal_winner_nor_the_other_way(lookup):

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.doubles.dense import dense_attention
 from variants.reference import (
     HEAD_SLOPE_MAX,
     REL_RMS_MAX,
@@ -181,24 +182,6 @@ def test_empty_rows_are_checked_even_where_the_reference_samples_rows():
     assert "non-finite" in accuracy(out, lse, part).reason
 
 
-def _dense_bug(ref_in, causal, *, diagonal_shift=0, top_left=False, kv_head=None):
-    """Output of a kernel with a mask or head-mapping bug, else the dense reference."""
-    q, k, v = (x.transpose(1, 2) for x in ref_in.dequantized())
-    heads, kv_heads = q.shape[1], k.shape[1]
-    group = heads // kv_heads
-    index = torch.tensor([kv_head(h, group, kv_heads) if kv_head else h // group
-                          for h in range(heads)])
-    k, v = k[:, index], v[:, index]
-    sq, skv = q.shape[2], k.shape[2]
-    offset = 0 if top_left else skv - sq
-    visible = torch.ones(sq, skv, dtype=torch.bool)
-    if causal:
-        visible = visible.tril(diagonal=offset + diagonal_shift)
-    s = (q @ k.transpose(-1, -2) * ref_in.softmax_scale).masked_fill(~visible, -math.inf)
-    out = (torch.softmax(s, -1).nan_to_num(0.0) @ v).transpose(1, 2)
-    return out, torch.logsumexp(s, -1)
-
-
 @pytest.mark.parametrize("bug, shape", [
     (dict(diagonal_shift=1), (77, 77, 4, 4, True)),  # each row also sees the next key
     (dict(diagonal_shift=-1), (77, 77, 4, 4, True)),  # ... or misses its own
@@ -211,11 +194,11 @@ def _dense_bug(ref_in, causal, *, diagonal_shift=0, top_left=False, kv_head=None
         "kv-head-interleaved", "kv-head-0"])
 def test_mask_and_kv_head_bugs_fail(bug, shape):
     ref_in, ref, _, _ = _ref_out(shape)
-    out, lse = _dense_bug(ref_in, shape[-1], **bug)
+    out, lse = dense_attention(ref_in, shape[-1], **bug)
     m = accuracy(out.bfloat16(), lse, ref)
     assert not m.passed, "a planted mask or KV-head bug passed the gate's metrics"
     # and the same dense computation without the bug passes
-    good, good_lse = _dense_bug(ref_in, shape[-1])
+    good, good_lse = dense_attention(ref_in, shape[-1])
     ok = accuracy(good.bfloat16(), good_lse, ref)
     assert ok.passed, ok.reason
     assert m.rel_rms > REL_RMS_MAX or m.worst_row > ROW_REL_MAX or m.empty_row_errors \

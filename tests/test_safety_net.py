@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from tests.doubles import fake_family_noisy as noisy
-from tests.test_runtime import ALT_CFG, DEVICE, SEED_CFG
+from tests.test_runtime import ALT_CFG, SEED_CFG
 from tuner import runtime
 from tuner.cli import main
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
-from tuner.store import Store, TrialRecord
+from tuner.store import Store
 
 NOISY = "tests.doubles.fake_family_noisy"
 PROBLEM = Problem(1, 2, 64, 64)
@@ -61,41 +61,12 @@ def test_a_search_keeps_the_default_when_the_lead_is_within_the_spread(tmp_path,
 
 
 @pytest.fixture
-def lookup(tmp_path, monkeypatch):
-    """(database URL, add(seq_len, cfg) to the database, table(entries) as db/tables/h200.yaml)
-    for load_best_config on a pretend H200."""
-    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
-
-    url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
-    tables = tmp_path / "tables"
-    tables.mkdir()
-    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda gpu: (PROFILES["h200"], DEVICE))
-    monkeypatch.setattr(runtime, "TABLES_DIR", tables)
-    runtime.clear_cache()
-    store = Store(url)
-    store.record_device(DEVICE, {"name": "NVIDIA H200", "compute_capability": "9.0",
-                                 "sm_count": 132})
-
-    def add(seq_len, cfg):
-        problem = Problem(1, 56, seq_len)
-        trial_id = store.record_trial(TrialRecord(
-            id=None, device_id=DEVICE, problem_key=problem.key(), family_set="mma_sync",
-            family="mma_sync", config=cfg.to_dict(), config_hash="x", outcome="ok",
-            median_ms=1.0))
-        store.set_best(DEVICE, problem, "mma_sync", trial_id, None, None)
-
-    def table(*entries):
-        rows = [{"problem": Problem(1, 56, s).to_dict(), "family": "mma_sync",
-                 "config": cfg.to_dict(), "median_ms": 1.0} for s, cfg in entries]
-        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
-               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
-               "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
-        (tables / "h200.yaml").write_text(dump_table(doc))
-        runtime.clear_cache()
-
-    yield url, add, table
-    store.close()
-    runtime.clear_cache()
+def lookup(lookup):
+    """(database URL, add(seq_len, cfg), table((seq_len, cfg), ...)): tests/conftest.py's lookup
+    at B=1 H=56, by seq_len."""
+    add, table, _, url = lookup
+    yield (url, lambda seq_len, cfg: add(Problem(1, 56, seq_len), cfg),
+           lambda *entries: table(*((Problem(1, 56, s), cfg) for s, cfg in entries)))
 
 
 def _best(url, seq_len):

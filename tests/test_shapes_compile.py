@@ -14,13 +14,7 @@ CAUSAL = Problem(1, 32, 8192, seq_len_kv=8192, kv_heads=8, causal=True)
 
 @pytest.mark.parametrize("family_name, arch", [("wgmma", "sm_90a"), ("mma_sync", "sm_90a"),
                                                ("mma_sync", "sm_120a")])
-def test_causal_kernels_compile_with_a_build_of_their_own(family_name, arch, tmp_path,
-                                                         monkeypatch):
-    from variants import build
-
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(build, "_FUNCTIONS", {})
-    monkeypatch.setattr(build, "_KERNELS", {})
+def test_causal_kernels_compile_with_a_build_of_their_own(family_name, arch, own_build):
     family = load_family(family_name)
     cfg = family.default(arch, CAUSAL)
     causal = family.compile(cfg, CAUSAL, arch)

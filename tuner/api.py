@@ -58,7 +58,7 @@ def attention(
 
     # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
     # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the body.
-    check_qkv(q, k, v, require_cuda=True, check_finite=False, kv_own_shape=True)
+    check_qkv(q, k, v, require_cuda=True, check_finite=False)
     causal = _flag("causal", causal)
     if _eager(q, k, v):
         from tuner.runtime import run_attention

@@ -240,11 +240,16 @@ def _time_prepare(kernel, inputs, device, sync, repeats: int, cpu_clock=None) ->
     def run(i: int) -> None:
         guarded("prepare", kernel.prepare, *inputs[i % len(inputs)])
 
+    return statistics.median(_samples(run, repeats, device, sync, "prepare", cpu_clock))
+
+
+def _samples(fn, repeats: int, device, sync, stage: str, cpu_clock=None) -> list[float]:
+    """ms of fn(0) .. fn(repeats - 1): CUDA events on a GPU (a sync failure counts as `stage`'s),
+    else each call timed by cpu_clock, or perf_counter."""
     if device.type == "cuda":
-        return statistics.median(cuda_event_samples(run, repeats,
-                                                    sync=lambda: guarded("prepare", sync)))
+        return cuda_event_samples(fn, repeats, sync=lambda: guarded(stage, sync))
     timer = cpu_clock or perf_counter_ms
-    return statistics.median(timer(functools.partial(run, i)) for i in range(repeats))
+    return [timer(functools.partial(fn, i)) for i in range(repeats)]
 
 
 def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: int = 20,
@@ -287,12 +292,7 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
         prepared, out, lse = sets[i % n_sets]
         guarded("run", kernel.run, prepared, out=out, lse=lse)
 
-    samples: list[float] = []
-    if device.type == "cuda":
-        samples = cuda_event_samples(launch, repeats, sync=lambda: guarded("run", sync))
-    else:
-        timer = cpu_clock or perf_counter_ms
-        samples = [timer(functools.partial(launch, i)) for i in range(repeats)]
+    samples = _samples(launch, repeats, device, sync, "run", cpu_clock)
     clock, temp = read_clocks(device)
     med, q1, q3, low = summarize(samples)
     return Timing(

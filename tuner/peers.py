@@ -30,18 +30,14 @@ class SdpaPeer:
     own key/value length and heads (enable_gqa), and its causal mask where SDPA's is_causal is
     the same mask (equal lengths: is_causal aligns to the top left, ours to the bottom right)."""
 
-    def __init__(self, backend: str, problem=None) -> None:
+    def __init__(self, backend: str, *, causal: bool = False, gqa: bool = False) -> None:
         from torch.nn.attention import SDPBackend
 
         self.name = f"sdpa-{backend}"
         self._backend = {"cudnn": SDPBackend.CUDNN_ATTENTION,
                          "flash": SDPBackend.FLASH_ATTENTION}[backend]
-        self._causal = bool(problem is not None and problem.causal)
-        self._gqa = bool(problem is not None and problem.kv_heads != problem.heads)
-        if self._causal and problem.seq_len_kv != problem.seq_len:
-            raise PeerUnavailable(
-                f"{self.name}: is_causal aligns the mask to the top left, this problem's to the "
-                "bottom right (seq_len != seq_len_kv); an explicit mask would time another kernel")
+        self._causal = causal
+        self._gqa = gqa
 
     def prepare(self, q, k, v, softmax_scale: float | None = None) -> _SdpaInputs:
         # SDPA wants (batch, heads, seq, dim); the layout change is prepare's cost, not the peer's.
@@ -62,17 +58,19 @@ class SdpaPeer:
 def make_peer(name: str, problem=None):
     """The peer `name` for `problem` (None: self-attention over all heads, no mask); a peer
     that cannot time the problem as it is raises PeerUnavailable saying why."""
+    causal = bool(problem is not None and problem.causal)
+    if name in PEERS and causal and not problem.self_attention:
+        # Both libraries align their causal mask to the top left, ours to the bottom right:
+        # at different lengths an explicit mask would time another kernel.
+        raise PeerUnavailable(f"{name}: its causal mask is aligned to the top left, this "
+                              "problem's to the bottom right (seq_len != seq_len_kv)")
+    gqa = bool(problem is not None and problem.group != 1)
     if name == "sdpa-cudnn":
-        return SdpaPeer("cudnn", problem)
+        return SdpaPeer("cudnn", causal=causal, gqa=gqa)
     if name == "sdpa-flash":
-        return SdpaPeer("flash", problem)
+        return SdpaPeer("flash", causal=causal, gqa=gqa)
     if name == "cudnn-fp8":
         from tuner.peers_cudnn import CudnnFp8Peer
 
-        if problem is not None and problem.causal and problem.seq_len_kv != problem.seq_len:
-            # The graph's causal mask is cuDNN's top-left one; ours is aligned to the bottom
-            # right, which differs when the lengths do: another computation.
-            raise PeerUnavailable("cudnn-fp8: its causal mask here is aligned to the top left, "
-                                  "this problem's to the bottom right (seq_len != seq_len_kv)")
-        return CudnnFp8Peer(causal=bool(problem is not None and problem.causal))
+        return CudnnFp8Peer(causal=causal)
     raise PeerUnavailable(f"unknown peer {name!r}; known: {', '.join(PEERS)}")

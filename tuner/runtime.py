@@ -61,9 +61,12 @@ class BestConfig:
     family: str
     config: Any
     source: str
-    tuned_seq_len: int | None = None
     detail: str = ""
     tuned_problem: Problem | None = None
+
+    @property
+    def tuned_seq_len(self) -> int | None:
+        return None if self.tuned_problem is None else self.tuned_problem.seq_len
 
 
 def _log_distance(a: int, b: int) -> Fraction:
@@ -123,8 +126,7 @@ def _nearest_by_work(candidates: list[tuple[Problem, str, dict]], want: Problem)
     usable = [c for c in candidates if _same_mask_and_dim(c[0], want)]
     if not usable:
         return None
-    return min(usable, key=lambda c: (c[0].group != want.group,
-                                      c[0].self_attention != want.self_attention,
+    return min(usable, key=lambda c: (*_preferences(c[0], want)[:2],
                                       _log_distance(work(c[0]), work(want)),
                                       _length_distance(c[0], want), *_longer_first(c[0])))
 
@@ -194,8 +196,8 @@ class _Resolver:
             cfg = family.Config.from_dict(config_dict)
             ok, reason = family.can_implement(cfg, problem, gpu)
             detail = f"tuned for {tuned_problem.key()}"
-            if source.endswith("-work"):
-                kind = f"{source.removesuffix('-work')}-nearest-work"
+            if source.endswith("-nearest-work"):
+                kind = source
                 detail += (f", the nearest by work: {work(tuned_problem)} query tiles of "
                            f"{WORK_TILE_ROWS} rows for {work(problem)}, no winner with "
                            f"{problem.heads} heads")
@@ -208,7 +210,6 @@ class _Resolver:
                     family_name,
                     cfg,
                     kind,
-                    tuned_problem.seq_len,
                     detail + ("; " + "; ".join(rejected) if rejected else ""),
                     tuned_problem,
                 )
@@ -231,7 +232,7 @@ class _Resolver:
         for name, entries in without_heads.items():
             found = _nearest_by_work(entries, problem)
             if found:
-                yield f"{name}-work", found
+                yield f"{name}-nearest-work", found
 
     @staticmethod
     def _db_winners(url, device_id) -> list[tuple[Problem, str, dict]]:
@@ -271,7 +272,7 @@ class _Resolver:
             if ok:
                 why = "nothing tuned for this GPU, head_dim and mask"
                 return BestConfig(
-                    name, cfg, "default", None, "; ".join([why, *rejected]) if rejected else why
+                    name, cfg, "default", "; ".join([why, *rejected]) if rejected else why
                 )
             rejected.append(f"default {name} rejected: {reason}")
         raise TunerError(

@@ -123,12 +123,10 @@ def check_qkv(
     *,
     require_cuda: bool = False,
     check_finite: bool = True,
-    kv_own_shape: bool = False,
 ) -> None:
-    """Public-boundary validation of bf16/fp16 inputs: every message names the problem and the
-    fix. kv_own_shape: k and v may have their own length and a divisor of q's head count
-    (tuner.attention, whose Problem and can_implement then say whether a kernel implements
-    that); False demands q's shape, what quantize_inputs (every kernel's prepare) reads today."""
+    """Public-boundary validation of bf16/fp16 inputs: q (batch, seq_len, heads, head_dim), k and
+    v (batch, seq_len_kv, kv_heads, head_dim) with kv_heads a divisor of heads; every message
+    names the problem and the fix."""
     _check_tensors(q, k, v, require_cuda=require_cuda)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16):
@@ -137,7 +135,7 @@ def check_qkv(
                 f"(the kernels quantize to FP8 themselves), e.g. {name}.to(torch.bfloat16); "
                 "e4m3 codes with their descales go to tuner.attention_fp8"
             )
-    _check_shapes(q, k, v, kv_own_shape=kv_own_shape)
+    _check_shapes(q, k, v)
     if check_finite:
         check_finite_inputs(q, k, v)
 
@@ -153,7 +151,7 @@ def check_fp8_qkv(q, k, v, descales) -> None:
             raise TunerError(
                 f"{name} has dtype {t.dtype}; attention_fp8 takes float8_e4m3fn codes with their "
                 "descales (bf16/fp16 inputs go to tuner.attention, which quantizes them)")
-    _check_shapes(q, k, v, kv_own_shape=True)
+    _check_shapes(q, k, v)
     for index, (name, d) in enumerate(zip(("q_descale", "k_descale", "v_descale"), descales,
                                           strict=True)):
         x = (q, k, v)[index]
@@ -192,14 +190,7 @@ def _check_tensors(q, k, v, *, require_cuda: bool) -> None:
             )
 
 
-def _check_shapes(q, k, v, *, kv_own_shape: bool = False) -> None:
-    if not kv_own_shape and not (q.shape == k.shape == v.shape):
-        raise TunerError(
-            f"q, k, v shapes differ: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
-            "this prepare reads k and v at q's (batch, seq_len, heads, head_dim) (other key/value "
-            "lengths and fewer KV heads go through tuner.attention, which says whether a kernel "
-            "implements them)"
-        )
+def _check_shapes(q, k, v) -> None:
     if k.shape != v.shape:
         raise TunerError(
             f"k and v shapes differ: {tuple(k.shape)}, {tuple(v.shape)}; each key has its value: "
@@ -462,7 +453,7 @@ def quantize_inputs(
     kv_heads, head_dim) for a kernel that transposes V itself (no key permutation then).
     """
     if validate:
-        check_qkv(q, k, v, kv_own_shape=True)
+        check_qkv(q, k, v)
     batch, seq_len, heads, head_dim = q.shape
     seq_len_kv = k.shape[1]
     if softmax_scale is None:

@@ -33,7 +33,6 @@ BUGS = {
     # grouped KV heads: query head h reads KV head h // group + 1 (mod kv_heads)
     "kv_head_shifted": "worst row",
 }
-# Bugs that only a problem with that feature can show (elsewhere the kernel is the base's).
 
 
 def expected_check(bug: str, problem) -> str | None:
@@ -44,6 +43,7 @@ def expected_check(bug: str, problem) -> str | None:
     return BUGS[bug]
 
 
+# Bugs the GPU suite plants only in problems with the feature they break.
 # last_key_masked copies rows 0 .. S-2 of a run without the last key: under a causal mask only
 # row S-1 sees that key, so there it would copy right answers.
 APPLIES = {"causal_diagonal_dropped": lambda p: p.causal,

@@ -109,24 +109,18 @@ def add_shape_arguments(parser: argparse.ArgumentParser, *, as_filter: bool = Fa
     """--kv-len, --kv-heads, --causal: the key/value side and the mask of the problems a command
     builds (search, bench), or with as_filter those it shows or exports (show, export: absent
     means any)."""
-    if as_filter:
-        parser.add_argument("--kv-len", type=dimension("seq_len_kv"), default=None,
-                            help="only problems whose keys/values have this length")
-        parser.add_argument("--kv-heads", type=dimension("kv_heads"), default=None,
-                            help="only problems with this many key/value heads")
-        parser.add_argument("--causal", action="store_true",
-                            help="only causal problems (default: causal or not)")
-        return
-    parser.add_argument("--kv-len", type=dimension("seq_len_kv"), default=None,
-                        help="key/value length (tokens) of every problem, 1 to "
-                        f"{MAX_DIMS['seq_len_kv']}, for cross-attention, e.g. 512 text tokens "
-                        "(default: each problem's seq_len, self-attention)")
-    parser.add_argument("--kv-heads", type=dimension("kv_heads"), default=None,
-                        help="key/value heads, a divisor of --heads, for grouped-query "
-                        "attention (default: --heads)")
-    parser.add_argument("--causal", action="store_true",
-                        help="causal mask, aligned to the bottom right when --kv-len differs "
-                        "(default: none)")
+    kv_len, kv_heads, causal = ((
+        "only problems whose keys/values have this length",
+        "only problems with this many key/value heads",
+        "only causal problems (default: causal or not)") if as_filter else (
+        f"key/value length (tokens) of every problem, 1 to {MAX_DIMS['seq_len_kv']}, for "
+        "cross-attention, e.g. 512 text tokens (default: each problem's seq_len, "
+        "self-attention)",
+        "key/value heads, a divisor of --heads, for grouped-query attention (default: --heads)",
+        "causal mask, aligned to the bottom right when --kv-len differs (default: none)"))
+    parser.add_argument("--kv-len", type=dimension("seq_len_kv"), default=None, help=kv_len)
+    parser.add_argument("--kv-heads", type=dimension("kv_heads"), default=None, help=kv_heads)
+    parser.add_argument("--causal", action="store_true", help=causal)
 
 
 def problems_from_args(args) -> list:

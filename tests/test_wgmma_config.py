@@ -97,6 +97,7 @@ def test_rejects_other_archs(gpu):
         ({"fma_exp2": -1}, "fma_exp2"),
         ({"fma_exp2": 2.5}, "fma_exp2"),
         ({"fma_exp2": True}, "fma_exp2"),
+        ({"tile_order": "random"}, "tile_order"),
         ({"consumer_wgs": 3, "block_n": 256}, "register estimate"),
         ({"block_n": 256, "kv_stages": 4}, "shared memory"),
     ],
@@ -104,6 +105,17 @@ def test_rejects_other_archs(gpu):
 def test_rejections_name_the_constraint(overrides, words):
     ok, reason = wgmma.can_implement(_cfg(**overrides), PROBLEM, H200)
     assert not ok and words in reason
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_default_deals_causal_tiles_longest_first_and_others_per_head(head_dim):
+    causal = Problem(1, 56, 8192, head_dim=head_dim, causal=True)
+    full = Problem(1, 56, 8192, head_dim=head_dim)
+    assert wgmma.default("sm_90a", causal).tile_order == "longest_first"
+    assert wgmma.default("sm_90a", full).tile_order == "per_head"
+    # Nothing else moves with the mask.
+    assert (dataclasses.replace(wgmma.default("sm_90a", causal), tile_order="per_head")
+            == wgmma.default("sm_90a", full))
 
 
 def test_smem_counts_the_v_staging_ring_only_for_v_layout_kernel():
@@ -172,3 +184,4 @@ def test_register_p_views_feed_each_key_to_its_v_row(block_n):
                             row_a, slot = a[a_reg]
                             assert row_c == row_a
                             assert order[slot] == key
+

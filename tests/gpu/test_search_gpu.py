@@ -60,3 +60,26 @@ def test_planted_crash_is_recorded_and_the_search_goes_on(tmp_path):
     # Candidates after the crash were measured in a restarted sandbox, and a winner was chosen.
     assert result["outcomes"].get("ok", 0) >= 2
     assert result["winner"] is not None
+
+
+def test_a_causal_grouped_head_search_stores_a_winner_only_causal_problems_get(tmp_path):
+    """Issue 17: the search takes the new problem fields through to the stored key, and the
+    runtime gives its winner to that problem only (a non-causal twin falls back)."""
+    from tuner import runtime
+
+    db = tmp_path / "db.sqlite"
+    out = search(db, "--heads", "32", "--kv-heads", "8", "--causal", "--seq-lens", "2048",
+                 "--trials", "6", families="wgmma")
+    (result,) = out["results"]
+    assert result["winner"] is not None, result
+    causal = Problem(1, 32, 2048, 128, kv_heads=8, causal=True)
+    best = Store(f"sqlite:///{db}").best_for(out["device"], causal)
+    assert best is not None and best.trial.outcome == "ok" and best.trial.rel_rms is not None
+    assert Store(f"sqlite:///{db}").best_for(out["device"], Problem(1, 32, 2048, 128,
+                                                                   kv_heads=8)) is None
+    runtime.clear_cache()
+    picked = runtime.config_for_problem(causal, db=f"sqlite:///{db}")
+    assert picked.source == "db-exact" and picked.config.to_dict() == best.trial.config
+    twin = runtime.config_for_problem(Problem(1, 32, 2048, 128, kv_heads=8),
+                                      db=f"sqlite:///{db}")
+    assert not twin.source.startswith("db"), twin  # the database holds only the causal winner

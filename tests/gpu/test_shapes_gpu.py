@@ -39,10 +39,12 @@ SHAPES = [
 
 # The defaults, and for wgmma the other V layout and the non-overlapped, non-persistent loop
 # (the masks and the strip count sit in each of the consumer's two main loops and in the V
-# transposing producer warps).
+# transposing producer warps), and every tile order on every shape (the default takes
+# longest_first with a causal mask, per_head without).
 CONFIGS = {
     "wgmma": [None, dict(v_layout="kernel", p_source="smem"),
-              dict(intra_wg_overlap=False, pingpong=False, persistent=False)],
+              dict(intra_wg_overlap=False, pingpong=False, persistent=False),
+              dict(tile_order="per_head"), dict(tile_order="longest_first")],
     "mma_sync": [None],
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -12,6 +13,13 @@ FAMILY = "wgmma"
 SUPPORTED_ARCHS = ("sm_90a",)
 P_SOURCES = ("registers", "smem")
 V_LAYOUTS = ("prepared", "kernel")
+# The order the (query block, head, batch) tiles are dealt to CTAs (the persistent grid's static
+# stride, or the block index): per_head walks one head's query blocks before the next head (the
+# CTAs in flight share one or two heads' K/V in L2); longest_first walks every (head, batch) at
+# the last query block, then the one before, down to the first (causal: the longest tiles start
+# first and each persistent CTA gets tiles of falling length; without a mask every tile is as
+# long, and the order only changes which K/V the CTAs in flight share).
+TILE_ORDERS = ("per_head", "longest_first")
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
 HEAD_DIMS = (64, 128)
@@ -50,6 +58,9 @@ class Config(ConfigMixin):
     # Of every FMA_EXP2_GROUP exponentials of a softmax row, how many a cubic on the FMA pipe
     # computes instead of MUFU ex2 (0: all on MUFU, the kernel built before this knob existed).
     fma_exp2: int = 0
+    # TILE_ORDERS; per_head is the kernel built before this knob existed (and the default
+    # without a causal mask).
+    tile_order: str = "per_head"
 
     @property
     def block_m(self) -> int:
@@ -96,9 +107,15 @@ def default(arch: str, problem=None) -> Config:
     # FA3's FP8 recipe (2 consumer WGs, RS P, intra-WG overlap, pingpong) wins here too; 128 keys
     # beat FA3's 224.
     if problem is not None and problem.head_dim == 64:
-        return _DEFAULT_HEAD_DIM_64
-    return Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
-                  intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
+        cfg = _DEFAULT_HEAD_DIM_64
+    else:
+        cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
+                     intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
+    if problem is not None and problem.causal:
+        # Causal, H=56 D=128 on the H200 (benchmarks/shapes_h200.py, 2026-12-01): longest_first
+        # 0.92 / 1.03 / 1.00x FA3 FP8 at S = 4096 / 8192 / 16384, per_head 0.82 / 0.83 / 0.90x.
+        cfg = dataclasses.replace(cfg, tile_order="longest_first")
+    return cfg
 
 
 # head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)
@@ -169,6 +186,8 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     if type(cfg.fma_exp2) is not int or not 0 <= cfg.fma_exp2 <= FMA_EXP2_GROUP:
         return False, (f"fma_exp2={cfg.fma_exp2}: how many of every {FMA_EXP2_GROUP} exponentials "
                        f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")
+    if cfg.tile_order not in TILE_ORDERS:
+        return False, f"tile_order={cfg.tile_order!r} unknown; one of {TILE_ORDERS}"
     if cfg.kv_stages not in (2, 3, 4):
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:

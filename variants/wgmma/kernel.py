@@ -107,6 +107,7 @@ class WgmmaAttention(VTransposeMixin):
         self.persistent = cfg.persistent
         self.v_in_kernel = cfg.v_in_kernel
         self.fma_exp2 = cfg.fma_exp2
+        self.longest_first = cfg.tile_order == "longest_first"
         self.consumer_regs, self.producer_regs = register_split(cfg)
 
     # ----------------------------------------------------------------------------------------
@@ -342,15 +343,16 @@ class WgmmaAttention(VTransposeMixin):
 
     @cute.jit
     def _tile_strips(self, tile: cutlass.Int32, strips):
-        """(m_block, head, KV head, batch, strips to visit) of a tile. m fastest: the CTAs in
-        flight share the K/V of one or two heads in L2. Causal: longest rows first (below)."""
+        """(m_block, head, KV head, batch, strips to visit) of a tile, in the config's
+        tile_order (config.TILE_ORDERS says what each is for)."""
         m_blocks, heads, n_blocks, group, offset, heads_batch = strips
+        # per_head: m fastest, the CTAs in flight share the K/V of one or two heads in L2.
         m_block = tile % m_blocks
         rest = tile // m_blocks
-        if cutlass.const_expr(self.causal):
+        if cutlass.const_expr(self.longest_first):
             # m slowest, from the last block down, (head, batch) fastest: the first tiles of
-            # the grid are the longest of every head, and the persistent grid's static stride
-            # deals each CTA tiles of falling length.
+            # the grid are the longest of every head (causal), and the persistent grid's static
+            # stride deals each CTA tiles of falling length.
             m_block = m_blocks - 1 - tile // heads_batch
             rest = tile % heads_batch
         head = rest % heads

@@ -126,6 +126,11 @@ def add_shape_arguments(parser: argparse.ArgumentParser, *, as_filter: bool = Fa
 def problems_from_args(args) -> list:
     """The Problems of --seq-lens with --batch, --heads, --head-dim, --kv-len, --kv-heads and
     --causal; a combination that is no problem is named by its options."""
+    return [problem_from_args(args, s, args.batch) for s in args.seq_lens]
+
+
+def problem_from_args(args, seq_len: int, batch: int):
+    """One Problem of seq_len and batch with --heads, --head-dim and the shape options."""
     from tuner.problem import Problem
 
     if args.kv_heads is not None and args.heads % args.kv_heads:
@@ -134,8 +139,8 @@ def problems_from_args(args) -> list:
         raise TunerError(f"--kv-heads {args.kv_heads} does not divide --heads {args.heads}: each "
                          "key/value head serves a whole group of query heads; pick one of "
                          f"{shown}")
-    return [Problem(args.batch, args.heads, s, args.head_dim, args.causal, args.kv_len,
-                    args.kv_heads) for s in args.seq_lens]
+    return Problem(batch, args.heads, seq_len, args.head_dim, args.causal, args.kv_len,
+                   args.kv_heads)
 
 
 def shape_filter(args):

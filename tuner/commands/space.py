@@ -6,10 +6,9 @@ import contextlib
 import json
 import os
 
-from tuner.commands._args import dimension, wide_console
+from tuner.commands._args import add_shape_arguments, dimension, problem_from_args, wide_console
 from tuner.errors import TunerError
 from tuner.gpus import resolve_gpu
-from tuner.problem import Problem
 from tuner.space import compile_rows, enumerate_rows, summarize
 
 NAME = "space"
@@ -42,6 +41,7 @@ def add_arguments(parser) -> None:
                         help="attention heads (default 56)")
     parser.add_argument("--head-dim", type=dimension("head_dim"), default=128,
                         help="head dimension, 64 or 128 (default 128)")
+    add_shape_arguments(parser)
     parser.add_argument("--rejected", action="store_true",
                         help="also list every rejected config with its reason (default: the "
                         "count per reason)")
@@ -67,7 +67,7 @@ def _families_for(arch: str, requested: str | None) -> list[str]:
 
 def run(args) -> int:
     gpu = resolve_gpu(args.gpu, require_local=False)
-    problem = Problem(1, args.heads, args.seq_len, args.head_dim)
+    problem = problem_from_args(args, args.seq_len, 1)
     rows = []
     for family in _families_for(gpu.arch, args.family):
         rows += enumerate_rows(gpu, family, problem)

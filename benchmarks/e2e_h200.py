@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 from call_timing import gpu_kernels, host_and_wall_us
+from results_out import publish
 
 SHAPES = ("1,4096,56,128", "1,8192,56,128", "1,16384,56,128", "1,30272,56,128",
           "2,4608,24,128", "1,75600,40,128", "1,30272,56,64", "4,1024,32,128")
@@ -233,11 +234,7 @@ def main() -> None:
         profile_shape(shape, res)
         print(json.dumps(res), flush=True)
     md = table(results, bandwidth, torch.cuda.get_device_name())
-    print(md)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "e2e_h200.md").write_text(md + "\n")
-        (args.out / "e2e_h200.json").write_text(json.dumps(results, indent=1))
+    publish(args.out, "e2e_h200", md, results)
 
 
 if __name__ == "__main__":

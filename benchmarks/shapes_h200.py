@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 from e2e_h200 import fa3, median_ms
+from results_out import publish
 
 # (batch, seq_len, heads, seq_len_kv, kv_heads, causal)
 SHAPES = [
@@ -40,6 +41,22 @@ SHAPES = [
 ]
 
 
+def inputs_and_kernel(problem):
+    """bf16 q, k, v of the problem (seeded by its lengths and heads, head_dim 128), the config
+    tuner.attention would run, its kernel and the prepared inputs."""
+    from tuner import runtime
+
+    gen = torch.Generator(device="cuda").manual_seed(problem.seq_len + problem.heads
+                                                     + problem.seq_len_kv)
+    q = torch.randn(problem.batch, problem.seq_len, problem.heads, 128, generator=gen,
+                    device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(problem.batch, problem.seq_len_kv, problem.kv_heads, 128, generator=gen,
+                        device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    best = runtime.config_for_problem(problem)
+    kernel = runtime._kernel_for(best.family, best.config, problem, "auto")
+    return (q, k, v), best, kernel, kernel.prepare(q, k, v)
+
+
 def measure(shape, fa3_call) -> dict:
     import tuner
     from tuner import runtime
@@ -48,17 +65,23 @@ def measure(shape, fa3_call) -> dict:
 
     batch, seq, heads, seq_kv, kv_heads, causal = shape
     problem = Problem(batch, heads, seq, seq_len_kv=seq_kv, kv_heads=kv_heads, causal=causal)
-    gen = torch.Generator(device="cuda").manual_seed(seq + heads + seq_kv)
-    q = torch.randn(batch, seq, heads, 128, generator=gen, device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(batch, seq_kv, kv_heads, 128, generator=gen, device="cuda",
-                        dtype=torch.bfloat16) for _ in range(2))
-    best = runtime.config_for_problem(problem)
-    kernel = runtime._kernel_for(best.family, best.config, problem, "auto")
-    prepared = kernel.prepare(q, k, v)
+    (q, k, v), best, kernel, prepared = inputs_and_kernel(problem)
     res = {"shape": shape, "key": problem.key(), "config": best.config.short(),
            "source": best.source, "ms": {}, "skipped": {}}
     t = res["ms"]
     t["ours kernel"] = median_ms(lambda: kernel.run(prepared))
+    if best.family == "wgmma":
+        # The tile_order knob (issue 17) both ways on the same prepared inputs: the order
+        # changes which tile a CTA runs, not what prepare writes.
+        import dataclasses
+
+        from variants.wgmma.config import TILE_ORDERS
+
+        res["tile_order"] = {}
+        for order in TILE_ORDERS:
+            other = runtime._kernel_for(best.family, dataclasses.replace(
+                best.config, tile_order=order), problem, "auto")
+            res["tile_order"][order] = median_ms(lambda: other.run(prepared))  # noqa: B023
     t["ours e2e"] = median_ms(lambda: tuner.attention(q, k, v, causal=causal))
     if fa3_call is not None:
         def per_tensor(x):
@@ -92,6 +115,17 @@ def table(results, device: str) -> str:
         b, s, h, skv, hkv, causal = r["shape"]
         lines.append(f"| {b}, {s}, {h}, {skv}, {hkv}, {'causal' if causal else 'full'} | "
                      f"{r['source']} | " + " | ".join(cells + ratios) + " |")
+    orders = [r for r in results if "tile_order" in r]
+    if orders:
+        names = list(orders[0]["tile_order"])
+        lines += ["", "tile_order, kernel alone (ms; the config above with only the order "
+                  "changed):", "", "| B, Sq, H, Skv, Hkv, mask | " + " | ".join(names)
+                  + f" | {names[1]} vs {names[0]} |", "|" + "---|" * (len(names) + 2)]
+        for r in orders:
+            b, s, h, skv, hkv, causal = r["shape"]
+            ms = [r["tile_order"][n] for n in names]
+            lines.append(f"| {b}, {s}, {h}, {skv}, {hkv}, {'causal' if causal else 'full'} | "
+                         + " | ".join(f"{m:.3f}" for m in ms) + f" | {ms[0] / ms[1]:.2f}x |")
     return "\n".join(lines)
 
 
@@ -106,11 +140,7 @@ def main() -> None:
         results.append(measure(shape, fa3_call))
         print(json.dumps(results[-1]), flush=True)
     md = table(results, torch.cuda.get_device_name())
-    print(md)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "shapes_h200.md").write_text(md + "\n")
-        (args.out / "shapes_h200.json").write_text(json.dumps(results, indent=1))
+    publish(args.out, "shapes_h200", md, results)
 
 
 if __name__ == "__main__":

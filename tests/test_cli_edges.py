@@ -140,6 +140,15 @@ def test_show_plot_draws_a_series_per_head_dim(tmp_path, monkeypatch, capsys):
     assert main(["show", "--db", url, "--plot", str(tmp_path / "x.png")]) == 0
     tuned = {label: sorted(s for s, _ in points) for label, points in drawn.items()
              if label.startswith("tuned")}
-    assert set(tuned) == {"tuned (NVIDIA H200 H=56 D=64)", "tuned (NVIDIA H200 H=56 D=128)"}
+    # One series per batch, head count, KV side, head_dim and mask of the shipped table.
+    import yaml
+
+    problems = [e["problem"] for e in yaml.safe_load(SHIPPED.read_text())["entries"]]
+    groups = {(p["batch"], p["heads"], p.get("kv_heads", p["heads"]),
+               p.get("seq_len_kv", p["seq_len"]) != p["seq_len"], p["head_dim"], p["causal"])
+              for p in problems}
+    assert len(tuned) == len(groups) > 2
+    assert {"tuned (NVIDIA H200 B=1 H=56 D=64)", "tuned (NVIDIA H200 B=1 H=56 D=128)",
+            "tuned (NVIDIA H200 B=1 H=32 Hkv=8 D=128 causal)"} <= set(tuned)
     for seq_lens in tuned.values():
         assert len(seq_lens) == len(set(seq_lens))  # one point per seq_len in a line

@@ -69,6 +69,22 @@ def test_cross_attention_prefers_its_kind_then_its_kv_length_then_the_nearest(lo
     assert best(Problem(1, 40, 4608, seq_len_kv=512))[0] == "db-exact"
 
 
+def test_a_cross_problem_without_cross_winners_takes_the_nearest_self_attention_one(lookup):
+    """Rule c counts only cross-attention winners: a self-attention winner whose length equals
+    the problem's key/value length is not preferred for it (it is 4.5x off in the query
+    length, as far as the query-length one is in the key/value length; the tie goes to the
+    longer query)."""
+    add, _, best, _ = lookup
+    short, long = Problem(2, 24, 1024), Problem(2, 24, 4608)
+    add(short, B)
+    add(long, A)
+    assert best(Problem(2, 24, 4608, seq_len_kv=1024)) == ("db-nearest", long, A)
+    # A cross-attention winner with that key/value length still comes first.
+    cross = Problem(2, 24, 16384, seq_len_kv=1024)
+    add(cross, C)
+    assert best(Problem(2, 24, 4608, seq_len_kv=1024)) == ("db-nearest", cross, C)
+
+
 def test_a_tie_in_both_lengths_goes_to_the_longer_query(lookup):
     add, _, best, _ = lookup
     short, long = Problem(1, 8, 2048, seq_len_kv=256), Problem(1, 8, 8192, seq_len_kv=256)

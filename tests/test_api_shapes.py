@@ -106,8 +106,9 @@ def test_fp8_descales_follow_each_tensors_own_heads():
 
 @pytest.mark.parametrize("peer", ["sdpa-cudnn", "sdpa-flash", "cudnn-fp8"])
 def test_peers_refuse_a_causal_mask_they_would_align_otherwise(peer):
-    """Every peer's causal mask is top-left aligned: at different lengths it is another
-    computation, refused by name before the peer is built; at equal lengths SDPA runs it."""
+    """These peers' causal masks are top-left aligned: at different lengths it is another
+    computation, refused by name before the peer is built; at equal lengths SDPA runs it (FA3's
+    is bottom-right aligned, as ours: tests/test_peers_fa3.py)."""
     from tuner.errors import PeerUnavailable
     from tuner.peers import make_peer
     from tuner.problem import Problem

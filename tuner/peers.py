@@ -4,6 +4,8 @@ prepare/run protocol as a compiled Kernel so one timer (tuner.measure.time_kerne
 - sdpa-cudnn, sdpa-flash: torch SDPA in bf16 with one backend forced (no silent fallback).
 - cudnn-fp8: cuDNN's FP8 SDPA through cudnn-frontend (optional dependency): FP8 e4m3 q, k, v
   with per-tensor descales, FP8 output (the only form cuDNN offers on sm_90).
+- fa3-fp8: FlashAttention-3's FP8 forward where its interface module is installed (a measured
+  peer only, never a dependency: tuner/peers_fa3.py); its causal mask is bottom-right aligned.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from tuner.errors import PeerUnavailable
 
 __all__ = ["PEERS", "PeerUnavailable", "SdpaPeer", "make_peer"]
 
-PEERS = ("sdpa-cudnn", "sdpa-flash", "cudnn-fp8")
+PEERS = ("sdpa-cudnn", "sdpa-flash", "cudnn-fp8", "fa3-fp8")
+# Peers whose causal mask is aligned to the top left (torch's is_causal, cuDNN's): at unequal
+# lengths it is another mask than ours.
+_TOP_LEFT_CAUSAL = ("sdpa-cudnn", "sdpa-flash", "cudnn-fp8")
 
 
 @dataclass
@@ -59,7 +64,7 @@ def make_peer(name: str, problem=None):
     """The peer `name` for `problem` (None: self-attention over all heads, no mask); a peer
     that cannot time the problem as it is raises PeerUnavailable saying why."""
     causal = bool(problem is not None and problem.causal)
-    if name in PEERS and causal and not problem.self_attention:
+    if name in _TOP_LEFT_CAUSAL and causal and not problem.self_attention:
         # Both libraries align their causal mask to the top left, ours to the bottom right:
         # at different lengths an explicit mask would time another kernel.
         raise PeerUnavailable(f"{name}: its causal mask is aligned to the top left, this "
@@ -73,4 +78,8 @@ def make_peer(name: str, problem=None):
         from tuner.peers_cudnn import CudnnFp8Peer
 
         return CudnnFp8Peer(causal=causal)
+    if name == "fa3-fp8":
+        from tuner.peers_fa3 import Fa3Fp8Peer
+
+        return Fa3Fp8Peer(causal=causal)
     raise PeerUnavailable(f"unknown peer {name!r}; known: {', '.join(PEERS)}")

@@ -24,7 +24,7 @@ def add_arguments(parser) -> None:
         "--against",
         default="default,sdpa",
         help="comma-separated: default, sdpa (cuDNN + flash backends), "
-        "sdpa-cudnn, sdpa-flash, cudnn-fp8",
+        "sdpa-cudnn, sdpa-flash, cudnn-fp8, fa3-fp8 (FlashAttention-3 FP8 where installed)",
     )
     parser.add_argument("--repeats", type=at_least(10), default=20,
                         help="timed launches per system and seq_len, at least 10 (default 20)")

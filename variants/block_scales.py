@@ -1,0 +1,123 @@
+"""Block scales (issue 15, one pass over each input): the quantization formula, and a torch
+emulation of the arithmetic the kernels would fold the scales into. Not wired into prepare or the
+kernels yet; benchmarks/RESULTS.md ("Next: one pass over each input") has the design.
+
+Why these granularities: every scale must be decided by the block of input that is being cast,
+so that one read of that block both measures and casts it (no amax pass over a whole head first),
+and must fold into arithmetic the kernels already do per row or per strip:
+  Q  per (token, head): amax over head_dim. It folds into the per-row factor of the softmax
+     exponent (raw * c_row - m), so the inner loop does not grow.
+  K  per (64 keys, KV head): a strip of block_n = 64 b keys has b of them. They fold into that
+     factor per (row, 64-key block): c = sq_row * sk_block * softmax_scale * log2(e).
+  V  per (64 keys, KV head), folded into the exponent: x' = raw * c + log2(sv_block), the row
+     maximum taken over x'. P' = 2^(x' - m' + shift) is then P * sv, so the P @ V accumulator
+     sums P' * V_codes. The row sum l sums P' / sv_block (per 64-key block, one multiply). Then
+     O = acc / l and LSE = ln 2 * (m' - shift + log2 l).
+     P' <= 2^shift still holds (e4m3's range is kept), and no maximum over the whole head is
+     needed, which is what makes V one pass too.
+A scale is amax / 448 as today (code = round_e4m3(x * 448 / amax)); an all-zero block gets amax
+1e-12 instead of a division by zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+E4M3_MAX = 448.0
+DESCALE_PER_AMAX = 1.0 / E4M3_MAX
+TINY_AMAX = 1e-12
+KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
+P_SHIFT_LOG2 = 8.0  # P scaled by 2^8 before it is rounded to e4m3, as the kernels do
+LOG2_E = 1.4426950408889634
+
+
+def _cast(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """codes = e4m3(x * 448 / amax) (amax broadcast to x), descale = amax / 448."""
+    amax = amax.float().clamp_min(TINY_AMAX)
+    scale = amax.reciprocal() * E4M3_MAX
+    codes = (x.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes, amax * DESCALE_PER_AMAX
+
+
+def quantize_rows(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (batch, seq, heads, dim) -> codes like q and descales (batch, seq, heads), one per token
+    and head."""
+    amax = q.abs().amax(dim=-1, keepdim=True)
+    codes, descale = _cast(q, amax)
+    return codes, descale[..., 0]
+
+
+def quantize_key_blocks(x: torch.Tensor, block: int = KV_BLOCK):
+    """k or v (batch, seq, kv_heads, dim) -> codes like x and descales (batch, ceil(seq / block),
+    kv_heads), one per `block` keys of a KV head (the last block ragged)."""
+    batch, seq, heads, dim = x.shape
+    blocks = -(-seq // block)
+    padded = torch.zeros(batch, blocks * block, heads, dim, dtype=x.dtype, device=x.device)
+    padded[:, :seq] = x
+    tiles = padded.view(batch, blocks, block, heads, dim)
+    amax = tiles.abs().amax(dim=(2, 4))  # (batch, blocks, heads)
+    codes, descale = _cast(tiles, amax[:, :, None, :, None])
+    return codes.view(batch, blocks * block, heads, dim)[:, :seq], descale[:, :, 0, :, 0]
+
+
+def dequantize(q8, dq, k8, dk, v8, dv, block: int = KV_BLOCK):
+    """fp32 q, k, v as a kernel reading these codes and block descales sees them."""
+    seq_kv = k8.shape[1]
+
+    def per_key(d):  # (batch, blocks, heads) -> (batch, seq_kv, heads, 1)
+        return d.repeat_interleave(block, dim=1)[:, :seq_kv, :, None]
+
+    return (q8.float() * dq[..., None], k8.float() * per_key(dk), v8.float() * per_key(dv))
+
+
+def folded_attention(q8, dq, k8, dk, v8, dv, *, softmax_scale: float, block_n: int = 128,
+                     causal: bool = False, block: int = KV_BLOCK):
+    """The kernels' arithmetic with block scales, emulated in fp32 torch, strip by strip:
+    scores from the codes, the folded exponent x' = raw * sq * sk * scale * log2(e) + log2(sv),
+    an online softmax over x', P' rounded to e4m3 before P' @ V_codes, l summing P' / sv. Returns
+    (out (batch, seq, heads, dim), lse (batch, heads, seq), natural log). Causal is aligned to
+    the bottom right; a row that sees no key gets 0 and -inf. Grouped KV heads: query head h
+    reads KV head h // (heads // kv_heads)."""
+    if block_n % block:
+        raise ValueError(f"block_n={block_n} must be a multiple of the {block}-key scale block")
+    batch, seq, heads, dim = q8.shape
+    seq_kv, kv_heads = k8.shape[1], k8.shape[2]
+    group = heads // kv_heads
+    q = q8.float().permute(0, 2, 1, 3)  # (batch, heads, seq, dim)
+    k = k8.float().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+    v = v8.float().permute(0, 2, 1, 3).repeat_interleave(group, dim=1)
+
+    def per_key(d):  # (batch, blocks, kv_heads) -> (batch, heads, seq_kv)
+        return (d.repeat_interleave(block, dim=1)[:, :seq_kv].permute(0, 2, 1)
+                .repeat_interleave(group, dim=1))
+
+    sk, lsv, inv_sv = per_key(dk), per_key(dv).log2(), per_key(dv).reciprocal()
+    c_row = dq.permute(0, 2, 1)[..., None] * (softmax_scale * LOG2_E)  # (batch, heads, seq, 1)
+    rows = torch.arange(seq)[:, None]
+    m = torch.full((batch, heads, seq, 1), -math.inf)
+    total = torch.zeros(batch, heads, seq, 1)  # l: the sum of P' / sv
+    acc = torch.zeros(batch, heads, seq, dim)
+    for start in range(0, seq_kv, block_n):
+        keys = slice(start, min(start + block_n, seq_kv))
+        raw = q @ k[:, :, keys].transpose(-1, -2)
+        x = raw * (c_row * sk[:, :, None, keys]) + lsv[:, :, None, keys]
+        if causal:
+            hidden = torch.arange(keys.start, keys.stop)[None, :] > rows + (seq_kv - seq)
+            x = x.masked_fill(hidden, -math.inf)
+        m_new = torch.maximum(m, x.amax(dim=-1, keepdim=True))
+        m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # no key yet
+        alpha = torch.exp2(m - m_use)
+        p = torch.exp2(x - m_use + P_SHIFT_LOG2)
+        p8 = p.to(torch.float8_e4m3fn).float()
+        acc = acc * alpha + p8 @ v[:, :, keys]
+        total = total * alpha + (p * inv_sv[:, :, None, keys]).sum(dim=-1, keepdim=True)
+        m = m_new
+    seen = total > 0
+    safe = torch.where(seen, total, torch.ones_like(total))
+    out = torch.where(seen, acc / safe, torch.zeros_like(acc))
+    # LSE of the scores x = x' - log2(sv): m is the maximum of x', and l already counts P' / sv.
+    lse = torch.where(seen, (m - P_SHIFT_LOG2 + torch.log2(safe)) * math.log(2.0),
+                      torch.full_like(total, -math.inf))
+    return out.permute(0, 2, 1, 3), lse[..., 0]

@@ -74,6 +74,23 @@ def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tupl
             prepared.seq_len_kv, padded_kv, *extra, stream)
 
 
+def block_scale_views(scales_ptr, batch, heads, padded_len, kv_heads, padded_len_kv) -> tuple:
+    """The kernels' views of the packed block scales (variants/block_scales.py), in the order
+    prepare writes them behind one pointer: q's (batch, heads, padded_len) per token, then K's,
+    log2 of V's and 1 / V's, each (batch, kv_heads, padded_len_kv / 64) per 64-key block.
+    Called at trace time from a kernel's @cute.jit entry point."""
+    import cutlass.cute as cute
+
+    blocks = padded_len_kv // 64
+    q_size = batch * heads * padded_len
+    kv_size = batch * kv_heads * blocks
+    m_q = cute.make_tensor(
+        scales_ptr, cute.make_ordered_layout((batch, heads, padded_len), order=(2, 1, 0)))
+    kv_layout = cute.make_ordered_layout((batch, kv_heads, blocks), order=(2, 1, 0))
+    kv = tuple(cute.make_tensor(scales_ptr + (q_size + i * kv_size), kv_layout) for i in range(3))
+    return (m_q, *kv)
+
+
 def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:
     """The kernels' views of the launch buffers every family shares, in the layouts
     prepare and CompiledKernel.run give them: descale (batch, heads, 3: q, k, v), O (batch,

@@ -70,7 +70,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from variants.common.abi import output_views
+from variants.block_scales import KV_BLOCK
+from variants.common.abi import block_scale_views, output_views
 from variants.common.masking import (
     causal_offset,
     first_masked_strip,
@@ -78,7 +79,7 @@ from variants.common.masking import (
     strip_needs_mask,
     strips_needed,
 )
-from variants.common.softmax import LOG2_E, exp2_argument, lse_natural, rescale_factor
+from variants.common.softmax import LOG2_E, block_exp2_argument, lse_natural, rescale_factor
 from variants.wgmma.barriers import p_store_barrier, sched_barrier
 from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
 from variants.wgmma.ptx import _exp2_polynomial
@@ -188,7 +189,8 @@ class WgmmaAttention(VTransposeMixin):
             v_layout = cute.make_ordered_layout((batch, kv_heads, d, padded_kv),
                                                 order=(3, 2, 1, 0))
             mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
-        mDescale, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
+        _, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
+        mDescale = block_scale_views(descale_ptr, batch, heads, padded, kv_heads, padded_kv)
 
         sQ_layout = self._smem_layout(bm, d, None)
         sK_layout = self._smem_layout(bn, d, self.stages)
@@ -243,7 +245,7 @@ class WgmmaAttention(VTransposeMixin):
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
-        mDescale: cute.Tensor,
+        mDescale: tuple,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         seq_len: cutlass.Int32,
@@ -471,20 +473,33 @@ class WgmmaAttention(VTransposeMixin):
         self._gemm(tiled_mma, acc, tOrP, tOrV, stage, True)
 
     @cute.jit
-    def _softmax(self, acc_S, row_max, row_sum, qk_log2):
-        """Online softmax of one strip in place: S -> 256 * 2^(s*qk_log2 - m).
+    def _softmax(self, acc_S, row_max, row_sum, q_coef, ks, lsv, inv_sv):
+        """Online softmax of one strip in place, with block scales (variants/block_scales.py):
+        S -> P' = 256 * 2^(x' - m'), x' = s * q_coef[row] * ks[block] + lsv[block] for each
+        64-key block of the strip; the row sum counts P' * inv_sv[block] (= P' / sv).
 
         Returns alpha = 2^(m_old - m_new) per row; the caller rescales O with it (with intra-WG
         overlap only after the in-flight PV wgmma that still accumulates into O has finished).
+        A thread's values of a row are 8j + 2t + e of its quad lane t: block b is values
+        16b .. 16b + 15 of the row in register order (keys 64b .. 64b + 63).
         """
+        nb = self.block_n // KV_BLOCK
+        per_block = KV_BLOCK // 4
         s_mn = cute.make_tensor(acc_S.iterator, _acc_mn_layout(acc_S.layout))
         alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
+        coef = cute.make_rmem_tensor((nb,), cutlass.Float32)
         for r in cutlass.range_constexpr(2):
-            raw = s_mn[r, None].load()
-            tile_max = raw.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
+            blocks = cute.zipped_divide(s_mn[r, None], (per_block,))
+            tile_max = -cutlass.Float32.inf
+            for b in cutlass.range_constexpr(nb):
+                coef[b] = q_coef[r] * ks[b]
+                raw_max = blocks[None, b].load().reduce(cute.ReductionOp.MAX,
+                                                        -cutlass.Float32.inf, 0)
+                # max commutes with the positive coef; a masked block stays -inf.
+                tile_max = cute.arch.fmax(tile_max, raw_max * coef[b] + lsv[b])
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
-            m_new = cute.arch.fmax(row_max[r], tile_max * qk_log2)
+            m_new = cute.arch.fmax(row_max[r], tile_max)
             m_use = m_new
             if cutlass.const_expr(self.causal):
                 # A row that has seen no key yet (all -inf): subtract 0, not -inf, so that its
@@ -492,24 +507,43 @@ class WgmmaAttention(VTransposeMixin):
                 if m_new == -cutlass.Float32.inf:
                     m_use = cutlass.Float32(0.0)
             alpha[r] = rescale_factor(row_max[r], m_use)
-            x = exp2_argument(raw, qk_log2, m_use)
-            if cutlass.const_expr(self.fma_exp2 == 0):
-                p = cute.math.exp2(x, fastmath=True)
-                s_mn[r, None].store(p)
-            else:
-                # Some of the row's exponentials on the FMA pipe: the MUFU pipe (16 ex2 a clock
-                # per SM) has as much work as the FP8 tensor cores at head_dim 128, more at 64.
-                # Elementwise, in place.
-                s_mn[r, None].store(x)
-                for i in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    if cutlass.const_expr(i % FMA_EXP2_GROUP < self.fma_exp2):
-                        s_mn[r, i] = _exp2_polynomial(s_mn[r, i])
-                    else:
-                        s_mn[r, i] = cute.math.exp2(s_mn[r, i], fastmath=True)
-                p = s_mn[r, None].load()
-            row_sum[r] = row_sum[r] * alpha[r] + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
+            total = cutlass.Float32(0.0)
+            for b in cutlass.range_constexpr(nb):
+                x = block_exp2_argument(blocks[None, b].load(), coef[b], lsv[b], m_use)
+                if cutlass.const_expr(self.fma_exp2 == 0):
+                    p = cute.math.exp2(x, fastmath=True)
+                    blocks[None, b].store(p)
+                else:
+                    # Some of the row's exponentials on the FMA pipe: the MUFU pipe (16 ex2 a
+                    # clock per SM) has as much work as the FP8 tensor cores at head_dim 128,
+                    # more at 64. Elementwise, in place, by the value's place in the row.
+                    blocks[None, b].store(x)
+                    for i in cutlass.range_constexpr(per_block):
+                        if cutlass.const_expr((b * per_block + i) % FMA_EXP2_GROUP
+                                              < self.fma_exp2):
+                            blocks[i, b] = _exp2_polynomial(blocks[i, b])
+                        else:
+                            blocks[i, b] = cute.math.exp2(blocks[i, b], fastmath=True)
+                    p = blocks[None, b].load()
+                total = total + p.reduce(cute.ReductionOp.ADD, 0.0, 0) * inv_sv[b]
+            row_sum[r] = row_sum[r] * alpha[r] + total
             row_max[r] = m_new
         return alpha
+
+    @cute.jit
+    def _strip_scales(self, mScales, batch, kv_head, strip):
+        """K's scale, log2 of V's and 1 / V's of each 64-key block of a strip."""
+        nb = self.block_n // KV_BLOCK
+        ks = cute.make_rmem_tensor((nb,), cutlass.Float32)
+        lsv = cute.make_rmem_tensor((nb,), cutlass.Float32)
+        inv_sv = cute.make_rmem_tensor((nb,), cutlass.Float32)
+        m_k, m_lsv, m_inv = mScales[1], mScales[2], mScales[3]
+        for b in cutlass.range_constexpr(nb):
+            block = strip * nb + b
+            ks[b] = m_k[batch, kv_head, block]
+            lsv[b] = m_lsv[batch, kv_head, block]
+            inv_sv[b] = m_inv[batch, kv_head, block]
+        return ks, lsv, inv_sv
 
     @cute.jit
     def _rescale(self, acc_O, alpha):
@@ -562,6 +596,7 @@ class WgmmaAttention(VTransposeMixin):
             tOrP = wg_pv.make_fragment_A(wg_pv.partition_A(sP))
             tPsP = thr_qk.partition_C(sP)
         tScS = thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))
+        s_rows = cute.make_tensor(tScS.iterator, _acc_mn_layout(tScS.layout))
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), cutlass.Float32)
         if cutlass.const_expr(not self.register_p):
@@ -583,11 +618,13 @@ class WgmmaAttention(VTransposeMixin):
         lane = cute.arch.lane_idx()
         tile = bid
         while tile < total_tiles:
-            m_block, head, _, batch, n_blocks = self._tile_strips(tile, strips)
+            m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
             row_base = m_block * bm
             first_masked = first_masked_strip(row_base, bn, offset)
-            qk_log2 = mDescale[batch, head, 0] * mDescale[batch, head, 1] * scale_log2
-            dv = mDescale[batch, head, 2]
+            # Q's scale of each of the thread's two rows, times softmax_scale * log2(e).
+            q_coef = cute.make_rmem_tensor((2,), cutlass.Float32)
+            for r in cutlass.range_constexpr(2):
+                q_coef[r] = mDescale[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
             row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_max.fill(-cutlass.Float32.inf)
@@ -605,11 +642,15 @@ class WgmmaAttention(VTransposeMixin):
                 pipe_k.consumer_release(kv_state)
                 if strip_needs_mask(last, n_total, ragged, first_masked, self.causal):
                     self._mask(acc_S, tScS, last * bn, row_base, seq_len_kv, offset)
-                self._softmax(acc_S, row_max, row_sum, qk_log2)
+                ks, lsv, inv_sv = self._strip_scales(mDescale, batch, kv_head, last)
+                self._softmax(acc_S, row_max, row_sum, q_coef, ks, lsv, inv_sv)
                 self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                 for step in cutlass.range(n_blocks - 1, unroll=1):
                     v_state = kv_state.clone()
                     kv_state.advance()
+                    strip = last - 1 - step
+                    # The strip's scales before the wait: their load latency hides under it.
+                    ks, lsv, inv_sv = self._strip_scales(mDescale, batch, kv_head, strip)
                     pipe_k.consumer_wait(kv_state)
                     self._sched_sync(wg)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
@@ -619,10 +660,9 @@ class WgmmaAttention(VTransposeMixin):
                     warpgroup.wait_group(1)
                     pipe_k.consumer_release(kv_state)
                     if cutlass.const_expr(self.causal):  # the diagonal's other strips
-                        strip = last - 1 - step
                         if strip >= first_masked:
                             self._mask(acc_S, tScS, strip * bn, row_base, seq_len_kv, offset)
-                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    alpha = self._softmax(acc_S, row_max, row_sum, q_coef, ks, lsv, inv_sv)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
@@ -636,6 +676,7 @@ class WgmmaAttention(VTransposeMixin):
             else:
                 self._sched_sync(wg)
                 for i in cutlass.range(n_blocks, unroll=1):
+                    ks, lsv, inv_sv = self._strip_scales(mDescale, batch, kv_head, last - i)
                     pipe_k.consumer_wait(kv_state)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
                     self._sched_arrive(wg)
@@ -643,7 +684,7 @@ class WgmmaAttention(VTransposeMixin):
                     pipe_k.consumer_release(kv_state)
                     if strip_needs_mask(last - i, n_total, ragged, first_masked, self.causal):
                         self._mask(acc_S, tScS, (last - i) * bn, row_base, seq_len_kv, offset)
-                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    alpha = self._softmax(acc_S, row_max, row_sum, q_coef, ks, lsv, inv_sv)
                     self._rescale(acc_O, alpha)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                     pipe_v.consumer_wait(kv_state)
@@ -664,7 +705,7 @@ class WgmmaAttention(VTransposeMixin):
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
                 totals[r] = total
-                scale = dv / total
+                scale = 1.0 / total  # V's scales are in P' already
                 if cutlass.const_expr(self.causal):
                     if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
                         scale = cutlass.Float32(0.0)

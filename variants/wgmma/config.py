@@ -184,6 +184,10 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     if cfg.block_n % 32 or not 32 <= cfg.block_n <= 256:
         return False, (f"block_n={cfg.block_n}: a multiple of 32 (the k of the FP8 PV wgmma) "
                        "in 32..256 (the n of the QK wgmma)")
+    if cfg.block_n % 64 and cfg.block_n != 32:
+        return False, (f"block_n={cfg.block_n}: K's and V's scales cover 64 keys each, so a "
+                       "strip holds whole 64-key blocks (a multiple of 64) or lies inside one "
+                       "(32)")
     if type(cfg.fma_exp2) is not int or not 0 <= cfg.fma_exp2 <= FMA_EXP2_GROUP:
         return False, (f"fma_exp2={cfg.fma_exp2}: how many of every {FMA_EXP2_GROUP} exponentials "
                        f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")

@@ -483,8 +483,9 @@ class WgmmaAttention(VTransposeMixin):
         A thread's values of a row are 8j + 2t + e of its quad lane t: block b is values
         16b .. 16b + 15 of the row in register order (keys 64b .. 64b + 63).
         """
-        nb = self.block_n // KV_BLOCK
-        per_block = KV_BLOCK // 4
+        keys_per_scale = min(self.block_n, KV_BLOCK)  # a 32-key strip lies inside one block
+        nb = self.block_n // keys_per_scale
+        per_block = keys_per_scale // 4
         s_mn = cute.make_tensor(acc_S.iterator, _acc_mn_layout(acc_S.layout))
         alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
         coef = cute.make_rmem_tensor((nb,), cutlass.Float32)
@@ -533,13 +534,13 @@ class WgmmaAttention(VTransposeMixin):
     @cute.jit
     def _strip_scales(self, mScales, batch, kv_head, strip):
         """K's scale, log2 of V's and 1 / V's of each 64-key block of a strip."""
-        nb = self.block_n // KV_BLOCK
+        nb = self.block_n // min(self.block_n, KV_BLOCK)
         ks = cute.make_rmem_tensor((nb,), cutlass.Float32)
         lsv = cute.make_rmem_tensor((nb,), cutlass.Float32)
         inv_sv = cute.make_rmem_tensor((nb,), cutlass.Float32)
         m_k, m_lsv, m_inv = mScales[1], mScales[2], mScales[3]
         for b in cutlass.range_constexpr(nb):
-            block = strip * nb + b
+            block = strip * self.block_n // KV_BLOCK + b
             ks[b] = m_k[batch, kv_head, block]
             lsv[b] = m_lsv[batch, kv_head, block]
             inv_sv[b] = m_inv[batch, kv_head, block]

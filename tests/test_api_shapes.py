@@ -61,18 +61,17 @@ def test_bad_key_value_shapes_are_named(q_shape, k_shape, v_shape, message):
 
 
 def test_the_quantize_path_takes_kv_at_its_own_length_and_heads():
-    """quantize_inputs pads q and k/v each to its own length and keeps k's and v's heads; the
-    descales stay by query head, K's and V's repeated over each group."""
+    """quantize_inputs pads q and k/v each to its own length and keeps k's and v's heads; K's
+    and V's descales are per KV head (and 64 keys)."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 64, 4, 64, generator=g).bfloat16()
     k, v = (torch.randn(1, 33, 2, 64, generator=g).bfloat16() for _ in range(2))
     prepared = quantize_inputs(q, k, v, pad_to=16)
     assert prepared.q.shape == (1, 64, 4, 64) and prepared.k.shape == (1, 48, 2, 64)
     assert prepared.v.shape == (1, 2, 64, 48) and prepared.seq_len_kv == 33
-    d = prepared.descale
-    assert torch.equal(d[:, 0::2, 1:], d[:, 1::2, 1:])  # query heads 2h, 2h + 1 read KV head h
-    amax_k = k.float().abs().amax(dim=(1, 3))  # (1, kv_heads)
-    assert torch.equal(d[:, ::2, 1], (amax_k * (1.0 / 448.0)).float())
+    assert prepared.scales.k.shape == prepared.scales.v.shape == (1, 2, 1)
+    amax_k = k.float().abs().amax(dim=(1, 3))  # (1, kv_heads): 33 keys, one block
+    assert torch.equal(prepared.scales.k[..., 0], (amax_k * (1.0 / 448.0)).float())
     _, k_back, v_back = prepared.dequantized()
     assert k_back.shape == k.shape and v_back.shape == v.shape
     assert torch.allclose(k_back, k.float(), rtol=2**-3, atol=1e-2)

@@ -69,11 +69,12 @@ def test_a_prepare_bug_is_named():
     # Keys stored in natural order while the inputs claim the register-P order.
     mislabeled = dataclasses.replace(prepared, key_permuted=False)
     assert "prepare: v differs" in prepare_mismatch(mislabeled, ref_in)
-    # One head's descale 1% off.
-    descale = prepared.descale.clone()
-    descale[1, 2, 2] *= 1.01
-    bad = prepare_mismatch(dataclasses.replace(prepared, descale=descale), ref_in)
-    assert "v descale" in bad and "batch 1, head 2" in bad
+    # One block's V descale 1% off.
+    v_scales = prepared.scales.v.clone()
+    v_scales[1, 2, 1] *= 1.01
+    scales = dataclasses.replace(prepared.scales, v=v_scales)
+    bad = prepare_mismatch(dataclasses.replace(prepared, scales=scales, packed=None), ref_in)
+    assert "v descale" in bad and "batch 1, head 2, block 1" in bad
     # Garbage in the padding.
     padded = dataclasses.replace(prepared, k=prepared.k.clone())
     padded.k[:, 100] = torch.tensor(1.0).to(torch.float8_e4m3fn)

@@ -22,6 +22,7 @@ A scale is amax / 448 as today (code = round_e4m3(x * 448 / amax)); an all-zero 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +32,61 @@ TINY_AMAX = 1e-12
 KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
 P_SHIFT_LOG2 = 8.0  # P scaled by 2^8 before it is rounded to e4m3, as the kernels do
 LOG2_E = 1.4426950408889634
+
+
+@dataclass
+class BlockScales:
+    """The descales of one set of inputs: q (batch, heads, seq_len) per token, k and v (batch,
+    kv_heads, ceil(seq_len_kv / 64)) per 64-key block, fp32 (x ~= code * descale)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def per_head(cls, dq, dk, dv, seq_len: int, seq_len_kv: int) -> BlockScales:
+        """Per-(batch, head) descales (q's (batch, heads), k's and v's (batch, kv_heads)) as the
+        block scales they equal: one scale repeated over every row and block."""
+        blocks = -(-seq_len_kv // KV_BLOCK)
+        return cls(dq.float()[..., None].expand(-1, -1, seq_len).contiguous(),
+                   dk.float()[..., None].expand(-1, -1, blocks).contiguous(),
+                   dv.float()[..., None].expand(-1, -1, blocks).contiguous())
+
+    def per_key(self, which: str) -> torch.Tensor:
+        """k's or v's descale of every key, (batch, seq_len_kv, kv_heads, 1), for a length of
+        `blocks * 64` keys or fewer (cut by the caller)."""
+        d = getattr(self, which)
+        return d.repeat_interleave(KV_BLOCK, dim=2).permute(0, 2, 1)[..., None]
+
+    def packed(self, padded_len: int, padded_len_kv: int) -> torch.Tensor:
+        """One fp32 buffer in the kernels' layout (variants/common/abi.block_scale_views): q's
+        (batch, heads, padded_len), then K's, log2 of V's and 1 / V's, each (batch, kv_heads,
+        padded_len_kv / 64). Padding rows and blocks get finite neutral values (scale 1, log2
+        0): their codes are zero and the kernels mask them, but a NaN would still spread."""
+        batch, heads, seq_len = self.q.shape
+        _, kv_heads, blocks = self.k.shape
+        kv_blocks = -(-padded_len_kv // KV_BLOCK)  # the kernels' lengths are multiples of 64
+        if kv_blocks < blocks or padded_len < seq_len:
+            raise ValueError(f"padded lengths {padded_len}, {padded_len_kv} do not hold "
+                             f"{seq_len} rows and {blocks} blocks of {KV_BLOCK} keys")
+        q_size, kv_size = batch * heads * padded_len, batch * kv_heads * kv_blocks
+        out = torch.ones(q_size + 3 * kv_size, dtype=torch.float32, device=self.q.device)
+        out[:q_size].view(batch, heads, padded_len)[..., :seq_len] = self.q
+        views = [out[q_size + i * kv_size:q_size + (i + 1) * kv_size].view(
+            batch, kv_heads, kv_blocks) for i in range(3)]
+        views[0][..., :blocks] = self.k
+        views[1].zero_()
+        views[1][..., :blocks] = self.v.log2()
+        views[2][..., :blocks] = self.v.reciprocal()
+        return out
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v -> (codes of q, k, v in their own layouts, BlockScales): the one-pass formula."""
+    (q8, dq), (k8, dk), (v8, dv) = quantize_rows(q), quantize_key_blocks(k), quantize_key_blocks(v)
+    return (q8, k8, v8), BlockScales(dq.permute(0, 2, 1).contiguous(),
+                                     dk.permute(0, 2, 1).contiguous(),
+                                     dv.permute(0, 2, 1).contiguous())
 
 
 def _cast(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

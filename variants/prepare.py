@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from variants import block_scales
 from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from variants.block_scales import BlockScales
 from variants.errors import TunerError
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 
@@ -46,18 +48,22 @@ class Fp8Inputs:
     # v_feature_major: (batch, kv_heads, head_dim, padded_len_kv), keys permuted if
     # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order.
     v: torch.Tensor
-    # (batch, heads, 3) float32: q, k, v descales (amax / 448) by query head; K's and V's are
-    # per (batch, KV head), repeated over the heads // kv_heads query heads that read it.
-    descale: torch.Tensor
+    # The descales (variants/block_scales.py): q's per token and head, k's and v's per 64 keys
+    # of a KV head.
+    scales: BlockScales
     seq_len: int  # q's real length; rows at or past it are padding (zeros)
     key_permuted: bool
     softmax_scale: float
     v_feature_major: bool = True
     seq_len_kv: int | None = None  # k's and v's real length (None: seq_len); keys past: zeros
+    # The scales packed in the kernels' layout (abi.block_scale_views); built from `scales`.
+    packed: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.seq_len_kv is None:
             self.seq_len_kv = self.seq_len
+        if self.packed is None:
+            self.packed = self.scales.packed(self.padded_len, self.padded_len_kv)
 
     @property
     def group(self) -> int:
@@ -102,18 +108,17 @@ class Fp8Inputs:
         """fp32 q (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads,
         head_dim) exactly as the kernel sees them."""
         s, skv = self.seq_len, self.seq_len_kv
-        dq = self.descale[..., 0]  # (batch, heads)
-        # K's and V's descale per KV head: the first query head of each group holds it.
-        dk, dv = (self.descale[:, ::self.group, i] for i in (1, 2))  # (batch, kv_heads)
+        dq = self.scales.q[..., :s].permute(0, 2, 1)[..., None]  # (batch, seq_len, heads, 1)
+        dk, dv = (self.scales.per_key(n)[:, :skv] for n in ("k", "v"))
         # In place after one fp32 copy each: at B=1 H=56 S=30272 a temporary is 0.9 GB.
-        q = self.q[:, :s].float().mul_(dq[:, None, :, None])
-        k = self.k[:, :skv].float().mul_(dk[:, None, :, None])
+        q = self.q[:, :s].float().mul_(dq)
+        k = self.k[:, :skv].float().mul_(dk)
         if not self.v_feature_major:
-            return q, k, self.v[:, :skv].float().mul_(dv[:, None, :, None])
+            return q, k, self.v[:, :skv].float().mul_(dv)
         # The key gather on the 1-byte codes, then one fp32 copy.
         codes = self.v.view(torch.uint8)[..., self.natural_key_slots()[:skv]]
         v = codes.view(torch.float8_e4m3fn).float().permute(0, 3, 1, 2)
-        return q, k, v.mul_(dv[:, None, :, None])
+        return q, k, v.mul_(dv)
 
 
 def check_qkv(
@@ -465,29 +470,24 @@ def quantize_inputs(
         raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
 
-    kernels = _gpu_kernels(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
-                           permute_keys=permute_keys)
-    if kernels is not None:
-        out, descale = _quantize_on_gpu(kernels, q, k, v, padded, padded_kv, v_feature_major)
-    else:
-        descales = []
-        out = []
-        for index, x in enumerate((q, k, v)):
-            # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
-            scale, descale = _per_head_scale(x)
-            # By query head: a KV head's descale repeated for each query head that reads it.
-            descales.append(descale.repeat_interleave(heads // x.shape[2], dim=1))
-            is_v = index == 2
-            out.append(_quantize(x, scale, padded if index == 0 else padded_kv,
-                                 feature_major=is_v and v_feature_major,
-                                 permute_keys=is_v and permute_keys))
-        descale = torch.stack(descales, dim=-1).contiguous()
+    # Block scales: the torch formula (variants/block_scales.py) until the one-pass GPU kernel
+    # that replaces variants/quantize_kernel.py's per-head launches exists.
+    codes, scales = block_scales.quantize(q, k, v)
+    out = []
+    for index, x8 in enumerate(codes):
+        is_v = index == 2
+        length, rows = (seq_len, padded) if index == 0 else (seq_len_kv, padded_kv)
+        natural = torch.empty((batch, rows, x8.shape[2], head_dim), dtype=torch.float8_e4m3fn,
+                              device=q.device)
+        natural[:, :length].view(torch.uint8).copy_(x8.view(torch.uint8))
+        out.append(_lay_out(natural, length, feature_major=is_v and v_feature_major,
+                            permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
     return Fp8Inputs(
         q=q8,
         k=k8,
         v=v8,
-        descale=descale,
+        scales=scales,
         seq_len=seq_len,
         key_permuted=permute_keys,
         softmax_scale=float(softmax_scale),
@@ -520,11 +520,9 @@ def fp8_inputs(
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
-    group = heads // kv_heads
-    descale = torch.stack(
-        [descales[0].expand(batch, heads)]
-        + [d.expand(batch, kv_heads).repeat_interleave(group, dim=1) for d in descales[1:]],
-        dim=-1).contiguous()
+    scales = BlockScales.per_head(descales[0].expand(batch, heads),
+                                  *(d.expand(batch, kv_heads) for d in descales[1:]),
+                                  seq_len, seq_len_kv)
     as_is = padded == seq_len and padded_kv == seq_len_kv
     natural_v = as_is and not v_feature_major and v.is_contiguous()
     kernels = None
@@ -554,6 +552,6 @@ def fp8_inputs(
             out.append(_lay_out(natural, length, feature_major=feature_major,
                                 permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
-    return Fp8Inputs(q=q8, k=k8, v=v8, descale=descale, seq_len=seq_len,
+    return Fp8Inputs(q=q8, k=k8, v=v8, scales=scales, seq_len=seq_len,
                      key_permuted=permute_keys, softmax_scale=float(softmax_scale),
                      v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)

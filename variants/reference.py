@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from variants.block_scales import KV_BLOCK, BlockScales
+
 E4M3_MAX = 448.0
 DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), the rounding prepare uses
 # An all-zero (batch, head) slice gets amax 1e-12 instead of a division by zero (as prepare).
@@ -94,7 +96,7 @@ class ReferenceInputs:
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    descale: torch.Tensor
+    scales: BlockScales
     softmax_scale: float
 
     @property
@@ -110,12 +112,11 @@ class ReferenceInputs:
         return self.q.shape[2] // self.k.shape[2]
 
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """fp32 q, k, v in their own shapes; K/V descales read at the first query head of each
-        group (all of the group hold the same)."""
-        kv_descale = self.descale[:, :: self.group]  # (batch, kv_heads, 3)
-        return (self.q.float() * self.descale[:, None, :, 0, None],
-                self.k.float() * kv_descale[:, None, :, 1, None],
-                self.v.float() * kv_descale[:, None, :, 2, None])
+        """fp32 q, k, v in their own shapes: q's scale per token, k's and v's per 64 keys."""
+        skv = self.seq_len_kv
+        return (self.q.float() * self.scales.q.permute(0, 2, 1)[..., None],
+                self.k.float() * self.scales.per_key("k")[:, :skv],
+                self.v.float() * self.scales.per_key("v")[:, :skv])
 
 
 def _group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -130,22 +131,32 @@ def _group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
 
 def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        softmax_scale: float | None = None) -> ReferenceInputs:
-    """The documented per-(batch, head) FP8 formula, written plainly (no fused kernel, no
-    layout): amax over (seq_len, head_dim) of each tensor's own heads in fp32, code =
-    e4m3(clamp(x * (448 / amax))); K/V descales repeated over their query heads."""
-    group = _group(q, k, v)
+    """The documented block formula, written plainly (no fused kernel, no layout, not
+    variants/block_scales.py's code): amax in fp32 over head_dim of each q token and head, and
+    over each 64 keys x head_dim of a k or v KV head; code = e4m3(clamp(x * (448 / amax)))."""
+    _group(q, k, v)
     codes, descales = [], []
     for index, x in enumerate((q, k, v)):
         x32 = x.float()
-        amax = x32.abs().amax(dim=(1, 3)).clamp_min(TINY_AMAX)  # (batch, the tensor's heads)
+        batch, length, heads, dim = x32.shape
+        if index == 0:
+            amax = x32.abs().amax(dim=3, keepdim=True)  # (batch, seq, heads, 1)
+        else:
+            blocks = -(-length // KV_BLOCK)
+            padded = torch.zeros(batch, blocks * KV_BLOCK, heads, dim, device=x32.device)
+            padded[:, :length] = x32.abs()
+            per_block = padded.view(batch, blocks, KV_BLOCK, heads, dim).amax(dim=(2, 4))
+            amax = per_block.repeat_interleave(KV_BLOCK, dim=1)[:, :length, :, None]
+        amax = amax.clamp_min(TINY_AMAX)
         scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare
         # Rounding can land a hair above 448 and e4m3fn has no Inf: clamp before the cast.
-        codes.append((x32 * scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
-                     .to(torch.float8_e4m3fn))
+        codes.append((x32 * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn))
         descale = amax * DESCALE_PER_AMAX
-        descales.append(descale.repeat_interleave(group, dim=1) if index else descale)
+        descales.append(descale[..., 0].permute(0, 2, 1) if index == 0
+                        else descale[:, ::KV_BLOCK, :, 0].permute(0, 2, 1))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return ReferenceInputs(*codes, descale=torch.stack(descales, dim=-1), softmax_scale=scale)
+    return ReferenceInputs(*codes, scales=BlockScales(*(d.contiguous() for d in descales)),
+                           softmax_scale=scale)
 
 
 def empty_rows(seq_len: int, seq_len_kv: int, causal: bool) -> int:
@@ -184,9 +195,13 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
     if not math.isclose(prepared.softmax_scale, ref.softmax_scale, rel_tol=1e-6):
         return (f"prepare: softmax_scale {prepared.softmax_scale:.6g}, expected "
                 f"{ref.softmax_scale:.6g} (head_dim^-0.5)")
-    for i, name in enumerate(("q", "k", "v")):
-        problem = _first_mismatch(f"{name} descale", prepared.descale[..., i].float(),
-                                  ref.descale[..., i], "batch head")
+    for name, dims in (("q", "batch head token"), ("k", "batch head block"),
+                       ("v", "batch head block")):
+        got, want = getattr(prepared.scales, name), getattr(ref.scales, name)
+        if got.shape != want.shape:
+            return (f"prepare: {name}'s descales have shape {tuple(got.shape)}, the gate's "
+                    f"{tuple(want.shape)}")
+        problem = _first_mismatch(f"{name} descale", got.float(), want, dims)
         if problem:
             return f"prepare: {problem}"
     got = prepared.dequantized()

@@ -69,7 +69,7 @@ def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tupl
     batch, padded, heads, _ = prepared.q.shape
     _, padded_kv, kv_heads, _ = prepared.k.shape
     return (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
-            prepared.descale.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            prepared.packed.data_ptr(), out.data_ptr(), lse.data_ptr(),
             batch, heads, prepared.seq_len, padded, prepared.softmax_scale, kv_heads,
             prepared.seq_len_kv, padded_kv, *extra, stream)
 

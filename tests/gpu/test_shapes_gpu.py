@@ -73,6 +73,31 @@ def test_the_gate_passes_the_kernels_on_every_shape(family_name, overrides, shap
     assert report.passed, f"seed={seed} {cfg.short()}: {report.reason}"
 
 
+# head_dim 64: the families' head_dim-64 defaults (wgmma: three consumer warpgroups, P through
+# shared memory) with the masks, grouped heads and another key/value length.
+SHAPES_HEAD_DIM_64 = [
+    (2, 8, 300, 300, 2, True),
+    (1, 4, 300, 77, 4, True),     # rows that see no key
+    (1, 8, 1000, 77, 2, False),
+    (1, 4, 77, 4097, 1, True),
+]
+
+
+@pytest.mark.parametrize("family_name", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("shape", SHAPES_HEAD_DIM_64, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}"
+                         .format(*s[:5], "causal" if s[5] else "full"))
+def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, shape):
+    batch, heads, seq, seq_kv, kv_heads, causal = shape
+    problem = Problem(batch, heads, seq, 64, causal, seq_kv, kv_heads)
+    family = load_family(family_name)
+    cfg = family.default("sm_90a", problem)
+    assert family.can_implement(cfg, problem, PROFILES["h200"]) == (True, None)
+    seed = int.from_bytes(os.urandom(4), "little")
+    report = validate_kernel(family.compile(cfg, problem, "sm_90a"), problem,
+                             torch.device("cuda"), seed)
+    assert report.passed, f"seed={seed} {cfg.short()}: {report.reason}"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_end_to_end_with_grouped_heads_and_its_own_kv_length(causal, tmp_path,
                                                                         monkeypatch):

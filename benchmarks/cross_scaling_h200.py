@@ -10,13 +10,12 @@ epilogue), which is what a 4-strip problem like 75600 x 512 spends its time on.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 from e2e_h200 import median_ms
-from results_out import publish
+from results_out import measure_each, publish
 from shapes_h200 import inputs_and_kernel
 
 QUERIES = [(1, 75600, 40), (2, 4608, 24)]  # (batch, seq_len_q, heads)
@@ -77,12 +76,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    measure(*QUERIES[1], KV_LENS[0])  # untimed: the first shape of a cold process runs slow
-    rows = []
-    for query in QUERIES:
-        for seq_kv in KV_LENS:
-            rows.append(measure(*query, seq_kv))
-            print(json.dumps(rows[-1]), flush=True)
+    shapes = [(*query, seq_kv) for query in QUERIES for seq_kv in KV_LENS]
+    # The untimed warm-up on the small query shape (the first shape is the 75600-token one).
+    rows = measure_each(shapes, lambda shape: measure(*shape), warmup=(*QUERIES[1], KV_LENS[0]))
     md = table(rows, torch.cuda.get_device_name())
     publish(args.out, "cross_scaling_h200", md, rows)
 

@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import time
 from pathlib import Path
 
 import torch
 from e2e_h200 import median_ms
-from results_out import publish
+from results_out import measure_each, publish
+from shapes_h200 import bf16_inputs
 
 SHAPES = [(1, 4096, 56, 128), (1, 8192, 56, 128), (1, 16384, 56, 128), (1, 30272, 56, 128),
           (2, 4608, 24, 128), (1, 75600, 40, 128), (1, 30272, 56, 64), (4, 1024, 32, 128)]
 BLOCK_N = (128, 160, 192, 224)
 
 
-def variants(cfg):
+def probe_configs(cfg):
     """(label, config) of the probe: the config itself, each other strip width, the other tile
     order."""
     from variants.wgmma.config import TILE_ORDERS
@@ -48,15 +48,13 @@ def measure(shape, gated: dict) -> dict:
 
     batch, seq, heads, dim = shape
     problem = Problem(batch, heads, seq, dim)
+    q, k, v = bf16_inputs(problem)
     best = runtime.config_for_problem(problem)
     family = load_family(best.family)
-    gen = torch.Generator(device="cuda").manual_seed(seq + heads)
-    q, k, v = (torch.randn(shape, generator=gen, device="cuda", dtype=torch.bfloat16)
-               for _ in range(3))
     row = {"shape": shape, "source": best.source, "config": best.config.short(), "ms": {},
            "refused": {}}
     small = Problem(1, 3, 1000 + 77, dim)  # ragged in both tile sizes
-    for label, cfg in variants(best.config):
+    for label, cfg in probe_configs(best.config):
         ok, reason = family.can_implement(cfg, problem, PROFILES["h200"])
         if not ok:
             row["refused"][label] = reason
@@ -78,8 +76,10 @@ def measure(shape, gated: dict) -> dict:
 
 
 def table(rows, device: str) -> str:
-    labels = ["as run"] + [f"block_n={n}" for n in BLOCK_N] + ["tile_order=per_head",
-                                                              "tile_order=longest_first"]
+    from variants.wgmma.config import TILE_ORDERS
+
+    labels = (["as run"] + [f"block_n={n}" for n in BLOCK_N]
+              + [f"tile_order={o}" for o in TILE_ORDERS])
     lines = [f"Measured on {device}, {time.strftime('%Y-%m-%d')}: kernel alone, ms, median of "
              "20; in brackets the ratio as-run time / this time (above 1: this copy is faster).",
              "", "| B, S, H, D | as run (source) | " + " | ".join(labels[1:]) + " |",
@@ -105,11 +105,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     gated: dict = {}
-    measure(SHAPES[0], gated)  # untimed: the first shape of a cold process runs slow
-    rows = []
-    for shape in SHAPES:
-        rows.append(measure(shape, gated))
-        print(json.dumps(rows[-1]), flush=True)
+    rows = measure_each(SHAPES, lambda shape: measure(shape, gated))
     md = table(rows, torch.cuda.get_device_name())
     publish(args.out, "knob_probe_h200", md, rows)
 

@@ -19,13 +19,12 @@ lengths is half the square).
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 from e2e_h200 import fa3, median_ms
-from results_out import publish
+from results_out import measure_each, publish
 
 # (batch, seq_len, heads, seq_len_kv, kv_heads, causal)
 SHAPES = [
@@ -41,17 +40,23 @@ SHAPES = [
 ]
 
 
-def inputs_and_kernel(problem):
-    """bf16 q, k, v of the problem (seeded by its lengths and heads, head_dim 128), the config
-    tuner.attention would run, its kernel and the prepared inputs."""
-    from tuner import runtime
-
+def bf16_inputs(problem):
+    """bf16 q, k, v of the problem, seeded by its lengths and heads."""
+    d = problem.head_dim
     gen = torch.Generator(device="cuda").manual_seed(problem.seq_len + problem.heads
                                                      + problem.seq_len_kv)
-    q = torch.randn(problem.batch, problem.seq_len, problem.heads, 128, generator=gen,
+    q = torch.randn(problem.batch, problem.seq_len, problem.heads, d, generator=gen,
                     device="cuda", dtype=torch.bfloat16)
-    k, v = (torch.randn(problem.batch, problem.seq_len_kv, problem.kv_heads, 128, generator=gen,
+    k, v = (torch.randn(problem.batch, problem.seq_len_kv, problem.kv_heads, d, generator=gen,
                         device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    return q, k, v
+
+
+def inputs_and_kernel(problem):
+    """bf16_inputs, the config tuner.attention would run, its kernel and the prepared inputs."""
+    from tuner import runtime
+
+    q, k, v = bf16_inputs(problem)
     best = runtime.config_for_problem(problem)
     kernel = runtime._kernel_for(best.family, best.config, problem, "auto")
     return (q, k, v), best, kernel, kernel.prepare(q, k, v)
@@ -134,11 +139,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     fa3_call = fa3()
-    measure(SHAPES[0], fa3_call)  # untimed: the first shape of a cold process runs slow
-    results = []
-    for shape in SHAPES:
-        results.append(measure(shape, fa3_call))
-        print(json.dumps(results[-1]), flush=True)
+    results = measure_each(SHAPES, lambda shape: measure(shape, fa3_call))
     md = table(results, torch.cuda.get_device_name())
     publish(args.out, "shapes_h200", md, results)
 

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.test_tables import shipped_entry_count
 from tuner import runtime, store
 from tuner.cli import main
 from tuner.errors import TunerError
@@ -48,7 +48,7 @@ def test_readers_read_at_once_while_another_process_writes(db, writer_holding_th
     out = capsys.readouterr().out
     assert "b1-h56-s30272-d128-full" in out or "seq_len: 30272" in out
     if command[0] == "show":
-        assert len(json.loads(out)) == yaml.safe_load(SHIPPED.read_text())["entry_count"]
+        assert len(json.loads(out)) == shipped_entry_count()
 
 
 def test_a_waiting_writer_says_what_it_waits_on_and_gives_up_clearly(

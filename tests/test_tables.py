@@ -178,7 +178,7 @@ SHIPPED = Path(__file__).resolve().parents[1] / "db" / "tables" / "h200.yaml"
 SHIPPED_SCHEMA_2 = Path(__file__).resolve().parent / "data" / "h200_schema2.yaml"
 
 
-def _shipped_count() -> int:
+def shipped_entry_count() -> int:
     import yaml
 
     return yaml.safe_load(SHIPPED.read_text())["entry_count"]
@@ -196,8 +196,9 @@ def _cut_at_an_entry_boundary(text):
 
 @pytest.mark.parametrize("mutate, expected", [
     (_cut_inside_a_value, r"line \d+: entries_sha256: does not match the entries.*re-export"),
-    (_cut_at_an_entry_boundary, rf"line \d+: entry_count: the table says {_shipped_count()} "
-                                rf"entries, the file holds {_shipped_count() - 1}: .*re-export"),
+    (_cut_at_an_entry_boundary,
+     rf"line \d+: entry_count: the table says {shipped_entry_count()} entries, the file holds "
+     rf"{shipped_entry_count() - 1}: .*re-export"),
     (lambda t: _corrupt(t, "rel_rms: 0.02368", "rel_rms: 0.02"),
      r"entries_sha256: does not match .*edited after export"),
     (lambda t: re.sub(r"entries_sha256: .*\n", "", t),
@@ -270,6 +271,6 @@ def test_importing_the_same_table_twice_changes_nothing(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'twice.sqlite'}"
     assert main(["import", str(SHIPPED), "--db", url, "--force"]) == 0
     once = _row_counts(url)
-    assert once["tuner_best"] == _shipped_count()
+    assert once["tuner_best"] == shipped_entry_count()
     assert main(["import", str(SHIPPED), "--db", url, "--force"]) == 0
     assert _row_counts(url) == once

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.errors import PeerUnavailable
+from tuner.errors import peer_module
 
 E4M3_MAX = 448.0
 # P in [0, 1] is scaled into e4m3's range before it is rounded, as our kernels do with 256.
@@ -29,12 +29,8 @@ class CudnnFp8Peer:
 
     def __init__(self, causal: bool = False) -> None:
         self._causal = causal
-        try:
-            import cudnn
-        except ImportError as exc:
-            raise PeerUnavailable(
-                "cudnn-frontend is not installed (pip install nvidia-cudnn-frontend)"
-            ) from exc
+        cudnn = peer_module(
+            "cudnn", "cudnn-frontend is not installed (pip install nvidia-cudnn-frontend)")
         self._cudnn = cudnn
         self._handle = cudnn.create_handle()
         self._graphs: dict[tuple, tuple] = {}

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.errors import PeerUnavailable
-
-E4M3_MAX = 448.0
+from tuner.errors import peer_module
+from variants.prepare import E4M3_MAX
 
 
 @dataclass
@@ -32,14 +31,10 @@ class Fa3Fp8Peer:
 
     def __init__(self, causal: bool = False) -> None:
         self._causal = causal
-        try:
-            from fa3_fwd_interface import flash_attn_func
-        except ImportError as exc:
-            raise PeerUnavailable(
-                "FlashAttention-3's FP8 forward is not installed (its interface module "
-                "fa3_fwd_interface, e.g. from the fa3-fwd wheel; on the lent H200 carry "
-                ".device-fa3 and source .device-fa3/env.sh)") from exc
-        self._flash_attn_func = flash_attn_func
+        self._flash_attn_func = peer_module(
+            "fa3_fwd_interface", "FlashAttention-3's FP8 forward is not installed (its interface "
+            "module fa3_fwd_interface, e.g. from the fa3-fwd wheel; on the lent H200 carry "
+            ".device-fa3 and source .device-fa3/env.sh)").flash_attn_func
 
     def prepare(self, q, k, v, softmax_scale: float | None = None) -> _Fa3Inputs:
         import torch

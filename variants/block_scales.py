@@ -26,10 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-E4M3_MAX = 448.0
-DESCALE_PER_AMAX = 1.0 / E4M3_MAX
-TINY_AMAX = 1e-12
+from variants.prepare import DESCALE_PER_AMAX, E4M3_MAX, TINY_AMAX
+
 KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
+# variants/common/softmax.py's two constants, restated: that module imports the CuTe DSL, which
+# this torch emulation does without.
 P_SHIFT_LOG2 = 8.0  # P scaled by 2^8 before it is rounded to e4m3, as the kernels do
 LOG2_E = 1.4426950408889634
 

@@ -49,11 +49,20 @@ CONFIGS = {
 }
 
 
-def _config(family, problem, overrides):
+def _gate_passes(family_name, problem, overrides=None):
+    """The family's default for the problem (with overrides) is implementable on the H200 and
+    passes the gate there."""
     import dataclasses
 
+    family = load_family(family_name)
     cfg = family.default("sm_90a", problem)
-    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+    cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
+    ok, reason = family.can_implement(cfg, problem, PROFILES["h200"])
+    assert ok, reason
+    seed = int.from_bytes(os.urandom(4), "little")
+    report = validate_kernel(family.compile(cfg, problem, "sm_90a"), problem,
+                             torch.device("cuda"), seed)
+    assert report.passed, f"seed={seed} {cfg.short()}: {report.reason}"
 
 
 @pytest.mark.parametrize("family_name, overrides",
@@ -62,15 +71,26 @@ def _config(family, problem, overrides):
     *s[:5], "causal" if s[5] else "full"))
 def test_the_gate_passes_the_kernels_on_every_shape(family_name, overrides, shape):
     batch, heads, seq, seq_kv, kv_heads, causal = shape
-    problem = Problem(batch, heads, seq, seq_len_kv=seq_kv, kv_heads=kv_heads, causal=causal)
-    family = load_family(family_name)
-    cfg = _config(family, problem, overrides)
-    ok, reason = family.can_implement(cfg, problem, PROFILES["h200"])
-    assert ok, reason
-    seed = int.from_bytes(os.urandom(4), "little")
-    report = validate_kernel(family.compile(cfg, problem, "sm_90a"), problem,
-                             torch.device("cuda"), seed)
-    assert report.passed, f"seed={seed} {cfg.short()}: {report.reason}"
+    _gate_passes(family_name, Problem(batch, heads, seq, seq_len_kv=seq_kv, kv_heads=kv_heads,
+                                      causal=causal), overrides)
+
+
+# head_dim 64: the families' head_dim-64 defaults (wgmma: three consumer warpgroups, P through
+# shared memory) with the masks, grouped heads and another key/value length.
+SHAPES_HEAD_DIM_64 = [
+    (2, 8, 300, 300, 2, True),
+    (1, 4, 300, 77, 4, True),     # rows that see no key
+    (1, 8, 1000, 77, 2, False),
+    (1, 4, 77, 4097, 1, True),
+]
+
+
+@pytest.mark.parametrize("family_name", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("shape", SHAPES_HEAD_DIM_64, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}"
+                         .format(*s[:5], "causal" if s[5] else "full"))
+def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, shape):
+    batch, heads, seq, seq_kv, kv_heads, causal = shape
+    _gate_passes(family_name, Problem(batch, heads, seq, 64, causal, seq_kv, kv_heads))
 
 
 @pytest.mark.parametrize("causal", [False, True])

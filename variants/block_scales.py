@@ -26,7 +26,12 @@ from dataclasses import dataclass
 
 import torch
 
-from variants.prepare import DESCALE_PER_AMAX, E4M3_MAX, TINY_AMAX
+# The format's constants, stated here: prepare quantizes with this module's formula.
+E4M3_MAX = 448.0
+# descale = amax * fl32(1 / 448): one rounding of a product, the same in torch and the kernels.
+DESCALE_PER_AMAX = 1.0 / E4M3_MAX
+# An all-zero row or block gets scale 1e-12 instead of a division by zero.
+TINY_AMAX = 1e-12
 
 KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
 # variants/common/softmax.py's two constants, restated: that module imports the CuTe DSL, which

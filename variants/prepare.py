@@ -31,12 +31,9 @@ from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 __all__ = ["Fp8Inputs", "check_qkv", "inverse_key_order", "key_slot", "quantize_inputs",
            "register_p_key_order", "round_up"]
 
-E4M3_MAX = 448.0
-# descale = amax * fl32(1 / 448): one rounding of a product, the same in torch (CPU and CUDA)
-# and in the GPU kernels (torch's CUDA division by a scalar is itself a reciprocal multiply).
-DESCALE_PER_AMAX = 1.0 / E4M3_MAX
-# Rows of all-zero input get scale 1 instead of a division by zero.
-TINY_AMAX = 1e-12
+# The format's constants live with the formula (variants/block_scales.py).
+E4M3_MAX, DESCALE_PER_AMAX, TINY_AMAX = (block_scales.E4M3_MAX, block_scales.DESCALE_PER_AMAX,
+                                         block_scales.TINY_AMAX)
 
 
 @dataclass

@@ -25,7 +25,10 @@ import math
 
 import torch
 
-from variants.prepare import DESCALE_PER_AMAX, E4M3_MAX, TINY_AMAX
+# prepare's own constants of the format (TINY_AMAX is module-private there; variants is one
+# package, and prepare stays as the device validated it).
+from variants.prepare import _TINY_AMAX as TINY_AMAX
+from variants.prepare import DESCALE_PER_AMAX, E4M3_MAX
 
 KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
 # variants/common/softmax.py's two constants, restated: that module imports the CuTe DSL, which

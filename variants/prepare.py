@@ -34,7 +34,7 @@ E4M3_MAX = 448.0
 # and in the GPU kernels (torch's CUDA division by a scalar is itself a reciprocal multiply).
 DESCALE_PER_AMAX = 1.0 / E4M3_MAX
 # Rows of all-zero input get scale 1 instead of a division by zero.
-TINY_AMAX = 1e-12
+_TINY_AMAX = 1e-12
 
 
 @dataclass
@@ -271,7 +271,7 @@ def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x (batch, seq, heads, dim) -> (scale broadcastable to x, descale (batch, heads))."""
     # max |x| in one read (the inf-norm), without an |x| temporary.
     amax = torch.linalg.vector_norm(x, float("inf"), dim=(1, 3)).float()
-    amax = amax.clamp_min(TINY_AMAX)  # (batch, heads)
+    amax = amax.clamp_min(_TINY_AMAX)  # (batch, heads)
     scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448): what torch's 448 / amax is
     return scale[:, None, :, None], amax * DESCALE_PER_AMAX
 

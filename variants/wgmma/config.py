@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from variants.base import ConfigMixin, load_space
+from variants.block_scales import KV_BLOCK
 
 FAMILY = "wgmma"
 # wgmma with e4m3 operands and TMA exist on sm_90a only (the `a` suffix: arch-specific features).
@@ -149,12 +150,15 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     A warpgroup's 64 x N fp32 accumulator is N/2 registers a thread: S is block_n/2, O is
     head_dim/2. P as fp8 is block_n/8 when it feeds the PV wgmma from registers; with intra-WG
     overlap it lives beside the next strip's S, without it only while S is converted. The rest
-    (row max/sum, descriptors, addressing, loop state) is a fixed overhead.
+    (row max/sum, descriptors, addressing, loop state) is a fixed overhead. The block scales
+    (variants/block_scales.py) add Q's scale of each of the thread's two rows and, per 64-key
+    block of the strip, K's scale, log2 of V's and 1 / V's.
     """
     live = cfg.block_n // 2 + head_dim // 2
     if cfg.register_p or cfg.intra_wg_overlap:
         live += cfg.block_n // 8
-    return live + _REGISTER_OVERHEAD
+    scale_blocks = max(1, cfg.block_n // KV_BLOCK)
+    return live + 2 + 3 * scale_blocks + _REGISTER_OVERHEAD
 
 
 # Softmax state, wgmma descriptors, pipeline state and addressing (FA3 fits 128 x 224 FP8 tiles

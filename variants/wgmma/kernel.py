@@ -488,16 +488,14 @@ class WgmmaAttention(VTransposeMixin):
         per_block = keys_per_scale // 4
         s_mn = cute.make_tensor(acc_S.iterator, _acc_mn_layout(acc_S.layout))
         alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
-        coef = cute.make_rmem_tensor((nb,), cutlass.Float32)
         for r in cutlass.range_constexpr(2):
             blocks = cute.zipped_divide(s_mn[r, None], (per_block,))
             tile_max = -cutlass.Float32.inf
             for b in cutlass.range_constexpr(nb):
-                coef[b] = q_coef[r] * ks[b]
                 raw_max = blocks[None, b].load().reduce(cute.ReductionOp.MAX,
                                                         -cutlass.Float32.inf, 0)
                 # max commutes with the positive coef; a masked block stays -inf.
-                tile_max = cute.arch.fmax(tile_max, raw_max * coef[b] + lsv[b])
+                tile_max = cute.arch.fmax(tile_max, raw_max * (q_coef[r] * ks[b]) + lsv[b])
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
             m_new = cute.arch.fmax(row_max[r], tile_max)
@@ -510,7 +508,7 @@ class WgmmaAttention(VTransposeMixin):
             alpha[r] = rescale_factor(row_max[r], m_use)
             total = cutlass.Float32(0.0)
             for b in cutlass.range_constexpr(nb):
-                x = block_exp2_argument(blocks[None, b].load(), coef[b], lsv[b], m_use)
+                x = block_exp2_argument(blocks[None, b].load(), q_coef[r] * ks[b], lsv[b], m_use)
                 if cutlass.const_expr(self.fma_exp2 == 0):
                     p = cute.math.exp2(x, fastmath=True)
                     blocks[None, b].store(p)

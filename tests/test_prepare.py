@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from tuner.errors import TunerError
+from variants.block_scales import E4M3_MAX, BlockScales, PackedLayout
 from variants.prepare import (
-    E4M3_MAX,
     check_qkv,
     inverse_key_order,
     key_slot,
@@ -243,3 +243,75 @@ def test_codes_are_the_plain_formula_bit_for_bit(device, dtype, seq, pad_to, con
             else codes
         assert fm.v.is_contiguous() and fm.v.shape == want.shape
         assert torch.equal(fm.v.view(torch.uint8), want), f"feature-major V (permute={permute})"
+
+
+def _assert_packed_matches(prepared):
+    """The packed buffer the kernels read holds the prepared descales, V's log2 (within an ulp:
+    torch's log2f and the DSL's may round differently) and exact inverse, and neutral padding
+    (1; log2 0)."""
+    layout = PackedLayout(prepared.q.shape[0], prepared.q.shape[2], prepared.padded_len,
+                          prepared.k.shape[2], prepared.padded_len_kv)
+    q, k, log2_v, inv_v, v = layout.views(prepared.packed)
+    s, blocks = prepared.seq_len, prepared.scales.k.shape[-1]
+    assert torch.equal(q[..., :s], prepared.scales.q) and bool((q[..., s:] == 1).all())
+    assert torch.equal(k[..., :blocks], prepared.scales.k)
+    assert torch.equal(v[..., :blocks], prepared.scales.v)
+    assert torch.equal(inv_v[..., :blocks], prepared.scales.v.reciprocal())
+    torch.testing.assert_close(log2_v[..., :blocks], prepared.scales.v.log2(), rtol=2e-7,
+                               atol=1e-6)
+    for part, neutral in ((k, 1.0), (log2_v, 0.0), (inv_v, 1.0), (v, 1.0)):
+        assert bool((part[..., blocks:] == neutral).all())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(("batch", "seq", "seq_kv", "heads", "kv_heads", "head_dim", "pad_to"),
+                         [(2, 77, 300, 8, 2, 128, 64), (1, 1000, 130, 6, 1, 64, 128),
+                          (3, 129, 129, 4, 4, 128, 32)])
+def test_grouped_and_cross_attention_codes_and_packed_scales(device, batch, seq, seq_kv, heads,
+                                                             kv_heads, head_dim, pad_to):
+    """Other lengths for k and v than for q, fewer KV heads than query heads: every code and
+    scale is still the plain formula's, by the KV head's own blocks, and the packed buffer
+    (what the kernels read) holds them with neutral padding."""
+    g = torch.Generator().manual_seed(seq * seq_kv)
+    q = (torch.randn(batch, seq, heads, head_dim, generator=g) * 3).bfloat16().to(device)
+    k, v = ((torch.randn(batch, seq_kv, kv_heads, head_dim, generator=g)
+             * torch.logspace(-2, 2, seq_kv)[None, :, None, None]).bfloat16().to(device)
+            for _ in range(2))
+    for feature_major, permute in ((False, False), (True, False), (True, pad_to % 16 == 0)):
+        prepared = quantize_inputs(q, k, v, pad_to=pad_to, v_feature_major=feature_major,
+                                   permute_keys=permute)
+        for i, (x, d) in enumerate(((q, prepared.scales.q), (k, prepared.scales.k),
+                                    (v, prepared.scales.v))):
+            codes, descale = _plain_codes(x, prepared.padded_len if i == 0
+                                          else prepared.padded_len_kv, rows=i == 0)
+            assert torch.equal(d, descale), f"tensor {i}: descale differs"
+            if i < 2:
+                assert torch.equal((prepared.q, prepared.k)[i].view(torch.uint8), codes)
+            else:  # V through the layout and key order it declares
+                plain = codes[:, :seq_kv].view(torch.float8_e4m3fn).float()
+                assert torch.equal(prepared.dequantized()[2],
+                                   plain * prepared.scales.per_key("v")[:, :seq_kv])
+        _assert_packed_matches(prepared)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp8_inputs_expand_per_head_descales_into_the_packed_scales(device):
+    """The FP8 entry point's per-(batch, head) descales (a scalar, a (1, heads) row, a full
+    (batch, kv_heads) tensor: each broadcast) become block scales equal to them everywhere:
+    on a GPU one launch writes them through the broadcast strides."""
+    from variants.prepare import fp8_inputs
+
+    batch, seq, seq_kv, heads, kv_heads = 2, 100, 70, 4, 2
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(batch, seq, heads, 64, generator=g).to(torch.float8_e4m3fn).to(device)
+    k, v = (torch.randn(batch, seq_kv, kv_heads, 64, generator=g).to(torch.float8_e4m3fn)
+            .to(device) for _ in range(2))
+    dq = torch.tensor(0.03, device=device)
+    dk = torch.rand(1, kv_heads, generator=g).to(device) + 0.5
+    dv = torch.rand(batch, kv_heads, generator=g).to(device) * 4
+    prepared = fp8_inputs(q, k, v, (dq, dk, dv), pad_to=64)
+    want = BlockScales.per_head(dq.expand(batch, heads), dk.expand(batch, kv_heads), dv,
+                                seq, seq_kv)
+    for name in "qkv":
+        assert torch.equal(getattr(prepared.scales, name), getattr(want, name)), name
+    _assert_packed_matches(prepared)

@@ -1,6 +1,7 @@
-"""Block scales (issue 15, one pass over each input): the quantization formula, and a torch
-emulation of the arithmetic the kernels would fold the scales into. Not wired into prepare or the
-kernels yet; benchmarks/RESULTS.md ("Next: one pass over each input") has the design.
+"""Block scales (issue 15, one pass over each input): the quantization formula, the packed
+layout the kernels read them in, and a torch emulation of the arithmetic the kernels fold the
+scales into. prepare quantizes by this formula (on a GPU variants/block_quantize_kernel.py
+computes the same codes in one launch); benchmarks/RESULTS.md has the design.
 
 Why these granularities: every scale must be decided by the block of input that is being cast,
 so that one read of that block both measures and casts it (no amax pass over a whole head first),
@@ -65,26 +66,72 @@ class BlockScales:
         return d.repeat_interleave(KV_BLOCK, dim=2).permute(0, 2, 1)[..., None]
 
     def packed(self, padded_len: int, padded_len_kv: int) -> torch.Tensor:
-        """One fp32 buffer in the kernels' layout (variants/common/abi.block_scale_views): q's
-        (batch, heads, padded_len), then K's, log2 of V's and 1 / V's, each (batch, kv_heads,
-        padded_len_kv / 64). Padding rows and blocks get finite neutral values (scale 1, log2
-        0): their codes are zero and the kernels mask them, but a NaN would still spread."""
+        """One fp32 buffer in the kernels' layout (PackedLayout; the one-pass GPU quantization
+        writes it itself): q's (batch, heads, padded_len), then K's, log2 of V's, 1 / V's and
+        V's, each (batch, kv_heads, ceil(padded_len_kv / 64)). Padding rows and blocks get
+        finite neutral values (scale 1, log2 0): their codes are zero and the kernels mask
+        them, but a NaN would still spread."""
         batch, heads, seq_len = self.q.shape
         _, kv_heads, blocks = self.k.shape
-        kv_blocks = -(-padded_len_kv // KV_BLOCK)  # the kernels' lengths are multiples of 64
-        if kv_blocks < blocks or padded_len < seq_len:
+        layout = PackedLayout(batch, heads, padded_len, kv_heads, padded_len_kv)
+        if layout.blocks < blocks or padded_len < seq_len:
             raise ValueError(f"padded lengths {padded_len}, {padded_len_kv} do not hold "
                              f"{seq_len} rows and {blocks} blocks of {KV_BLOCK} keys")
-        q_size, kv_size = batch * heads * padded_len, batch * kv_heads * kv_blocks
-        out = torch.ones(q_size + 3 * kv_size, dtype=torch.float32, device=self.q.device)
-        out[:q_size].view(batch, heads, padded_len)[..., :seq_len] = self.q
-        views = [out[q_size + i * kv_size:q_size + (i + 1) * kv_size].view(
-            batch, kv_heads, kv_blocks) for i in range(3)]
-        views[0][..., :blocks] = self.k
-        views[1].zero_()
-        views[1][..., :blocks] = self.v.log2()
-        views[2][..., :blocks] = self.v.reciprocal()
+        out = torch.ones(layout.size, dtype=torch.float32, device=self.q.device)
+        q, k, log2_v, inv_v, v = layout.views(out)
+        q[..., :seq_len] = self.q
+        k[..., :blocks] = self.k
+        log2_v.zero_()
+        log2_v[..., :blocks] = self.v.log2()
+        inv_v[..., :blocks] = self.v.reciprocal()
+        v[..., :blocks] = self.v
         return out
+
+    @classmethod
+    def from_packed(cls, buffer: torch.Tensor, layout: PackedLayout, seq_len: int,
+                    seq_len_kv: int) -> BlockScales:
+        """The descales as views into a packed buffer (no copy): q's rows below seq_len, K's
+        and V's blocks that hold a key below seq_len_kv."""
+        q, k, _, _, v = layout.views(buffer)
+        blocks = -(-seq_len_kv // KV_BLOCK)
+        return cls(q[..., :seq_len], k[..., :blocks], v[..., :blocks])
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each part of the packed scales lies (the kernels' views:
+    variants/common/abi.block_scale_views)."""
+
+    batch: int
+    heads: int
+    padded_len: int
+    kv_heads: int
+    padded_len_kv: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.padded_len_kv // KV_BLOCK)
+
+    @property
+    def q_size(self) -> int:
+        return self.batch * self.heads * self.padded_len
+
+    @property
+    def kv_size(self) -> int:
+        return self.batch * self.kv_heads * self.blocks
+
+    @property
+    def size(self) -> int:
+        return self.q_size + 4 * self.kv_size
+
+    def views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q (batch, heads, padded_len), then k, log2 v, 1 / v, v (batch, kv_heads, blocks))."""
+        if buffer.numel() != self.size:
+            raise ValueError(f"packed scales of {buffer.numel()} values, this layout has "
+                             f"{self.size}")
+        q = buffer[:self.q_size].view(self.batch, self.heads, self.padded_len)
+        kv = buffer[self.q_size:].view(4, self.batch, self.kv_heads, self.blocks)
+        return (q, *kv.unbind(0))
 
 
 def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

@@ -1,16 +1,19 @@
 """FP8 input preparation shared by every family: quantize, lay out V, pad, permute keys.
 
-q, k, v arrive as bf16/fp16 (batch, seq_len, heads, head_dim). Each (batch, head) slice of each
-tensor gets its own scale from its amax, so one outlier head does not crush the resolution of the
-others: x_fp8 = round_e4m3(x * 448 / amax), descale = amax / 448. The kernels fold the descales
-into two scalars per head: qk_scale = dq * dk * softmax_scale before the softmax, and dv / 256
-(the 256 undoes the scaling of P before it is rounded to e4m3) in the epilogue.
+q, k, v arrive as bf16/fp16 (batch, seq_len, heads, head_dim). They get block scales
+(variants/block_scales.py): q one per token and head, k and v one per 64 keys of a KV head, each
+decided by the block it scales, so every input is read once and one outlier token or block does
+not crush the resolution of the rest: x_fp8 = round_e4m3(x * 448 / amax), descale = amax / 448.
+The kernels fold them into the softmax (Q's and K's into the exponent's factor, V's as log2 sv
+in the exponent and 1 / sv in the row sum), so the epilogue has no descale left. The scales
+travel packed in one fp32 buffer (block_scales.PackedLayout), the kernels' one pointer.
 
 V is stored feature-major, (batch, heads, head_dim, padded_len), so the P @ V GEMM reads it with
 keys contiguous (K-major B operand) without a transpose in the kernel. For the register-P trick of
 the seed kernel, the key order inside every 16-key group is permuted once here, so that the
 accumulator fragment of S can be reused as the A fragment of P @ V without crossing lanes.
-On a GPU the fused cast (variants/quantize_kernel.py) writes that layout and order itself.
+On a GPU one launch (variants/block_quantize_kernel.py) quantizes all three inputs and writes
+that layout and order itself.
 A kernel that transposes V itself (wgmma with v_layout=kernel) asks for the natural layout
 instead, (batch, padded_len, heads, head_dim) like K, and applies any key order in shared memory.
 """
@@ -24,16 +27,12 @@ import torch
 
 from variants import block_scales
 from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from variants.block_scales import BlockScales
+from variants.block_scales import BlockScales, PackedLayout
 from variants.errors import TunerError
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 
 __all__ = ["Fp8Inputs", "check_qkv", "inverse_key_order", "key_slot", "quantize_inputs",
            "register_p_key_order", "round_up"]
-
-# The format's constants live with the formula (variants/block_scales.py).
-E4M3_MAX, DESCALE_PER_AMAX, TINY_AMAX = (block_scales.E4M3_MAX, block_scales.DESCALE_PER_AMAX,
-                                         block_scales.TINY_AMAX)
 
 
 @dataclass
@@ -269,33 +268,6 @@ def _inverse_key_order_on(length: int, device: torch.device) -> torch.Tensor:
     return inverse_key_order(length).to(device)
 
 
-def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (batch, seq, heads, dim) -> (scale broadcastable to x, descale (batch, heads))."""
-    # max |x| in one read (the inf-norm), without an |x| temporary.
-    amax = torch.linalg.vector_norm(x, float("inf"), dim=(1, 3)).float()
-    amax = amax.clamp_min(TINY_AMAX)  # (batch, heads)
-    scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448): what torch's 448 / amax is
-    return scale[:, None, :, None], amax * DESCALE_PER_AMAX
-
-
-def _quantize(x: torch.Tensor, scale: torch.Tensor, padded: int, *, feature_major: bool = False,
-              permute_keys: bool = False) -> torch.Tensor:
-    """e4m3(x * scale) padded with zero keys up to `padded`, in torch ops: (batch, padded, heads,
-    head_dim), or with feature_major (batch, heads, head_dim, padded), keys contiguous and, with
-    permute_keys, in register_p_key_order.
-
-    The path where the GPU kernels of variants/quantize_kernel.py do not apply (no GPU, no CuTe
-    DSL, a strided input), with the same arithmetic: the product is fp32 (x promoted by the fp32
-    scale, no separate fp32 copy of x) and clamped (rounding can land a hair above 448, and e4m3fn
-    has no Inf); the cast happens in the copy into the padded output, so padding costs no extra
-    pass; a feature-major output is then a transposing (and permuting) copy of that."""
-    batch, seq_len, heads, head_dim = x.shape
-    natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
-                          device=x.device)
-    natural[:, :seq_len].copy_(torch.mul(x, scale).clamp_(-E4M3_MAX, E4M3_MAX))
-    return _lay_out(natural, seq_len, feature_major=feature_major, permute_keys=permute_keys)
-
-
 def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
              permute_keys: bool) -> torch.Tensor:
     """Codes (batch, padded, heads, head_dim) with rows < seq_len written: zero the padding, then
@@ -315,25 +287,21 @@ def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
 
 
 @dataclass(frozen=True)
-class _QuantKernels:
-    """prepare's launchers of variants/quantize_kernel.py for one set of inputs: amax(q), then
-    cast(q) + amax(k), cast(k) + amax(v) (cast_then_amax), then V's cast; the FP8 entry point
-    uses only the casts (cast_qk for q and k, which need no amax)."""
+class _LayoutCasts:
+    """The FP8 entry point's launchers of variants/quantize_kernel.py: codes copied as they are
+    (no scale) into the layouts the kernel reads, q's and k's token-major, v's as asked."""
 
-    amax: object | None
-    cast_then_amax: object | None
-    cast_qk: object | None
+    cast_qk: object
     cast_v: object
 
 
-def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
-                 padded_kv: int, *, v_feature_major: bool, permute_keys: bool,
-                 rescale: bool = True):
-    """The launchers of variants/quantize_kernel.py for these inputs (_QuantKernels), or None
-    where they do not apply: contiguous, 16-byte aligned CUDA tensors of one dtype with 32-bit
-    offsets into the padded outputs. Inside a CUDA-graph capture they are used only if compiled
-    already (compiling loads a module, which a capture must not see); the torch path gives the
-    same codes. Feature-major V also needs padded_kv % 8 == 0 (8 keys per store)."""
+def _layout_casts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
+                  padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
+    """_LayoutCasts for these e4m3 inputs, or None where they do not apply: contiguous, 16-byte
+    aligned CUDA tensors with 32-bit offsets into the padded outputs. Inside a CUDA-graph capture
+    they are used only if compiled already (compiling loads a module, which a capture must not
+    see); the torch path gives the same codes. Feature-major V also needs padded_kv % 8 == 0
+    (8 keys per store)."""
     if not (q.is_cuda and q.shape[-1] % 8 == 0):
         return None
     for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
@@ -351,82 +319,63 @@ def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
     args = (q.dtype, q.shape[-1], q.device)
     now = not _capturing()
     cast_v = quantize_kernel.compiled("cast", *args, feature_major=v_feature_major,
-                                      permute_keys=permute_keys, rescale=rescale,
-                                      compile_now=now)
-    if not rescale:
-        cast_qk = quantize_kernel.compiled("cast", *args, rescale=False, compile_now=now)
-        if cast_qk is None or cast_v is None:
-            return None
-        return _QuantKernels(None, None, cast_qk, cast_v)
-    # The amax's chunks per CTA follow its input's size: q's for amax(q), k's (= v's) for the
-    # amax in the fused launches.
-    q_per_cta, kv_per_cta = (
-        quantize_kernel.amax_chunks_per_cta(x.shape[0], x.shape[2], x.shape[1], x.shape[3],
-                                            x.device) for x in (q, k))
-    amax = quantize_kernel.compiled("amax", *args, chunks_per_cta=q_per_cta, compile_now=now)
-    fused = quantize_kernel.compiled("cast_then_amax", *args, chunks_per_cta=kv_per_cta,
-                                     compile_now=now)
-    if amax is None or fused is None or cast_v is None:
+                                      permute_keys=permute_keys, rescale=False, compile_now=now)
+    cast_qk = quantize_kernel.compiled("cast", *args, rescale=False, compile_now=now)
+    if cast_qk is None or cast_v is None:
         return None
-    return _QuantKernels(amax, fused, None, cast_v)
+    return _LayoutCasts(cast_qk, cast_v)
 
 
-def _quantize_on_gpu(kernels: _QuantKernels, q, k, v, padded: int, padded_kv: int,
-                     v_feature_major: bool):
-    """codes of q, k, v and their descales (batch, heads, 3) by the GPU kernels, four launches:
-    amax(q); cast(q) + amax(k); cast(k) + amax(v); cast(v). Every cast's first CTAs read what
-    its input's amax read last, from L2. K's and V's casts write their descale for every query
-    head of their KV head's group."""
+def _block_quant_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
+                        padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
+    """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
+    where it does not apply: contiguous, 16-byte aligned CUDA tensors of one dtype with 32-bit
+    offsets into the padded outputs (and, for feature-major V, padded_kv % 8 == 0: 8 keys a
+    store). Inside a CUDA-graph capture only if compiled already (compiling loads a module,
+    which a capture must not see); the torch formula gives the same codes."""
+    if not q.is_cuda:
+        return None
+    for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
+        if x.numel() // x.shape[1] * rows >= 2**31:
+            return None
+    if v_feature_major and padded_kv % 8:
+        return None
+    for x in (q, k, v):
+        if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
+            return None
+    try:
+        from variants import block_quantize_kernel
+    except ImportError:  # no CuTe DSL in this environment: torch ops
+        return None
+    return block_quantize_kernel.compiled("quant", q.dtype, q.shape[-1], q.device,
+                                          v_feature_major=v_feature_major,
+                                          permute_keys=permute_keys,
+                                          compile_now=not _capturing())
+
+
+def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool):
+    """(codes of q, k, v in the kernel's layouts, packed scales): one launch, three outputs
+    and one scale buffer allocated (each allocation costs host time)."""
     from variants.launch import current_stream_handle
 
     batch, seq_len, heads, head_dim = q.shape
     _, seq_len_kv, kv_heads, _ = k.shape
-    group = heads // kv_heads
     device = q.device
-    stream = current_stream_handle(device)
-    # Few allocations (each ~3-7 us of host time): descale (batch, heads, 3) and the amax
-    # scratch (q's batch x heads, then k's and v's batch x kv_heads) share one, q's and k's
-    # codes another when they have one shape.
-    q_heads, kv_total = batch * heads, batch * kv_heads
-    scalars = torch.empty(3 * q_heads + q_heads + 2 * kv_total, dtype=torch.float32,
-                          device=device)
-    descale = scalars[:3 * q_heads].view(batch, heads, 3)
-    descale_at = scalars.data_ptr()
-    amax_at = descale_at + 4 * 3 * q_heads
-    _zero_on_stream(amax_at, q_heads + 2 * kv_total, stream)
-    slots = (amax_at, amax_at + 4 * q_heads, amax_at + 4 * (q_heads + kv_total))
-    natural = (batch, padded, heads, head_dim)
-    natural_kv = (batch, padded_kv, kv_heads, head_dim)
-    v_shape = (batch, kv_heads, head_dim, padded_kv) if v_feature_major else natural_kv
+    natural = (batch, layout.padded_len, heads, head_dim)
+    natural_kv = (batch, layout.padded_len_kv, kv_heads, head_dim)
+    v_shape = (batch, kv_heads, head_dim, layout.padded_len_kv) if v_feature_major \
+        else natural_kv
     if natural == natural_kv:
         q8, k8 = torch.empty((2, *natural), dtype=torch.float8_e4m3fn, device=device).unbind(0)
     else:
         q8, k8 = (torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
                   for shape in (natural, natural_kv))
-    outs = (q8, k8, torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device))
-    inputs = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-    kernels.amax(inputs[0], slots[0], batch, seq_len, heads, stream)
-    # cast q with amax k, then cast k with amax v: (length, padded, heads, replicas) of the cast.
-    casts = ((seq_len, padded, heads, 1), (seq_len_kv, padded_kv, kv_heads, group))
-    for index, (length, rows, cast_heads, replicas) in enumerate(casts):
-        kernels.cast_then_amax(inputs[index], slots[index], descale_at + 4 * index,
-                               outs[index].data_ptr(), inputs[index + 1], slots[index + 1],
-                               batch, length, rows, cast_heads, replicas, seq_len_kv, kv_heads,
-                               stream)
-    kernels.cast_v(inputs[2], slots[2], descale_at + 8, outs[2].data_ptr(), batch, seq_len_kv,
-                   padded_kv, kv_heads, group, stream)
-    return outs, descale
-
-
-def _zero_on_stream(address: int, count: int, stream: int) -> None:
-    """count 4-byte words at address = 0 on the stream by one driver memset: ~2 us of host time,
-    where torch.zeros costs ~11 us (an allocation and a fill kernel through the dispatcher) on
-    the H200's host, and the amax scratch is zeroed on every call."""
-    from cuda.bindings import driver
-
-    (err,) = driver.cuMemsetD32Async(address, 0, count, stream)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"zeroing prepare's amax scratch failed: {err}")
+    v8 = torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device)
+    packed = torch.empty(layout.size, dtype=torch.float32, device=device)
+    launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(), v8.data_ptr(),
+           packed.data_ptr(), batch, heads, kv_heads, seq_len, layout.padded_len, seq_len_kv,
+           layout.padded_len_kv, current_stream_handle(device))
+    return q8, k8, v8, packed
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -467,8 +416,17 @@ def quantize_inputs(
         raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
 
-    # Block scales: the torch formula (variants/block_scales.py) until the one-pass GPU kernel
-    # that replaces variants/quantize_kernel.py's per-head launches exists.
+    layout = PackedLayout(batch, heads, padded, k.shape[2], padded_kv)
+    launch = _block_quant_kernel(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
+                                 permute_keys=permute_keys)
+    if launch is not None:
+        q8, k8, v8, packed = _block_quantize_on_gpu(launch, q, k, v, layout, v_feature_major)
+        return Fp8Inputs(q=q8, k=k8, v=v8,
+                         scales=BlockScales.from_packed(packed, layout, seq_len, seq_len_kv),
+                         seq_len=seq_len, key_permuted=permute_keys,
+                         softmax_scale=float(softmax_scale), v_feature_major=v_feature_major,
+                         seq_len_kv=seq_len_kv, packed=packed)
+    # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
     codes, scales = block_scales.quantize(q, k, v)
     out = []
     for index, x8 in enumerate(codes):
@@ -517,15 +475,20 @@ def fp8_inputs(
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
-    scales = BlockScales.per_head(descales[0].expand(batch, heads),
-                                  *(d.expand(batch, kv_heads) for d in descales[1:]),
-                                  seq_len, seq_len_kv)
+    layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
+    packed = _expand_head_scales(descales, layout, seq_len, seq_len_kv)
+    if packed is not None:
+        scales = BlockScales.from_packed(packed, layout, seq_len, seq_len_kv)
+    else:  # no GPU kernel: the same values by torch ops (packed by Fp8Inputs)
+        scales = BlockScales.per_head(descales[0].expand(batch, heads),
+                                      *(d.expand(batch, kv_heads) for d in descales[1:]),
+                                      seq_len, seq_len_kv)
     as_is = padded == seq_len and padded_kv == seq_len_kv
     natural_v = as_is and not v_feature_major and v.is_contiguous()
     kernels = None
     if not (as_is and q.is_contiguous() and k.is_contiguous() and natural_v):
-        kernels = _gpu_kernels(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
-                               permute_keys=permute_keys, rescale=False)
+        kernels = _layout_casts(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
+                                permute_keys=permute_keys)
     out = []
     for index, x in enumerate((q, k, v)):
         is_v = index == 2
@@ -551,4 +514,31 @@ def fp8_inputs(
     q8, k8, v8 = out
     return Fp8Inputs(q=q8, k=k8, v=v8, scales=scales, seq_len=seq_len,
                      key_permuted=permute_keys, softmax_scale=float(softmax_scale),
-                     v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)
+                     v_feature_major=v_feature_major, seq_len_kv=seq_len_kv, packed=packed)
+
+
+def _expand_head_scales(descales, layout: PackedLayout, seq_len: int, seq_len_kv: int):
+    """The packed block scales of per-(batch, head) descales by one GPU launch
+    (block_quantize_kernel.ExpandHeadScales: each descale read through its broadcast strides,
+    no copy), or None where it does not apply (descales off the GPU, no CuTe DSL, inside a
+    CUDA-graph capture before it compiled)."""
+    if not all(d.is_cuda for d in descales):
+        return None
+    try:
+        from variants import block_quantize_kernel
+        from variants.launch import current_stream_handle
+    except ImportError:
+        return None
+    device = descales[0].device
+    launch = block_quantize_kernel.compiled("expand", torch.float32, 0, device,
+                                            compile_now=not _capturing())
+    if launch is None:
+        return None
+    dq = descales[0].expand(layout.batch, layout.heads)
+    dk, dv = (d.expand(layout.batch, layout.kv_heads) for d in descales[1:])
+    packed = torch.empty(layout.size, dtype=torch.float32, device=device)
+    launch(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), packed.data_ptr(), layout.batch,
+           layout.heads, layout.kv_heads, seq_len, layout.padded_len, seq_len_kv,
+           layout.padded_len_kv, *dq.stride(), *dk.stride(), *dv.stride(),
+           current_stream_handle(device))
+    return packed

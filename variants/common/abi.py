@@ -76,12 +76,13 @@ def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tupl
 
 def block_scale_views(scales_ptr, batch, heads, padded_len, kv_heads, padded_len_kv) -> tuple:
     """The kernels' views of the packed block scales (variants/block_scales.py), in the order
-    prepare writes them behind one pointer: q's (batch, heads, padded_len) per token, then K's,
-    log2 of V's and 1 / V's, each (batch, kv_heads, padded_len_kv / 64) per 64-key block.
-    Called at trace time from a kernel's @cute.jit entry point."""
+    prepare writes them behind one pointer (block_scales.PackedLayout): q's (batch, heads,
+    padded_len) per token, then K's, log2 of V's and 1 / V's, each (batch, kv_heads,
+    ceil(padded_len_kv / 64)) per 64-key block (V's own descale follows; the kernels do not
+    read it). Called at trace time from a kernel's @cute.jit entry point."""
     import cutlass.cute as cute
 
-    blocks = padded_len_kv // 64
+    blocks = (padded_len_kv + 63) // 64
     q_size = batch * heads * padded_len
     kv_size = batch * kv_heads * blocks
     m_q = cute.make_tensor(

@@ -83,6 +83,30 @@ def test_a_prepare_bug_is_named():
     assert "softmax_scale" in prepare_mismatch(scaled, ref_in)
 
 
+_OFF = 1.001  # a value 0.1% off
+
+
+@pytest.mark.parametrize(("part", "index", "new", "words"), [
+    (0, (1, 2, 5), _OFF, "packed q descale"),  # a row's scale as the kernel reads it
+    (1, (0, 1, 0), _OFF, "packed k descale"),
+    (2, (1, 0, 1), _OFF, "packed log2"),  # V's log2 in the exponent
+    (3, (0, 2, 0), _OFF, "packed 1 / v descale"),  # V's inverse in the row sum
+    (2, (0, 0, 2), "0.5", "past the real length"),  # block 2 holds no key: its log2 must be 0
+])
+def test_a_wrong_value_in_the_kernels_packed_scales_is_named(part, index, new, words):
+    """The kernels read the packed buffer, not BlockScales: a value wrong only there fails."""
+    from variants.block_scales import PackedLayout
+
+    q, k, v = rand_qkv(77)
+    prepared = quantize_inputs(q, k, v, pad_to=192)  # 77 keys: blocks 0, 1 real, 2 padding
+    packed = prepared.packed.clone()
+    target = PackedLayout(2, 3, 192, 3, 192).views(packed)[part]
+    target[index] = target[index] * new if new == _OFF else float(new)
+    ref_in = quantize_reference(q, k, v)
+    bad = prepare_mismatch(dataclasses.replace(prepared, packed=packed), ref_in)
+    assert bad is not None and words in bad, bad
+
+
 def test_seq_len_one_attends_to_itself():
     ref_in = quantize_reference(*rand_qkv(1))
     torch.testing.assert_close(reference_attention(ref_in).out, ref_in.dequantized()[2])

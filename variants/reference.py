@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from variants.block_scales import KV_BLOCK, BlockScales
+from variants.block_scales import KV_BLOCK, BlockScales, PackedLayout
 
 E4M3_MAX = 448.0
 DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), the rounding prepare uses
@@ -204,6 +204,9 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
         problem = _first_mismatch(f"{name} descale", got.float(), want, dims)
         if problem:
             return f"prepare: {problem}"
+    problem = _packed_mismatch(prepared)
+    if problem:
+        return f"prepare: {problem}"
     got = prepared.dequantized()
     for name, g, want in zip("qkv", got, ref.dequantized(), strict=True):
         if g.shape != want.shape:
@@ -218,6 +221,38 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
         if pad.numel() and bool((pad != 0).any()):
             return (f"prepare: {name}'s padding past seq_len {seq_len} is not zero "
                     f"({int((pad != 0).sum())} nonzero codes)")
+    return None
+
+
+def _packed_mismatch(prepared) -> str | None:
+    """What the kernels read (the packed buffer) against the descales just checked: the same
+    values, V's inverse exact and its log2 within 2 ulp (torch's log2f and the DSL's may round
+    apart), padding neutral (1; log2 0)."""
+    (batch, padded, heads, _), (_, padded_kv, kv_heads, _) = prepared.q.shape, prepared.k.shape
+    layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
+    if prepared.packed.numel() != layout.size:
+        return (f"the packed scales hold {prepared.packed.numel()} values, the layout "
+                f"{layout.size}")
+    q, k, log2_v, inv_v, v = layout.views(prepared.packed)
+    s, blocks = prepared.seq_len, prepared.scales.k.shape[-1]
+    sv = prepared.scales.v
+    for name, got, want in (("q descale", q[..., :s], prepared.scales.q),
+                            ("k descale", k[..., :blocks], prepared.scales.k),
+                            ("v descale", v[..., :blocks], sv),
+                            ("1 / v descale", inv_v[..., :blocks], sv.reciprocal())):
+        problem = _first_mismatch(f"packed {name}", got, want, "batch head index")
+        if problem:
+            return problem
+    log2_sv = sv.log2()
+    far = ~((log2_v[..., :blocks] - log2_sv).abs() <= 2.5e-7 * log2_sv.abs().clamp_min(1.0))
+    if bool(far.any()):
+        return f"packed log2 of v's descale is off at {int(far.sum())} blocks"
+    for name, part, neutral in (("q", q[..., s:], 1.0), ("k", k[..., blocks:], 1.0),
+                                ("log2 v", log2_v[..., blocks:], 0.0),
+                                ("1 / v", inv_v[..., blocks:], 1.0),
+                                ("v", v[..., blocks:], 1.0)):
+        if bool((part != neutral).any()):
+            return f"packed {name} scales past the real length are not {neutral} (padding)"
     return None
 
 

@@ -103,6 +103,43 @@ def test_fp8_descales_follow_each_tensors_own_heads():
         check_fp8_qkv(q, _fp8((2, 50, 12, 128)), _fp8((2, 50, 12, 128)), (one, one, one))
 
 
+def test_fp8_descales_may_be_per_token_and_per_64_keys():
+    """The fine granularity (prepare's own): q's (batch, seq_len, heads), k's and v's (batch,
+    ceil(seq_len_kv / 64), kv_heads), each tensor free to choose; a 3-dim descale of another
+    shape is named with both forms."""
+    q, k, v = _fp8((2, 64, 32, 128)), _fp8((2, 130, 8, 128)), _fp8((2, 130, 8, 128))
+    per_token = torch.ones(2, 64, 32, dtype=torch.float32, device="meta")
+    per_block = torch.ones(2, 3, 8, dtype=torch.float32, device="meta")  # 130 keys: 3 blocks
+    per_kv = torch.ones(2, 8, dtype=torch.float32, device="meta")
+    check_fp8_qkv(q, k, v, (per_token, per_block, per_block))
+    check_fp8_qkv(q, k, v, (per_token, per_kv, per_block))
+    with pytest.raises(TunerError, match=r"k_descale has shape \(2, 2, 8\); a 3-dim descale is "
+                       r"\(batch, ceil\(seq_len_kv / 64\), kv_heads\) one per 64 keys = "
+                       r"\(2, 3, 8\)"):
+        check_fp8_qkv(q, k, v, (per_token, per_block[:, :2], per_block))
+    with pytest.raises(TunerError, match=r"q_descale has shape \(2, 32, 64\); a 3-dim"):
+        check_fp8_qkv(q, k, v, (per_token.transpose(1, 2), per_block, per_block))
+
+
+def test_fp8_inputs_take_each_granularity_as_its_block_scales():
+    """On the CPU (the torch path): per-token q, per-head k, per-block v become the block
+    scales they state, padding neutral."""
+    from variants.prepare import fp8_inputs
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 70, 4, 64, generator=g).to(torch.float8_e4m3fn)
+    k, v = (torch.randn(1, 100, 2, 64, generator=g).to(torch.float8_e4m3fn) for _ in range(2))
+    dq = torch.rand(1, 70, 4, generator=g) + 0.1
+    dk = torch.rand(1, 2, generator=g) + 0.1
+    dv = torch.rand(1, 2, 2, generator=g) + 0.1  # 100 keys: 2 blocks
+    prepared = fp8_inputs(q, k, v, (dq, dk, dv), pad_to=64)
+    assert torch.equal(prepared.scales.q, dq.permute(0, 2, 1))
+    assert torch.equal(prepared.scales.k, dk[..., None].expand(1, 2, 2))
+    assert torch.equal(prepared.scales.v, dv.permute(0, 2, 1))
+    _, _, v_back = prepared.dequantized()
+    assert torch.equal(v_back, v.float() * dv.repeat_interleave(64, dim=1)[:, :100, :, None])
+
+
 @pytest.mark.parametrize("peer", ["sdpa-cudnn", "sdpa-flash", "cudnn-fp8"])
 def test_peers_refuse_a_causal_mask_they_would_align_otherwise(peer):
     """These peers' causal masks are top-left aligned: at different lengths it is another

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tuner.problem import Problem
+from variants import block_quantize_kernel, layout_kernel
 from variants.common.abi import slots
 from variants.launch import FastLaunch
-from variants.quantize_kernel import compile_kernel
 
 pytestmark = pytest.mark.compile
 
@@ -44,13 +44,15 @@ def _values(launcher: FastLaunch, seed: int) -> tuple:
     return tuple(values)
 
 
-@pytest.mark.parametrize("name, feature_major, permute_keys, rescale", [
-    ("amax", False, False, True), ("cast", False, False, True), ("cast", True, True, True),
-    ("cast", True, False, False), ("cast_then_amax", False, False, True)])
-def test_quantize_kernel_cells_match_the_dsl(name, feature_major, permute_keys, rescale):
-    dtype = torch.float8_e4m3fn if not rescale else torch.bfloat16
-    fn, kernel_slots = compile_kernel(name, dtype, 128, "sm_90a", feature_major, permute_keys,
-                                      rescale)
+@pytest.mark.parametrize("build", [
+    lambda: layout_kernel.compile_kernel(128, "sm_90a"),
+    lambda: layout_kernel.compile_kernel(128, "sm_90a", True, True),
+    lambda: block_quantize_kernel.compile_kernel("quant", torch.bfloat16, 128, "sm_90a"),
+    lambda: block_quantize_kernel.compile_kernel("quant", torch.float16, 64, "sm_90a", False),
+    lambda: block_quantize_kernel.compile_kernel("expand", torch.float32, 0, "sm_90a"),
+], ids=["layout", "layout-feature-major", "block-quant", "block-quant-natural-v", "expand"])
+def test_prepare_kernel_cells_match_the_dsl(build):
+    fn, kernel_slots = build()
     launcher = FastLaunch(fn, kernel_slots)
     for seed in (1, 2):  # the second fill overwrites the first in place
         dsl, ours = _marshalled_bytes(fn, launcher, _values(launcher, seed))
@@ -84,7 +86,7 @@ def _executor_of():
 def test_direct_path_packs_what_the_executor_packs(monkeypatch):
     from variants import launch
 
-    fn, kernel_slots = compile_kernel("amax", torch.bfloat16, 128, "sm_90a")
+    fn, kernel_slots = layout_kernel.compile_kernel(128, "sm_90a")
     launcher = FastLaunch(fn, kernel_slots)
     executor = _executor_of()
     monkeypatch.setattr(fn, "_default_executor", executor, raising=False)
@@ -100,7 +102,7 @@ def test_direct_path_fills_the_cells_and_reports_a_failed_launch(monkeypatch):
     """The stub called with the packed array after the cells hold this launch's values; a CUDA
     error the stub writes into the result cell raises instead of passing silently."""
 
-    fn, kernel_slots = compile_kernel("amax", torch.bfloat16, 128, "sm_90a")
+    fn, kernel_slots = layout_kernel.compile_kernel(128, "sm_90a")
     launcher = FastLaunch(fn, kernel_slots)
     result = ctypes.c_int32(0)
     seen = []

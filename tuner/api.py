@@ -99,8 +99,13 @@ def attention_fp8(
 ):
     """Attention over inputs that are FP8 already: q float8_e4m3fn (batch, seq_len, heads,
     head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA, contiguous, with fp32
-    descales: q_descale of shape (batch, heads), k_descale and v_descale (batch, kv_heads) (one
-    per tensor broadcasts), so that x ~= x_code * x_descale[b, h] for each tensor's own head h;
+    descales in either of two granularities, chosen per tensor:
+      per head: q_descale of shape (batch, heads), k_descale and v_descale (batch, kv_heads)
+        (one per tensor broadcasts), x ~= x_code * x_descale[b, h] for each tensor's own head h;
+      fine (what tuner.attention's own quantization uses): q_descale (batch, seq_len, heads),
+        one per token, x ~= q_code[b, s, h] * q_descale[b, s, h]; k_descale and v_descale
+        (batch, ceil(seq_len_kv / 64), kv_heads), one per 64 keys, x ~= code[b, s, h] *
+        descale[b, s // 64, h].
     causal and the shapes k and v may take as in tuner.attention. Nothing is quantized: q and k
     are read where they are when seq_len is a multiple of the config's tile, else copied once
     zero-padded; V too for a config that reads it in this layout (wgmma v_layout=kernel), else

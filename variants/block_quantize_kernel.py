@@ -25,8 +25,8 @@ The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views):
 V's, 1 / V's and V's descale. Padding rows and blocks get the neutral 1 (log2: 0), as
 BlockScales.packed writes them.
 
-ExpandHeadScales writes that buffer from per-(batch, head) descales (the FP8 entry point's), one
-thread per value.
+ExpandScales writes that buffer from the FP8 entry point's descales (per head, per token of q,
+per 64-key block of k and v), one thread per value.
 """
 
 from __future__ import annotations
@@ -278,33 +278,37 @@ class BlockQuant:
                 cute.make_tensor(out_ptr + at, cute.make_layout(ROWS)).store(src.load())
 
 
-class ExpandHeadScales:
-    """The packed block scales from per-(batch, head) descales, one thread per value: q's
-    descale dq[b, h] for every row below seq_len (1 past it); per 64-key block below seq_len_kv
-    dk, log2 dv, 1 / dv and dv of the KV head (1, 0, 1, 1 past it). Each descale tensor is read
-    through its own (batch, head) strides, so a broadcast (stride 0) costs no copy."""
+class ExpandScales:
+    """The packed block scales from a caller's descales (the FP8 entry point's), one thread per
+    value: q's descale of every row below seq_len (1 past it); per 64-key block below
+    seq_len_kv k's, log2 of v's, 1 / v's and v's (1, 0, 1, 1 past it). Each descale tensor is
+    read through its own (batch, row or block, head) strides, so one kernel serves per-head
+    descales (row and block stride 0: a broadcast costs no copy) and per-token / per-block
+    ones alike."""
 
     def slots(self):
         f32 = pointer("Float32", 4)
-        return (f32, f32, f32, f32, *(scalar("Int32"),) * 13, STREAM)
+        return (f32, f32, f32, f32, *(scalar("Int32"),) * 16, STREAM)
 
     def compile_args(self):
         from cutlass.cute.runtime import make_fake_stream, make_ptr
 
         f32 = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
-        return (f32, f32, f32, f32, *(cutlass.Int32(1),) * 13, make_fake_stream())
+        return (f32, f32, f32, f32, *(cutlass.Int32(1),) * 16, make_fake_stream())
 
     @cute.jit
     def __call__(self, dq_ptr: cute.Pointer, dk_ptr: cute.Pointer, dv_ptr: cute.Pointer,
                  scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
                  kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
                  seq_len_kv: cutlass.Int32, padded_kv: cutlass.Int32, q_sb: cutlass.Int32,
-                 q_sh: cutlass.Int32, k_sb: cutlass.Int32, k_sh: cutlass.Int32,
-                 v_sb: cutlass.Int32, v_sh: cutlass.Int32, stream: cuda.CUstream):
+                 q_sr: cutlass.Int32, q_sh: cutlass.Int32, k_sb: cutlass.Int32,
+                 k_sr: cutlass.Int32, k_sh: cutlass.Int32, v_sb: cutlass.Int32,
+                 v_sr: cutlass.Int32, v_sh: cutlass.Int32, stream: cuda.CUstream):
         blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
         total = batch * heads * padded + 4 * batch * kv_heads * blocks
         self.kernel(dq_ptr, dk_ptr, dv_ptr, scales_ptr, batch, heads, kv_heads, seq_len, padded,
-                    seq_len_kv, blocks, q_sb, q_sh, k_sb, k_sh, v_sb, v_sh, total).launch(
+                    seq_len_kv, blocks, q_sb, q_sr, q_sh, k_sb, k_sr, k_sh, v_sb, v_sr, v_sh,
+                    total).launch(
             grid=[(total + EXPAND_THREADS - 1) // EXPAND_THREADS, 1, 1],
             block=[EXPAND_THREADS, 1, 1], stream=stream)
 
@@ -313,8 +317,9 @@ class ExpandHeadScales:
                scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
                kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
                seq_len_kv: cutlass.Int32, blocks: cutlass.Int32, q_sb: cutlass.Int32,
-               q_sh: cutlass.Int32, k_sb: cutlass.Int32, k_sh: cutlass.Int32,
-               v_sb: cutlass.Int32, v_sh: cutlass.Int32, total: cutlass.Int32):
+               q_sr: cutlass.Int32, q_sh: cutlass.Int32, k_sb: cutlass.Int32,
+               k_sr: cutlass.Int32, k_sh: cutlass.Int32, v_sb: cutlass.Int32,
+               v_sr: cutlass.Int32, v_sh: cutlass.Int32, total: cutlass.Int32):
         bidx, _, _ = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
         index = bidx * EXPAND_THREADS + tidx
@@ -325,20 +330,21 @@ class ExpandHeadScales:
             row = index % padded
             value = cutlass.Float32(1.0)
             if row < seq_len:
-                value = dq_ptr[(bh // heads) * q_sb + (bh % heads) * q_sh]
+                value = dq_ptr[(bh // heads) * q_sb + row * q_sr + (bh % heads) * q_sh]
             _put(scales_ptr + index, value)
         elif index < total:
             rest = index - q_size
             part = rest // kv_size  # 0: k, 1: log2 v, 2: 1 / v, 3: v
             at = rest % kv_size
             bh = at // blocks
+            block = at % blocks
             b, h = bh // kv_heads, bh % kv_heads
             value = cutlass.Float32(1.0)
-            if (at % blocks) * KV_BLOCK < seq_len_kv:
+            if block * KV_BLOCK < seq_len_kv:
                 if part == 0:
-                    value = dk_ptr[b * k_sb + h * k_sh]
+                    value = dk_ptr[b * k_sb + block * k_sr + h * k_sh]
                 else:
-                    value = dv_ptr[b * v_sb + h * v_sh]
+                    value = dv_ptr[b * v_sb + block * v_sr + h * v_sh]
                     if part == 1:
                         value = cute.math.log2(value, fastmath=False)
                     elif part == 2:
@@ -357,7 +363,7 @@ def _put(ptr, value):
 
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool):
     if name == "expand":
-        return ExpandHeadScales()
+        return ExpandScales()
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys)
 
 
@@ -365,7 +371,7 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    v_feature_major: bool = True, permute_keys: bool = False, *,
                    keep_ptx_in: str | None = None):
     """(compiled function, its launch slots) of "quant" (BlockQuant) or "expand"
-    (ExpandHeadScales; dtype and head_dim unused) for `arch`, without a GPU; keep_ptx_in: a
+    (ExpandScales; dtype and head_dim unused) for `arch`, without a GPU; keep_ptx_in: a
     directory to leave the PTX in (the CPU tests read it)."""
     from variants.dsl_compile import compile_for_arch
 

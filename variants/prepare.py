@@ -27,7 +27,7 @@ import torch
 
 from variants import block_scales
 from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from variants.block_scales import BlockScales, PackedLayout
+from variants.block_scales import KV_BLOCK, BlockScales, PackedLayout
 from variants.errors import TunerError
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 
@@ -143,9 +143,11 @@ def check_qkv(
 
 def check_fp8_qkv(q, k, v, descales) -> None:
     """The FP8 entry point's boundary: e4m3 q (batch, seq_len, heads, head_dim), k and v (batch,
-    seq_len_kv, kv_heads, head_dim), and fp32 descales broadcastable to (batch, heads) for q and
-    (batch, kv_heads) for k and v (each tensor's own heads); every message names the problem
-    and the fix."""
+    seq_len_kv, kv_heads, head_dim), and fp32 descales in one of two granularities each: per
+    head, broadcastable to (batch, heads) for q and (batch, kv_heads) for k and v (each tensor's
+    own heads; one per tensor broadcasts too), or fine, as prepare's block scales: q's (batch,
+    seq_len, heads) one per token, k's and v's (batch, ceil(seq_len_kv / 64), kv_heads) one per
+    64 keys. Every message names the problem and the fix."""
     _check_tensors(q, k, v, require_cuda=True)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float8_e4m3fn:
@@ -156,18 +158,28 @@ def check_fp8_qkv(q, k, v, descales) -> None:
     for index, (name, d) in enumerate(zip(("q_descale", "k_descale", "v_descale"), descales,
                                           strict=True)):
         x = (q, k, v)[index]
-        batch, heads = x.shape[0], x.shape[2]
+        batch, length, heads = x.shape[:3]
         which = "kv_heads" if index else "heads"
+        fine = (batch, length, heads) if index == 0 else (batch, -(-length // KV_BLOCK), heads)
+        fine_words = ("(batch, seq_len, heads) one per token" if index == 0 else
+                      f"(batch, ceil(seq_len_kv / {KV_BLOCK}), kv_heads) one per {KV_BLOCK} keys")
         if not isinstance(d, torch.Tensor) or d.dtype != torch.float32:
             raise TunerError(f"{name} must be a float32 tensor of shape (batch, {which}) = "
-                             f"({batch}, {heads}) or broadcastable to it (one per tensor), got "
+                             f"({batch}, {heads}) or broadcastable to it (one per tensor), or "
+                             f"{fine_words} = {fine}, got "
                              f"{getattr(d, 'dtype', type(d).__name__)}")
-        try:
-            torch.broadcast_shapes(tuple(d.shape), (batch, heads))
-        except RuntimeError:
-            raise TunerError(f"{name} has shape {tuple(d.shape)}; it must broadcast to (batch, "
-                             f"{which}) = ({batch}, {heads}): one descale per (batch, head) of "
-                             f"{name[0]}, or one per tensor") from None
+        if d.dim() == 3:
+            if tuple(d.shape) != fine:
+                raise TunerError(f"{name} has shape {tuple(d.shape)}; a 3-dim descale is "
+                                 f"{fine_words} = {fine} (per head: a 2-dim (batch, {which}))")
+        else:
+            try:
+                torch.broadcast_shapes(tuple(d.shape), (batch, heads))
+            except RuntimeError:
+                raise TunerError(f"{name} has shape {tuple(d.shape)}; it must broadcast to "
+                                 f"(batch, {which}) = ({batch}, {heads}): one descale per "
+                                 f"(batch, head) of {name[0]}, or one per tensor; or be "
+                                 f"{fine_words} = {fine}") from None
         if d.device != q.device:
             raise TunerError(f"{name} is on {d.device}, q on {q.device}: move it with "
                              f".to({str(q.device)!r})")
@@ -287,17 +299,17 @@ def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
 
 
 @dataclass(frozen=True)
-class _LayoutCasts:
-    """The FP8 entry point's launchers of variants/quantize_kernel.py: codes copied as they are
-    (no scale) into the layouts the kernel reads, q's and k's token-major, v's as asked."""
+class _LayoutCopies:
+    """The FP8 entry point's launchers of variants/layout_kernel.py: codes copied as they are
+    into the layouts the kernel reads, q's and k's token-major, v's as asked."""
 
-    cast_qk: object
-    cast_v: object
+    qk: object
+    v: object
 
 
-def _layout_casts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
-                  padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
-    """_LayoutCasts for these e4m3 inputs, or None where they do not apply: contiguous, 16-byte
+def _layout_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
+                   padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
+    """_LayoutCopies for these e4m3 inputs, or None where they do not apply: contiguous, 16-byte
     aligned CUDA tensors with 32-bit offsets into the padded outputs. Inside a CUDA-graph capture
     they are used only if compiled already (compiling loads a module, which a capture must not
     see); the torch path gives the same codes. Feature-major V also needs padded_kv % 8 == 0
@@ -307,23 +319,22 @@ def _layout_casts(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int
     for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
         if x.numel() // x.shape[1] * rows >= 2**31:
             return None
-    if v_feature_major and padded_kv % 8:  # the feature-major cast writes 8 keys per store
+    if v_feature_major and padded_kv % 8:  # the feature-major copy writes 8 keys per store
         return None
     for x in (q, k, v):
         if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
             return None
     try:
-        from variants import quantize_kernel
+        from variants import layout_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops
         return None
-    args = (q.dtype, q.shape[-1], q.device)
     now = not _capturing()
-    cast_v = quantize_kernel.compiled("cast", *args, feature_major=v_feature_major,
-                                      permute_keys=permute_keys, rescale=False, compile_now=now)
-    cast_qk = quantize_kernel.compiled("cast", *args, rescale=False, compile_now=now)
-    if cast_qk is None or cast_v is None:
+    copy_v = layout_kernel.compiled(q.shape[-1], q.device, feature_major=v_feature_major,
+                                    permute_keys=permute_keys, compile_now=now)
+    copy_qk = layout_kernel.compiled(q.shape[-1], q.device, compile_now=now)
+    if copy_qk is None or copy_v is None:
         return None
-    return _LayoutCasts(cast_qk, cast_v)
+    return _LayoutCopies(copy_qk, copy_v)
 
 
 def _block_quant_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
@@ -462,9 +473,9 @@ def fp8_inputs(
     softmax_scale: float | None = None,
     v_feature_major: bool = True,
 ) -> Fp8Inputs:
-    """Fp8Inputs from e4m3 codes the caller quantized (x ~= code * descale[b, h] with h the
-    tensor's own head: q's descale broadcast to (batch, heads), k's and v's to (batch,
-    kv_heads)), checked by check_fp8_qkv: no quantization, only the layout the kernel reads. q
+    """Fp8Inputs from e4m3 codes the caller quantized (x ~= code * descale, per head or per
+    token / 64-key block: check_fp8_qkv states both), checked by check_fp8_qkv: no
+    quantization, only the layout the kernel reads. q
     and k are used as they are when contiguous and their length is a multiple of pad_to (else
     copied, zero-padded); V likewise for a kernel that reads it in the natural layout, else
     re-laid out feature-major (and key-permuted) in one pass over its codes."""
@@ -475,20 +486,19 @@ def fp8_inputs(
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
-    layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
-    packed = _expand_head_scales(descales, layout, seq_len, seq_len_kv)
+    scale_layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
+    views = _descale_views(descales, batch, heads, kv_heads, seq_len, seq_len_kv)
+    packed = _expand_scales(views, scale_layout, seq_len, seq_len_kv)
     if packed is not None:
-        scales = BlockScales.from_packed(packed, layout, seq_len, seq_len_kv)
+        scales = BlockScales.from_packed(packed, scale_layout, seq_len, seq_len_kv)
     else:  # no GPU kernel: the same values by torch ops (packed by Fp8Inputs)
-        scales = BlockScales.per_head(descales[0].expand(batch, heads),
-                                      *(d.expand(batch, kv_heads) for d in descales[1:]),
-                                      seq_len, seq_len_kv)
+        scales = BlockScales(*(d.permute(0, 2, 1).contiguous() for d in views))
     as_is = padded == seq_len and padded_kv == seq_len_kv
     natural_v = as_is and not v_feature_major and v.is_contiguous()
     kernels = None
     if not (as_is and q.is_contiguous() and k.is_contiguous() and natural_v):
-        kernels = _layout_casts(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
-                                permute_keys=permute_keys)
+        kernels = _layout_copies(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
+                                 permute_keys=permute_keys)
     out = []
     for index, x in enumerate((q, k, v)):
         is_v = index == 2
@@ -501,8 +511,8 @@ def fp8_inputs(
             layout = torch.empty((batch, x_heads, head_dim, rows) if feature_major
                                  else (batch, rows, x_heads, head_dim),
                                  dtype=torch.float8_e4m3fn, device=x.device)
-            cast = kernels.cast_v if is_v else kernels.cast_qk
-            cast(x.data_ptr(), 0, 0, layout.data_ptr(), batch, length, rows, x_heads, 1,
+            copy = kernels.v if is_v else kernels.qk
+            copy(x.data_ptr(), layout.data_ptr(), batch, length, rows, x_heads,
                  current_stream_handle(x.device))
             out.append(layout)
         else:
@@ -517,26 +527,35 @@ def fp8_inputs(
                      v_feature_major=v_feature_major, seq_len_kv=seq_len_kv, packed=packed)
 
 
-def _expand_head_scales(descales, layout: PackedLayout, seq_len: int, seq_len_kv: int):
-    """The packed block scales of per-(batch, head) descales by one GPU launch
-    (block_quantize_kernel.ExpandHeadScales: each descale read through its broadcast strides,
-    no copy), or None where it does not apply (descales off the GPU, no CuTe DSL, inside a
-    CUDA-graph capture before it compiled)."""
-    if not all(d.is_cuda for d in descales):
+def _descale_views(descales, batch: int, heads: int, kv_heads: int, seq_len: int,
+                   seq_len_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The caller's descales as q's (batch, seq_len, heads) and k's and v's (batch, blocks,
+    kv_heads) views, a per-head descale broadcast (stride 0) over rows or blocks: no copy."""
+    blocks = -(-seq_len_kv // KV_BLOCK)
+    shapes = ((seq_len, heads), (blocks, kv_heads), (blocks, kv_heads))
+    return tuple(d if d.dim() == 3 else d.expand(batch, h)[:, None, :].expand(batch, n, h)
+                 for d, (n, h) in zip(descales, shapes, strict=True))
+
+
+def _expand_scales(views, layout: PackedLayout, seq_len: int, seq_len_kv: int):
+    """The packed block scales of the caller's descales by one GPU launch
+    (block_quantize_kernel.ExpandScales: each read through its strides), or None where it does
+    not apply (descales off the GPU, no CuTe DSL, inside a CUDA-graph capture before it
+    compiled)."""
+    if not all(d.is_cuda for d in views):
         return None
     try:
         from variants import block_quantize_kernel
         from variants.launch import current_stream_handle
     except ImportError:
         return None
-    device = descales[0].device
+    device = views[0].device
     launch = block_quantize_kernel.compiled("expand", torch.float32, 0, device,
                                             compile_now=not _capturing())
     if launch is None:
         return None
-    dq = descales[0].expand(layout.batch, layout.heads)
-    dk, dv = (d.expand(layout.batch, layout.kv_heads) for d in descales[1:])
     packed = torch.empty(layout.size, dtype=torch.float32, device=device)
+    dq, dk, dv = views
     launch(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), packed.data_ptr(), layout.batch,
            layout.heads, layout.kv_heads, seq_len, layout.padded_len, seq_len_kv,
            layout.padded_len_kv, *dq.stride(), *dk.stride(), *dv.stride(),

@@ -111,6 +111,11 @@ class ReferenceInputs:
     def group(self) -> int:
         return self.q.shape[2] // self.k.shape[2]
 
+    def entry_descales(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The descales as tuner.attention_fp8 takes them at the fine granularity: q's (batch,
+        seq_len, heads), k's and v's (batch, blocks of 64 keys, kv_heads)."""
+        return tuple(d.permute(0, 2, 1) for d in (self.scales.q, self.scales.k, self.scales.v))
+
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """fp32 q, k, v in their own shapes: q's scale per token, k's and v's per 64 keys."""
         skv = self.seq_len_kv

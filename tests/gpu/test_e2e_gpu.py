@@ -10,7 +10,7 @@ import tuner
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from variants import load_family, quantize_kernel
+from variants import block_quantize_kernel, load_family
 from variants.common.abi import launch_values
 from variants.reference import quantize_reference
 
@@ -55,14 +55,14 @@ def test_fast_launch_gives_the_bits_of_the_dsl_call(cfg):
     again = kernel.prepare(q, k, v)  # the quantize kernels' second launch: the fast path
     assert torch.equal(prepared.q.view(torch.uint8), again.q.view(torch.uint8))
     assert torch.equal(prepared.v.view(torch.uint8), again.v.view(torch.uint8))
-    assert torch.equal(prepared.descale, again.descale)
+    assert torch.equal(prepared.packed, again.packed)
     kernel.run(prepared)  # first launch: through the DSL's checked call
     fast, fast_lse = kernel.run(prepared)
     launcher, extra = kernel._launcher(q.device)
     # The launches after the first call the host stub directly (variants/launch.py), this
     # DSL version's executor exposing what that needs: the bits below are that path's.
     assert launcher.direct
-    assert all(fl.direct for fl in quantize_kernel._COMPILED.values() if fl is not None
+    assert all(fl.direct for fl in block_quantize_kernel._COMPILED.values() if fl is not None
                and fl._checked)
     out = torch.full_like(fast, float("nan"))
     lse = torch.full_like(fast_lse, float("nan"))
@@ -80,9 +80,8 @@ def test_attention_fp8_gives_attentions_bits_on_the_same_codes(cfg, seq):
     cfg = _config(cfg, Problem(2, 4, seq, 128))
     ref = quantize_reference(q, k, v)
     want, want_lse = tuner.attention(q, k, v, config=cfg, return_lse=True)
-    d = ref.descale  # (batch, heads, 3)
-    got, got_lse = tuner.attention_fp8(ref.q, ref.k, ref.v, d[..., 0], d[..., 1], d[..., 2],
-                                       config=cfg, return_lse=True)
+    got, got_lse = tuner.attention_fp8(ref.q, ref.k, ref.v, *ref.entry_descales(), config=cfg,
+                                       return_lse=True)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 

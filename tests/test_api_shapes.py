@@ -119,6 +119,9 @@ def test_fp8_descales_may_be_per_token_and_per_64_keys():
         check_fp8_qkv(q, k, v, (per_token, per_block[:, :2], per_block))
     with pytest.raises(TunerError, match=r"q_descale has shape \(2, 32, 64\); a 3-dim"):
         check_fp8_qkv(q, k, v, (per_token.transpose(1, 2), per_block, per_block))
+    four = torch.ones(1, 1, 1, 1, dtype=torch.float32, device="meta")  # broadcasts, but how?
+    with pytest.raises(TunerError, match=r"v_descale has 4 dims \(shape \(1, 1, 1, 1\)\)"):
+        check_fp8_qkv(q, k, v, (per_token, per_block, four))
 
 
 def test_fp8_inputs_take_each_granularity_as_its_block_scales():
@@ -154,3 +157,16 @@ def test_peers_refuse_a_causal_mask_they_would_align_otherwise(peer):
     if peer.startswith("sdpa"):
         sdpa = make_peer(peer, Problem(1, 8, 100, 64, True, kv_heads=2))
         assert sdpa._causal and sdpa._gqa
+
+
+def test_a_zero_descale_is_an_all_zero_blocks_not_a_nan():
+    """A caller's descale of 0 (an all-zero tensor or block) becomes the quantization's own
+    all-zero scale (1e-12 / 448): 1 / sv and log2 sv stay finite, the kernels' softmax too."""
+    from variants.prepare import fp8_inputs
+
+    q = torch.zeros(1, 64, 2, 64).to(torch.float8_e4m3fn)
+    k = v = torch.zeros(1, 64, 2, 64).to(torch.float8_e4m3fn)
+    zero = torch.zeros(1, 2)
+    prepared = fp8_inputs(q, k, v, (zero, zero, torch.zeros(1, 1, 2)), pad_to=64)
+    assert bool(torch.isfinite(prepared.packed).all())
+    assert float(prepared.scales.v.min()) == pytest.approx(1e-12 / 448)

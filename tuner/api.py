@@ -106,6 +106,8 @@ def attention_fp8(
         one per token, x ~= q_code[b, s, h] * q_descale[b, s, h]; k_descale and v_descale
         (batch, ceil(seq_len_kv / 64), kv_heads), one per 64 keys, x ~= code[b, s, h] *
         descale[b, s // 64, h].
+    Descales are >= 0; one below an all-zero block's (2.2e-15, 0 included) is taken as that,
+    as tuner.attention's own quantization does (a 0 would make the folded softmax NaN).
     causal and the shapes k and v may take as in tuner.attention. Nothing is quantized: q and k
     are read where they are when seq_len is a multiple of the config's tile, else copied once
     zero-padded; V too for a config that reads it in this layout (wgmma v_layout=kernel), else

@@ -284,7 +284,8 @@ class ExpandScales:
     seq_len_kv k's, log2 of v's, 1 / v's and v's (1, 0, 1, 1 past it). Each descale tensor is
     read through its own (batch, row or block, head) strides, so one kernel serves per-head
     descales (row and block stride 0: a broadcast costs no copy) and per-token / per-block
-    ones alike."""
+    ones alike. A descale below an all-zero block's (TINY_AMAX / 448, 0 included) is raised to
+    it, as the quantization's own amax clamp does."""
 
     def slots(self):
         f32 = pointer("Float32", 4)
@@ -330,7 +331,8 @@ class ExpandScales:
             row = index % padded
             value = cutlass.Float32(1.0)
             if row < seq_len:
-                value = dq_ptr[(bh // heads) * q_sb + row * q_sr + (bh % heads) * q_sh]
+                value = _at_least_tiny(
+                    dq_ptr[(bh // heads) * q_sb + row * q_sr + (bh % heads) * q_sh])
             _put(scales_ptr + index, value)
         elif index < total:
             rest = index - q_size
@@ -342,9 +344,9 @@ class ExpandScales:
             value = cutlass.Float32(1.0)
             if block * KV_BLOCK < seq_len_kv:
                 if part == 0:
-                    value = dk_ptr[b * k_sb + block * k_sr + h * k_sh]
+                    value = _at_least_tiny(dk_ptr[b * k_sb + block * k_sr + h * k_sh])
                 else:
-                    value = dv_ptr[b * v_sb + block * v_sr + h * v_sh]
+                    value = _at_least_tiny(dv_ptr[b * v_sb + block * v_sr + h * v_sh])
                     if part == 1:
                         value = cute.math.log2(value, fastmath=False)
                     elif part == 2:
@@ -352,6 +354,14 @@ class ExpandScales:
             elif part == 1:
                 value = cutlass.Float32(0.0)
             _put(scales_ptr + index, value)
+
+
+@cute.jit
+def _at_least_tiny(descale):
+    """A caller's descale, at least the one of an all-zero block (TINY_AMAX / 448), NaN kept:
+    a descale of 0 would put 0 * inf (1 / sv) or -inf * 0 (a masked score times a zero
+    coefficient) into the softmax, NaN where all-zero inputs mean an output of 0."""
+    return cute.arch.fmax(descale, TINY_AMAX * DESCALE_PER_AMAX, nan=True)
 
 
 @cute.jit

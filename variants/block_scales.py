@@ -189,8 +189,9 @@ def folded_attention(q8, dq, k8, dk, v8, dv, *, softmax_scale: float, block_n: i
     (out (batch, seq, heads, dim), lse (batch, heads, seq), natural log). Causal is aligned to
     the bottom right; a row that sees no key gets 0 and -inf. Grouped KV heads: query head h
     reads KV head h // (heads // kv_heads)."""
-    if block_n % block:
-        raise ValueError(f"block_n={block_n} must be a multiple of the {block}-key scale block")
+    if block_n % block and block % block_n:
+        raise ValueError(f"block_n={block_n} must be a multiple of the {block}-key scale block "
+                         "or divide it")
     batch, seq, heads, dim = q8.shape
     seq_kv, kv_heads = k8.shape[1], k8.shape[2]
     group = heads // kv_heads

@@ -27,7 +27,7 @@ import torch
 
 from variants import block_scales
 from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
-from variants.block_scales import KV_BLOCK, BlockScales, PackedLayout
+from variants.block_scales import DESCALE_PER_AMAX, KV_BLOCK, TINY_AMAX, BlockScales, PackedLayout
 from variants.errors import TunerError
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 
@@ -168,6 +168,10 @@ def check_fp8_qkv(q, k, v, descales) -> None:
                              f"({batch}, {heads}) or broadcastable to it (one per tensor), or "
                              f"{fine_words} = {fine}, got "
                              f"{getattr(d, 'dtype', type(d).__name__)}")
+        if d.dim() > 3:
+            raise TunerError(f"{name} has {d.dim()} dims (shape {tuple(d.shape)}); per head it "
+                             f"is (batch, {which}) = ({batch}, {heads}) or broadcastable to it, "
+                             f"fine it is {fine_words} = {fine}")
         if d.dim() == 3:
             if tuple(d.shape) != fine:
                 raise TunerError(f"{name} has shape {tuple(d.shape)}; a 3-dim descale is "
@@ -492,7 +496,8 @@ def fp8_inputs(
     if packed is not None:
         scales = BlockScales.from_packed(packed, scale_layout, seq_len, seq_len_kv)
     else:  # no GPU kernel: the same values by torch ops (packed by Fp8Inputs)
-        scales = BlockScales(*(d.permute(0, 2, 1).contiguous() for d in views))
+        tiny = TINY_AMAX * DESCALE_PER_AMAX  # as ExpandScales: a zero descale would give NaN
+        scales = BlockScales(*(d.permute(0, 2, 1).clamp_min(tiny).contiguous() for d in views))
     as_is = padded == seq_len and padded_kv == seq_len_kv
     natural_v = as_is and not v_feature_major and v.is_contiguous()
     kernels = None

@@ -47,12 +47,13 @@ def attention(
     0 and LSE -inf. A shape or mask no kernel implements on this GPU raises a TunerError naming
     it (tuner.runtime: every candidate passes its family's can_implement first).
 
-    Each (batch, head) of q, k and v is quantized to e4m3 with its own scale (amax / 448).
+    q, k and v are quantized to e4m3 with block scales (amax / 448): one per token and head of
+    q, one per 64 keys of a KV head of k and v (variants/block_scales.py), in one launch.
     The first call for a shape compiles (or loads the disk cache) and looks the config up; later
     calls reuse that plan and only quantize and launch, without a device sync, which also makes
-    them capturable in a CUDA graph. A NaN or Inf in an input makes the output of its (batch,
-    head) NaN (the scales propagate it); check_finite=True raises a TunerError naming the input
-    instead, at the cost of a scan and a device sync per call.
+    them capturable in a CUDA graph. A NaN or Inf in an input makes NaN the outputs that read it
+    (the scales propagate it); check_finite=True raises a TunerError naming the input instead,
+    at the cost of a scan and a device sync per call.
     """
     from variants.prepare import check_qkv
 

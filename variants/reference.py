@@ -1,8 +1,9 @@
 """The correctness gate's arithmetic: its own FP8 quantization, the fp32 reference, the metrics.
 
 Independence. The gate never trusts a candidate's `prepare`: `quantize_reference` quantizes the
-original bf16/fp16 inputs with the one plain formula README documents (per (batch, head):
-code = round_e4m3(x * 448 / amax), descale = amax / 448), the reference is computed from those
+original bf16/fp16 inputs with the one plain formula README documents (block scales, amax per
+token of q and per 64 keys of k and v: code = round_e4m3(x * 448 / amax), descale = amax / 448),
+the reference is computed from those
 codes, and `prepare_mismatch` separately checks that the candidate's prepared inputs decode to
 exactly the same numbers. A prepare that permutes keys or mis-scales a head is then a failure
 that names `prepare`, instead of a blind spot the kernel and its reference share.

@@ -70,10 +70,9 @@ def test_a_prepare_bug_is_named():
     mislabeled = dataclasses.replace(prepared, key_permuted=False)
     assert "prepare: v differs" in prepare_mismatch(mislabeled, ref_in)
     # One block's V descale 1% off.
-    v_scales = prepared.scales.v.clone()
-    v_scales[1, 2, 1] *= 1.01
-    scales = dataclasses.replace(prepared.scales, v=v_scales)
-    bad = prepare_mismatch(dataclasses.replace(prepared, scales=scales, packed=None), ref_in)
+    off = dataclasses.replace(prepared, packed=prepared.packed.clone())
+    off.scales.v[1, 2, 1] *= 1.01
+    bad = prepare_mismatch(off, ref_in)
     assert "v descale" in bad and "batch 1, head 2, block 1" in bad
     # Garbage in the padding.
     padded = dataclasses.replace(prepared, k=prepared.k.clone())
@@ -87,10 +86,10 @@ _OFF = 1.001  # a value 0.1% off
 
 
 @pytest.mark.parametrize(("part", "index", "new", "words"), [
-    (0, (1, 2, 5), _OFF, "packed q descale"),  # a row's scale as the kernel reads it
-    (1, (0, 1, 0), _OFF, "packed k descale"),
-    (2, (1, 0, 1), _OFF, "packed log2"),  # V's log2 in the exponent
-    (3, (0, 2, 0), _OFF, "packed 1 / v descale"),  # V's inverse in the row sum
+    (0, (1, 2, 5), _OFF, "q descale differs"),  # a row's scale as the kernel reads it
+    (1, (0, 1, 0), _OFF, "k descale differs"),
+    (2, (1, 0, 1), _OFF, "log2 of v's descale"),  # V's log2 in the exponent
+    (3, (0, 2, 0), _OFF, "1 / v descale differs"),  # V's inverse in the row sum
     (2, (0, 0, 2), "0.5", "past the real length"),  # block 2 holds no key: its log2 must be 0
 ])
 def test_a_wrong_value_in_the_kernels_packed_scales_is_named(part, index, new, words):

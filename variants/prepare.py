@@ -44,22 +44,32 @@ class Fp8Inputs:
     # v_feature_major: (batch, kv_heads, head_dim, padded_len_kv), keys permuted if
     # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order.
     v: torch.Tensor
-    # The descales (variants/block_scales.py): q's per token and head, k's and v's per 64 keys
-    # of a KV head.
-    scales: BlockScales
+    # The descales (variants/block_scales.py: q's per token and head, k's and v's per 64 keys of
+    # a KV head) packed in the kernels' layout (block_scales.PackedLayout), the one buffer the
+    # kernels read; `scales` views it.
+    packed: torch.Tensor
     seq_len: int  # q's real length; rows at or past it are padding (zeros)
     key_permuted: bool
     softmax_scale: float
     v_feature_major: bool = True
     seq_len_kv: int | None = None  # k's and v's real length (None: seq_len); keys past: zeros
-    # The scales packed in the kernels' layout (abi.block_scale_views); built from `scales`.
-    packed: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.seq_len_kv is None:
             self.seq_len_kv = self.seq_len
-        if self.packed is None:
-            self.packed = self.scales.packed(self.padded_len, self.padded_len_kv)
+
+    @property
+    def scale_layout(self) -> PackedLayout:
+        return PackedLayout(self.q.shape[0], self.q.shape[2], self.padded_len, self.k.shape[2],
+                            self.padded_len_kv)
+
+    @functools.cached_property
+    def scales(self) -> BlockScales:
+        """The descales as (batch, heads, seq_len) and (batch, kv_heads, blocks) views of
+        `packed`, made on first use only (the launch needs the buffer alone, and every view
+        costs host time on each call)."""
+        return BlockScales.from_packed(self.packed, self.scale_layout, self.seq_len,
+                                       self.seq_len_kv)
 
     @property
     def group(self) -> int:
@@ -436,11 +446,9 @@ def quantize_inputs(
                                  permute_keys=permute_keys)
     if launch is not None:
         q8, k8, v8, packed = _block_quantize_on_gpu(launch, q, k, v, layout, v_feature_major)
-        return Fp8Inputs(q=q8, k=k8, v=v8,
-                         scales=BlockScales.from_packed(packed, layout, seq_len, seq_len_kv),
-                         seq_len=seq_len, key_permuted=permute_keys,
-                         softmax_scale=float(softmax_scale), v_feature_major=v_feature_major,
-                         seq_len_kv=seq_len_kv, packed=packed)
+        return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, seq_len=seq_len,
+                         key_permuted=permute_keys, softmax_scale=float(softmax_scale),
+                         v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)
     # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
     codes, scales = block_scales.quantize(q, k, v)
     out = []
@@ -457,7 +465,7 @@ def quantize_inputs(
         q=q8,
         k=k8,
         v=v8,
-        scales=scales,
+        packed=scales.packed(padded, padded_kv),
         seq_len=seq_len,
         key_permuted=permute_keys,
         softmax_scale=float(softmax_scale),
@@ -493,11 +501,10 @@ def fp8_inputs(
     scale_layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
     views = _descale_views(descales, batch, heads, kv_heads, seq_len, seq_len_kv)
     packed = _expand_scales(views, scale_layout, seq_len, seq_len_kv)
-    if packed is not None:
-        scales = BlockScales.from_packed(packed, scale_layout, seq_len, seq_len_kv)
-    else:  # no GPU kernel: the same values by torch ops (packed by Fp8Inputs)
+    if packed is None:  # no GPU kernel: the same values by torch ops
         tiny = TINY_AMAX * DESCALE_PER_AMAX  # as ExpandScales: a zero descale would give NaN
-        scales = BlockScales(*(d.permute(0, 2, 1).clamp_min(tiny).contiguous() for d in views))
+        packed = BlockScales(*(d.permute(0, 2, 1).clamp_min(tiny) for d in views)).packed(
+            padded, padded_kv)
     as_is = padded == seq_len and padded_kv == seq_len_kv
     natural_v = as_is and not v_feature_major and v.is_contiguous()
     kernels = None
@@ -527,9 +534,9 @@ def fp8_inputs(
             out.append(_lay_out(natural, length, feature_major=feature_major,
                                 permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
-    return Fp8Inputs(q=q8, k=k8, v=v8, scales=scales, seq_len=seq_len,
+    return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, seq_len=seq_len,
                      key_permuted=permute_keys, softmax_scale=float(softmax_scale),
-                     v_feature_major=v_feature_major, seq_len_kv=seq_len_kv, packed=packed)
+                     v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)
 
 
 def _descale_views(descales, batch: int, heads: int, kv_heads: int, seq_len: int,

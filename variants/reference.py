@@ -201,16 +201,7 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
     if not math.isclose(prepared.softmax_scale, ref.softmax_scale, rel_tol=1e-6):
         return (f"prepare: softmax_scale {prepared.softmax_scale:.6g}, expected "
                 f"{ref.softmax_scale:.6g} (head_dim^-0.5)")
-    for name, dims in (("q", "batch head token"), ("k", "batch head block"),
-                       ("v", "batch head block")):
-        got, want = getattr(prepared.scales, name), getattr(ref.scales, name)
-        if got.shape != want.shape:
-            return (f"prepare: {name}'s descales have shape {tuple(got.shape)}, the gate's "
-                    f"{tuple(want.shape)}")
-        problem = _first_mismatch(f"{name} descale", got.float(), want, dims)
-        if problem:
-            return f"prepare: {problem}"
-    problem = _packed_mismatch(prepared)
+    problem = _scales_mismatch(prepared, ref)
     if problem:
         return f"prepare: {problem}"
     got = prepared.dequantized()
@@ -230,29 +221,32 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
     return None
 
 
-def _packed_mismatch(prepared) -> str | None:
-    """What the kernels read (the packed buffer) against the descales just checked: the same
-    values, V's inverse exact and its log2 within 2 ulp (torch's log2f and the DSL's may round
-    apart), padding neutral (1; log2 0)."""
+def _scales_mismatch(prepared, ref: ReferenceInputs) -> str | None:
+    """The packed buffer, what the kernels read, against the gate's descales: q's, k's and v's
+    exactly, V's inverse exactly and its log2 within 2 ulp (torch's log2f and the DSL's may
+    round apart), the padding neutral (1; log2 0)."""
     (batch, padded, heads, _), (_, padded_kv, kv_heads, _) = prepared.q.shape, prepared.k.shape
     layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
     if prepared.packed.numel() != layout.size:
-        return (f"the packed scales hold {prepared.packed.numel()} values, the layout "
-                f"{layout.size}")
+        return (f"the packed scales hold {prepared.packed.numel()} values, the layout of these "
+                f"inputs {layout.size}")
     q, k, log2_v, inv_v, v = layout.views(prepared.packed)
-    s, blocks = prepared.seq_len, prepared.scales.k.shape[-1]
-    sv = prepared.scales.v
-    for name, got, want in (("q descale", q[..., :s], prepared.scales.q),
-                            ("k descale", k[..., :blocks], prepared.scales.k),
-                            ("v descale", v[..., :blocks], sv),
-                            ("1 / v descale", inv_v[..., :blocks], sv.reciprocal())):
-        problem = _first_mismatch(f"packed {name}", got, want, "batch head index")
+    s, blocks = ref.seq_len, ref.scales.k.shape[-1]
+    if layout.blocks < blocks:
+        return f"the packed scales hold {layout.blocks} blocks of keys, the inputs {blocks}"
+    sv = ref.scales.v
+    for name, got, want, dims in (("q descale", q[..., :s], ref.scales.q, "batch head token"),
+                                  ("k descale", k[..., :blocks], ref.scales.k, "batch head block"),
+                                  ("v descale", v[..., :blocks], sv, "batch head block"),
+                                  ("1 / v descale", inv_v[..., :blocks], sv.reciprocal(),
+                                   "batch head block")):
+        problem = _first_mismatch(name, got, want, dims)
         if problem:
             return problem
     log2_sv = sv.log2()
     far = ~((log2_v[..., :blocks] - log2_sv).abs() <= 2.5e-7 * log2_sv.abs().clamp_min(1.0))
     if bool(far.any()):
-        return f"packed log2 of v's descale is off at {int(far.sum())} blocks"
+        return f"log2 of v's descale is off at {int(far.sum())} blocks of the packed scales"
     for name, part, neutral in (("q", q[..., s:], 1.0), ("k", k[..., blocks:], 1.0),
                                 ("log2 v", log2_v[..., blocks:], 0.0),
                                 ("1 / v", inv_v[..., blocks:], 1.0),

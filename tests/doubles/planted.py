@@ -118,12 +118,12 @@ class PlantedKernel:
             def roll(x, dim):  # torch has no roll for e4m3: roll the bytes
                 return x.view(torch.uint8).roll(-1, dims=dim).view(torch.float8_e4m3fn)
 
-            sc = prepared.scales  # per KV head: they roll by one head with it
-            scales = dataclasses.replace(sc, k=sc.k.roll(-1, dims=1), v=sc.v.roll(-1, dims=1))
+            packed = prepared.packed.clone()  # K's and V's scales roll by one head with them
+            for part in prepared.scale_layout.views(packed)[1:]:  # (batch, kv_heads, blocks)
+                part.copy_(part.roll(-1, dims=1))
             shifted = dataclasses.replace(
                 prepared, k=roll(prepared.k, 2),
-                v=roll(prepared.v, 1 if prepared.v_feature_major else 2),
-                scales=scales, packed=None)
+                v=roll(prepared.v, 1 if prepared.v_feature_major else 2), packed=packed)
             out, lse = self._kernel.run(shifted, out=out, lse=lse)
         return out, lse
 

@@ -85,29 +85,3 @@ def test_head_scale_expansion_compiles(arch, tmp_path):
     ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
     assert ptx.count(".entry ") == 1
     assert ptx.count("rcp.rn.f32") == 1 and "approx" not in ptx  # 1 / dv, correctly rounded
-
-
-def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
-    """An arch the DSL cannot target must not break prepare: compiled() is None, the failure
-    is logged and remembered (one compile attempt), and prepare uses the torch formula."""
-    from variants import block_quantize_kernel
-
-    calls = []
-
-    def failing_compile(*key, **options):
-        calls.append(key)
-        raise RuntimeError("unsupported arch sm_999")
-
-    monkeypatch.setattr(block_quantize_kernel, "_COMPILED", {})
-    monkeypatch.setattr(block_quantize_kernel, "_device_arch", lambda device: "sm_999")
-    monkeypatch.setattr(block_quantize_kernel, "compile_kernel", failing_compile)
-    device = torch.device("cpu")
-    with caplog.at_level("WARNING"):
-        for _ in range(2):
-            assert block_quantize_kernel.compiled("quant", torch.bfloat16, 128, device) is None
-    assert calls == [("quant", torch.bfloat16, 128, "sm_999", True, False)]
-    assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
-    # Not compiled yet and not allowed to compile (a CUDA-graph capture): None, nothing tried.
-    assert block_quantize_kernel.compiled("expand", torch.float32, 0, device,
-                                          compile_now=False) is None
-    assert len(calls) == 1

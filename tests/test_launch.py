@@ -134,3 +134,41 @@ def test_no_direct_path_without_the_executor_attributes():
 
     assert launch._direct_entry(Bare(), [1, 2]) is None
     assert launch._direct_entry(object(), [1, 2]) is None
+
+
+def test_a_compile_failure_falls_back_once_and_says_so(caplog):
+    """A kernel the DSL cannot build (an arch it cannot target) must not break prepare: the
+    cache answers None, logs the failure once and remembers it (one compile attempt); before
+    anything is compiled, compile_now=False (a CUDA-graph capture) tries nothing."""
+    from variants.launch import LauncherCache
+
+    cache = LauncherCache("test kernel")
+    calls = []
+
+    def failing():
+        calls.append(1)
+        raise RuntimeError("unsupported arch sm_999")
+
+    with caplog.at_level("WARNING"):
+        assert cache.get(("k", "sm_999"), failing) is None
+        assert cache.get(("k", "sm_999"), failing) is None
+    assert len(calls) == 1
+    assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
+    assert cache.get(("other",), failing, compile_now=False) is None and len(calls) == 1
+    assert cache.launchers() == []
+
+
+def test_the_cache_compiles_each_key_once():
+    from variants.launch import LauncherCache
+
+    cache = LauncherCache("layout copy")
+    builds = []
+
+    def build():
+        builds.append(1)
+        return layout_kernel.compile_kernel(128, "sm_90a")
+
+    first = cache.get((128, "sm_90a"), build)
+    assert first is not None and cache.get((128, "sm_90a"), build) is first
+    assert cache.get((128, "sm_90a"), build, compile_now=False) is first
+    assert len(builds) == 1 and cache.launchers() == [first]

@@ -7,7 +7,6 @@ and tests/test_prepare.py (cuda parameters)."""
 from pathlib import Path
 
 import pytest
-import torch
 
 from variants.layout_kernel import ROWS_PER_THREAD, compile_kernel
 
@@ -38,28 +37,3 @@ def test_feature_major_ptx_transposes_through_shared_memory(permute_keys, tmp_pa
     assert ptx.count("st.global.v2.b32") == 8
     assert "st.global.b8" not in ptx and "st.shared.b8" not in ptx
     assert ptx.count("bar.sync") == 1  # the tile is written, then read
-
-
-def test_a_compile_failure_falls_back_once_and_says_so(monkeypatch, caplog):
-    """An arch the DSL cannot target must not break prepare: compiled() is None, the failure
-    is logged and remembered (one compile attempt), and the torch path is used instead."""
-    from variants import layout_kernel
-
-    calls = []
-
-    def failing_compile(*key, **options):
-        calls.append(key)
-        raise RuntimeError("unsupported arch sm_999")
-
-    monkeypatch.setattr(layout_kernel, "_COMPILED", {})
-    monkeypatch.setattr(layout_kernel, "_device_arch", lambda device: "sm_999")
-    monkeypatch.setattr(layout_kernel, "compile_kernel", failing_compile)
-    device = torch.device("cpu")
-    with caplog.at_level("WARNING"):
-        assert layout_kernel.compiled(128, device) is None
-        assert layout_kernel.compiled(128, device) is None
-    assert calls == [(128, "sm_999", False, False)]
-    assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
-    # Not compiled yet and not allowed to compile (a CUDA-graph capture): None, nothing tried.
-    assert layout_kernel.compiled(64, device, compile_now=False) is None
-    assert len(calls) == 1

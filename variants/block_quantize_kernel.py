@@ -31,10 +31,6 @@ per 64-key block of k and v), one thread per value.
 
 from __future__ import annotations
 
-import functools
-import logging
-import threading
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
@@ -42,7 +38,7 @@ import torch
 
 from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
 from variants.key_order import key_at_slot
-from variants.launch import STREAM, FastLaunch, pointer, scalar
+from variants.launch import STREAM, FastLaunch, LauncherCache, device_arch, pointer, scalar
 
 VEC = 8  # features per thread and row: 16 bytes of bf16 in, 8 bytes of e4m3 out
 ROWS = 8  # consecutive rows a thread owns: 8 loads in flight, and V's 8 x 8 transpose
@@ -50,9 +46,7 @@ GROUPS = KV_BLOCK // ROWS  # thread groups of a CTA: 64 rows, one K/V scale bloc
 TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fewer conflicts)
 EXPAND_THREADS = 256
 
-log = logging.getLogger(__name__)
-_COMPILED: dict[tuple, FastLaunch | None] = {}
-_LOCK = threading.Lock()
+LAUNCHERS = LauncherCache("block quantize kernel")
 
 
 def _dsl_dtype(dtype: torch.dtype):
@@ -391,30 +385,10 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
     return fn, kernel.slots()
 
 
-@functools.cache
-def _device_arch(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
-
-
 def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
              v_feature_major: bool = True, permute_keys: bool = False,
              compile_now: bool = True) -> FastLaunch | None:
-    """The launcher for this GPU, compiled on first use, or None where there is none
-    (compile_now=False inside a CUDA-graph capture, which must not see a module load; a compile
-    failure, logged once: prepare then uses the torch formula, which gives the same codes)."""
-    key = (name, in_dtype, head_dim, _device_arch(device), v_feature_major, permute_keys)
-    hit = _COMPILED.get(key, False)
-    if hit is not False or not compile_now:
-        return hit or None
-    with _LOCK:
-        if key not in _COMPILED:
-            try:
-                _COMPILED[key] = FastLaunch(*compile_kernel(name, in_dtype, head_dim, key[3],
-                                                            v_feature_major, permute_keys))
-            except Exception as exc:  # noqa: BLE001 - any DSL failure: fall back, loudly
-                log.warning("block quantize kernel %s unavailable for %s (%s); prepare uses "
-                            "torch ops", name, key[1:], str(exc).strip().splitlines()[-1][:200]
-                            if str(exc) else exc)
-                _COMPILED[key] = None
-        return _COMPILED[key]
+    """The launcher of "quant" or "expand" for this GPU, or None where there is none
+    (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
+    key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys)
+    return LAUNCHERS.get(key, lambda: compile_kernel(*key), compile_now=compile_now)

@@ -17,26 +17,19 @@ prepare falls back to torch ops (compiled() is None).
 
 from __future__ import annotations
 
-import functools
-import logging
-import threading
-
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import torch
 
 from variants.key_order import key_at_slot
-from variants.launch import STREAM, FastLaunch, pointer, scalar
+from variants.launch import STREAM, FastLaunch, LauncherCache, device_arch, pointer, scalar
 
 VEC = 8  # features per thread and row: 8 bytes of e4m3 in and out
 THREADS = 256
 ROWS_PER_THREAD = 8  # rows of a chunk each thread handles, unrolled: the loads in flight
 
-# (head_dim, arch, feature_major, permute_keys) -> FastLaunch or None.
-_COMPILED: dict[tuple, FastLaunch | None] = {}
-log = logging.getLogger(__name__)
-_LOCK = threading.Lock()
+LAUNCHERS = LauncherCache("fused layout kernel")  # (head_dim, arch, feature_major, permute_keys)
 
 
 def tokens_per_chunk(head_dim: int) -> int:
@@ -197,31 +190,9 @@ def compile_kernel(head_dim: int, arch: str, feature_major: bool = False,
     return fn, kernel.slots()
 
 
-@functools.cache
-def _device_arch(device: torch.device) -> str:
-    """Once per device: the capability query costs ~10 us, and prepare asks per call."""
-    major, minor = torch.cuda.get_device_capability(device)
-    return f"sm_{major}{minor}"
-
-
 def compiled(head_dim: int, device: torch.device, *, feature_major: bool = False,
              permute_keys: bool = False, compile_now: bool = True) -> FastLaunch | None:
-    """The launcher for this head_dim, layout and GPU, or None where there is none: compiled
-    on first use (compile_now=False: only if compiled already, as inside a CUDA-graph capture,
-    which must not see a module load). A compile failure (an arch this DSL build cannot target,
-    say) is logged once and remembered: prepare then uses torch ops, which give the same codes,
-    instead of failing."""
-    key = (head_dim, _device_arch(device), feature_major, permute_keys)
-    hit = _COMPILED.get(key, False)
-    if hit is not False or not compile_now:
-        return hit or None
-    with _LOCK:
-        if key not in _COMPILED:
-            try:
-                _COMPILED[key] = FastLaunch(*compile_kernel(*key))
-            except Exception as exc:  # noqa: BLE001 - any DSL failure: fall back, loudly
-                log.warning("fused layout kernel unavailable for %s (%s); prepare uses torch "
-                            "ops", key, str(exc).strip().splitlines()[-1][:200]
-                            if str(exc) else exc)
-                _COMPILED[key] = None
-        return _COMPILED[key]
+    """The launcher for this head_dim, layout and GPU, or None where there is none
+    (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
+    key = (head_dim, device_arch(device), feature_major, permute_keys)
+    return LAUNCHERS.get(key, lambda: compile_kernel(*key), compile_now=compile_now)

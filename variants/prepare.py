@@ -312,6 +312,20 @@ def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
     return out
 
 
+def _gpu_kernels_apply(q, k, v, padded: int, padded_kv: int, v_feature_major: bool) -> bool:
+    """Whether prepare's GPU kernels take these inputs: contiguous, 16-byte aligned CUDA tensors
+    whose padded outputs have 32-bit offsets, and, for feature-major V, padded_kv % 8 == 0 (8
+    keys a store)."""
+    if not q.is_cuda:
+        return False
+    for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
+        if x.numel() // x.shape[1] * rows >= 2**31:
+            return False
+    if v_feature_major and padded_kv % 8:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
+
+
 @dataclass(frozen=True)
 class _LayoutCopies:
     """The FP8 entry point's launchers of variants/layout_kernel.py: codes copied as they are
@@ -323,21 +337,12 @@ class _LayoutCopies:
 
 def _layout_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
                    padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
-    """_LayoutCopies for these e4m3 inputs, or None where they do not apply: contiguous, 16-byte
-    aligned CUDA tensors with 32-bit offsets into the padded outputs. Inside a CUDA-graph capture
-    they are used only if compiled already (compiling loads a module, which a capture must not
-    see); the torch path gives the same codes. Feature-major V also needs padded_kv % 8 == 0
-    (8 keys per store)."""
-    if not (q.is_cuda and q.shape[-1] % 8 == 0):
+    """_LayoutCopies for these e4m3 inputs, or None where they do not apply
+    (_gpu_kernels_apply). Inside a CUDA-graph capture they are used only if compiled already
+    (compiling loads a module, which a capture must not see); the torch path gives the same
+    codes."""
+    if not _gpu_kernels_apply(q, k, v, padded, padded_kv, v_feature_major):
         return None
-    for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
-        if x.numel() // x.shape[1] * rows >= 2**31:
-            return None
-    if v_feature_major and padded_kv % 8:  # the feature-major copy writes 8 keys per store
-        return None
-    for x in (q, k, v):
-        if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
-            return None
     try:
         from variants import layout_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops
@@ -354,20 +359,11 @@ def _layout_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
 def _block_quant_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
                         padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
     """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
-    where it does not apply: contiguous, 16-byte aligned CUDA tensors of one dtype with 32-bit
-    offsets into the padded outputs (and, for feature-major V, padded_kv % 8 == 0: 8 keys a
-    store). Inside a CUDA-graph capture only if compiled already (compiling loads a module,
-    which a capture must not see); the torch formula gives the same codes."""
-    if not q.is_cuda:
+    where it does not apply (_gpu_kernels_apply). Inside a CUDA-graph capture only if compiled
+    already (compiling loads a module, which a capture must not see); the torch formula gives
+    the same codes."""
+    if not _gpu_kernels_apply(q, k, v, padded, padded_kv, v_feature_major):
         return None
-    for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
-        if x.numel() // x.shape[1] * rows >= 2**31:
-            return None
-    if v_feature_major and padded_kv % 8:
-        return None
-    for x in (q, k, v):
-        if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
-            return None
     try:
         from variants import block_quantize_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops

@@ -90,9 +90,8 @@ LSE_QK_REL = 2.0**-8
 class ReferenceInputs:
     """The gate's own quantization of q, k, v: e4m3 codes in the natural layout, no padding (q
     (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads, head_dim)), and
-    the descales (batch, heads, 3) of q, k, v, indexed by QUERY head: a KV head's descale is
-    repeated over the query heads of its group (the layout of prepare's Fp8Inputs, in which a
-    kernel finds every scale of query head h at [b, h])."""
+    their block scales (q's (batch, heads, seq_len), k's and v's (batch, kv_heads, blocks of
+    64 keys)), the values a candidate's packed scales must hold."""
 
     q: torch.Tensor
     k: torch.Tensor

@@ -187,7 +187,7 @@ class MmaSyncAttention:
         q_ptr: cute.Pointer,
         k_ptr: cute.Pointer,
         v_ptr: cute.Pointer,
-        descale_ptr: cute.Pointer,
+        scales_ptr: cute.Pointer,
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         batch: cutlass.Int32,
@@ -211,8 +211,8 @@ class MmaSyncAttention:
         # (batch, kv_heads, head_dim, padded_kv): keys contiguous
         mV = cute.make_tensor(
             v_ptr, cute.make_ordered_layout((batch, kv_heads, d, padded_kv), order=(3, 2, 1, 0)))
-        _, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
-        mDescale = block_scale_views(descale_ptr, batch, heads, padded, kv_heads, padded_kv)
+        mO, mLSE = output_views(o_ptr, lse_ptr, batch, heads, seq_len, d)
+        mScales = block_scale_views(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
 
         sQ_layout = self._smem_layout(self.block_m, d, None)
         sK_layout = self._smem_layout(self.block_n, d, self.stages)
@@ -234,7 +234,7 @@ class MmaSyncAttention:
         m_blocks = cute.ceil_div(seq_len, self.block_m)
         grid = (m_blocks, heads, batch)
         self.kernel(
-            mQ, mK, mV, mDescale, mO, mLSE, seq_len, softmax_scale * LOG2_E, seq_len_kv,
+            mQ, mK, mV, mScales, mO, mLSE, seq_len, softmax_scale * LOG2_E, seq_len_kv,
             heads // kv_heads, causal_offset(seq_len, seq_len_kv), m_blocks,
             sQ_layout, sK_layout, sV_layout, sP_layout,
             self._g2s_copy(d), self._g2s_copy(self.block_n), tiled_mma, SharedStorage,
@@ -250,7 +250,7 @@ class MmaSyncAttention:
         mQ: cute.Tensor,
         mK: cute.Tensor,
         mV: cute.Tensor,
-        mDescale: tuple,
+        mScales: tuple,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         seq_len: cutlass.Int32,
@@ -342,7 +342,7 @@ class MmaSyncAttention:
         for mt_i in cutlass.range_constexpr(self.m_tiles):
             for r in cutlass.range_constexpr(2):
                 row = row_base + tScS[(0, r), mt_i, 0][0]
-                q_coef[mt_i * 2 + r] = mDescale[0][batch, head, row] * scale_log2
+                q_coef[mt_i * 2 + r] = mScales[0][batch, head, row] * scale_log2
 
         row_max = cute.make_rmem_tensor((2 * self.m_tiles,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((2 * self.m_tiles,), cutlass.Float32)
@@ -413,8 +413,8 @@ class MmaSyncAttention:
             lsv = cute.make_rmem_tensor((nb,), cutlass.Float32)
             for b in cutlass.range_constexpr(nb):
                 block = strip * bn // KV_BLOCK + b
-                ks[b] = mDescale[1][batch, kv_head, block]
-                lsv[b] = mDescale[2][batch, kv_head, block]
+                ks[b] = mScales[1][batch, kv_head, block]
+                lsv[b] = mScales[2][batch, kv_head, block]
             coef = cute.make_rmem_tensor((nb,), cutlass.Float32)
             for mt_i in cutlass.range_constexpr(self.m_tiles):
                 for r in cutlass.range_constexpr(2):

@@ -156,7 +156,7 @@ class WgmmaAttention(VTransposeMixin):
         q_ptr: cute.Pointer,
         k_ptr: cute.Pointer,
         v_ptr: cute.Pointer,
-        descale_ptr: cute.Pointer,
+        scales_ptr: cute.Pointer,
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         batch: cutlass.Int32,
@@ -189,8 +189,8 @@ class WgmmaAttention(VTransposeMixin):
             v_layout = cute.make_ordered_layout((batch, kv_heads, d, padded_kv),
                                                 order=(3, 2, 1, 0))
             mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
-        _, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
-        mDescale = block_scale_views(descale_ptr, batch, heads, padded, kv_heads, padded_kv)
+        mO, mLSE = output_views(o_ptr, lse_ptr, batch, heads, seq_len, d)
+        mScales = block_scale_views(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
 
         sQ_layout = self._smem_layout(bm, d, None)
         sK_layout = self._smem_layout(bn, d, self.stages)
@@ -225,7 +225,7 @@ class WgmmaAttention(VTransposeMixin):
         if cutlass.const_expr(self.persistent):
             grid_x = cutlass.min(total_tiles, max_ctas)
         self.kernel(
-            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mDescale, mO, mLSE,
+            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales, mO, mLSE,
             seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E, seq_len_kv,
             heads // kv_heads, causal_offset(seq_len, seq_len_kv),
             sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv,
@@ -245,7 +245,7 @@ class WgmmaAttention(VTransposeMixin):
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
-        mDescale: tuple,
+        mScales: tuple,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         seq_len: cutlass.Int32,
@@ -340,7 +340,7 @@ class WgmmaAttention(VTransposeMixin):
             if cutlass.const_expr(not self.register_p):
                 sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                         mDescale, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
+                         mScales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
                          bid, grid, total_tiles, strips, seq_len_kv)
 
     @cute.jit
@@ -575,7 +575,7 @@ class WgmmaAttention(VTransposeMixin):
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                mDescale, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
+                mScales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
                 strips, seq_len_kv):
         d, bm, bn = self.head_dim, self.block_m, self.block_n
         fp8 = cutlass.Float8E4M3FN
@@ -623,7 +623,7 @@ class WgmmaAttention(VTransposeMixin):
             # Q's scale of each of the thread's two rows, times softmax_scale * log2(e).
             q_coef = cute.make_rmem_tensor((2,), cutlass.Float32)
             for r in cutlass.range_constexpr(2):
-                q_coef[r] = mDescale[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
+                q_coef[r] = mScales[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
             row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_max.fill(-cutlass.Float32.inf)
@@ -641,7 +641,7 @@ class WgmmaAttention(VTransposeMixin):
                 pipe_k.consumer_release(kv_state)
                 if strip_needs_mask(last, n_total, ragged, first_masked, self.causal):
                     self._mask(acc_S, tScS, last * bn, row_base, seq_len_kv, offset)
-                ks, lsv, inv_sv = self._strip_scales(mDescale, batch, kv_head, last)
+                ks, lsv, inv_sv = self._strip_scales(mScales, batch, kv_head, last)
                 self._softmax(acc_S, row_max, row_sum, q_coef, ks, lsv, inv_sv)
                 self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                 for step in cutlass.range(n_blocks - 1, unroll=1):
@@ -649,7 +649,7 @@ class WgmmaAttention(VTransposeMixin):
                     kv_state.advance()
                     strip = last - 1 - step
                     # The strip's scales before the wait: their load latency hides under it.
-                    ks, lsv, inv_sv = self._strip_scales(mDescale, batch, kv_head, strip)
+                    ks, lsv, inv_sv = self._strip_scales(mScales, batch, kv_head, strip)
                     pipe_k.consumer_wait(kv_state)
                     self._sched_sync(wg)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
@@ -675,7 +675,7 @@ class WgmmaAttention(VTransposeMixin):
             else:
                 self._sched_sync(wg)
                 for i in cutlass.range(n_blocks, unroll=1):
-                    ks, lsv, inv_sv = self._strip_scales(mDescale, batch, kv_head, last - i)
+                    ks, lsv, inv_sv = self._strip_scales(mScales, batch, kv_head, last - i)
                     pipe_k.consumer_wait(kv_state)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
                     self._sched_arrive(wg)

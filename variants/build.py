@@ -252,8 +252,9 @@ class CompiledKernel:
                                v_feature_major=feature_major)
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
-        """Inputs the caller quantized (e4m3 codes, descales (batch, heads) each) in this
-        kernel's layout, without quantizing: variants.prepare.fp8_inputs."""
+        """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /
+        64 keys: variants.prepare.check_fp8_qkv) in this kernel's layout, without quantizing:
+        variants.prepare.fp8_inputs."""
         from variants.prepare import fp8_inputs
 
         feature_major, permuted = self._v_layout()

@@ -152,7 +152,8 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     overlap it lives beside the next strip's S, without it only while S is converted. The rest
     (row max/sum, descriptors, addressing, loop state) is a fixed overhead. The block scales
     (variants/block_scales.py) add Q's scale of each of the thread's two rows and, per 64-key
-    block of the strip, K's scale, log2 of V's and 1 / V's.
+    block of the strip, K's scale, log2 of V's and 1 / V's (the next strip's, loaded ahead,
+    fit in the overhead's slack: tests/test_wgmma_compile.py checks for spills).
     """
     live = cfg.block_n // 2 + head_dim // 2
     if cfg.register_p or cfg.intra_wg_overlap:

@@ -1,8 +1,9 @@
-"""The quantization kernels alone (issue 15): GPU time per launch of prepare's amax and cast
-kernels at one shape, from the profiler, beside the bytes each must move and the copy bandwidth.
+"""The quantization alone (issue 15): GPU time of prepare's one launch (variants/
+block_quantize_kernel.py: block amax and e4m3 cast of q, k and v) at each shape, from the
+profiler, beside the bytes it must move, the copy bandwidth measured in the same run and the
+other launches prepare makes (there should be none).
 
-    python3 benchmarks/quant_profile.py [--shape 1,4096,56,128] [--v-layout prepared|kernel]
-    python3 benchmarks/quant_profile.py --sweep   # chunks per CTA of both kernels, side by side
+    python3 benchmarks/quant_profile.py [--shapes 1,4096,56,128 ...] [--v-layout prepared|kernel]
 """
 
 from __future__ import annotations
@@ -12,106 +13,62 @@ import argparse
 import torch
 from call_timing import gpu_kernels
 
+SHAPES = ("1,4096,56,128", "1,8192,56,128", "1,16384,56,128", "2,4608,24,128", "4,1024,32,128",
+          "1,30272,56,64")
 
-def main() -> None:
+
+def kind(name: str) -> str:
+    if "copy" in name.lower() or "memcpy" in name.lower():
+        return "copy 2 GiB"
+    return "block quant" if "BlockQuant" in name else name[:60]
+
+
+def profile(shape, feature_major: bool) -> list[str]:
     from variants.prepare import quantize_inputs
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shape", default="1,4096,56,128")
-    parser.add_argument("--v-layout", default="prepared", choices=["prepared", "kernel"])
-    parser.add_argument("--sweep", action="store_true")
-    args = parser.parse_args()
-    shape = tuple(int(x) for x in args.shape.split(","))
-    if args.sweep:
-        return sweep(shape)
-    fm = args.v_layout == "prepared"
+    batch, seq, heads, dim = shape
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda")
+    src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
-
-    def prep():
-        return quantize_inputs(q, k, v, pad_to=128, permute_keys=fm, v_feature_major=fm,
-                               validate=False)
-
     calls = 10
 
     def prepare_then_copy():
         for _ in range(calls):
-            prep()
+            quantize_inputs(q, k, v, pad_to=128, permute_keys=feature_major,
+                            v_feature_major=feature_major, validate=False)
         dst.copy_(src)
 
-    def kind(name: str) -> str:
-        if "copy" in name.lower() or "memcpy" in name.lower():
-            return "copy 2 GiB"
-        return ("amax" if "HeadAbsMax" in name else "cast" if "ScaledCast" in name
-                else "cast+amax" if "CastThenAmax" in name else name[:40])
-
-    # Per call of prepare_then_copy: `calls` prepares and one 2 GiB copy.
     rows = gpu_kernels(prepare_then_copy, 1, name=kind)
     total = {name: us for name, us, _ in rows}
     count = {name: n for name, _, n in rows}
-    tensor_bytes = q.numel() * 2
     copy_bw = 2 * src.numel() * 2 / (total["copy 2 GiB"] * 1e-6)
-    print(f"shape {shape}, V {args.v_layout}, measured on {torch.cuda.get_device_name()}; "
-          f"copy bandwidth {copy_bw / 1e12:.2f} TB/s")
-    print("| kernel | launches per prepare | us per launch | GB/s (bf16 read, + fp8 write "
-          "for cast) |\n|---|---|---|---|")
-    # Bytes per launch in units of one bf16 input: amax reads it; cast reads it and writes its
-    # codes (half as many bytes); cast+amax does a cast and the next input's amax.
-    moves = {"amax": 1.0, "cast": 1.5, "cast+amax": 2.5}
-    for name in moves:
-        if name not in count:
-            continue
-        n = count[name] // calls
-        us = total[name] / count[name]
-        moved = tensor_bytes * moves[name]
-        print(f"| {name} | {n} | {us:.1f} | {moved / (us * 1e-6) / 1e9:.0f} |")
+    padded = -(-seq // 128) * 128
+    moved = 3 * batch * heads * dim * (2 * seq + padded) + 4 * batch * heads * padded
+    lines = []
     for name in total:
-        if name not in (*moves, "copy 2 GiB"):
-            print(f"| {name} | {count[name] // calls} | {total[name] / count[name]:.1f} | |")
+        if name == "copy 2 GiB":
+            continue
+        us = total[name] / calls
+        ours = name == "block quant"  # anything else is a launch prepare should not make
+        rate = f"{moved / (us * 1e-6) / 1e9:.0f}" if ours else ""
+        floor = f"{us / (moved / copy_bw * 1e6):.2f}" if ours else ""
+        lines.append(f"| {', '.join(map(str, shape))} | {name} | {count[name] // calls} | "
+                     f"{us:.1f} | {rate} | {floor} | {copy_bw / 1e12:.2f} |")
+    return lines
 
 
-def sweep(shape) -> None:
-    """Each kernel at CHUNKS_PER_CTA 1, 2, 4, 8 on the same input (CUDA events, median of 20),
-    its output checked equal to the first variant's."""
-    from tuner.measure import cuda_event_samples
-    from variants.launch import FastLaunch
-    from variants.quantize_kernel import compile_kernel
-
-    batch, seq, heads, dim = shape
-    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
-    stream = torch.cuda.current_stream().cuda_stream
-    amax = torch.zeros(batch * heads, device="cuda")
-    descale = torch.empty(batch * heads * 3, device="cuda")
-    print(f"shape {shape}, measured on {torch.cuda.get_device_name()}; one input, us")
-    print("| kernel | chunks per CTA | us | GB/s |\n|---|---|---|---|")
-    for name, fm in (("amax", False), ("cast", False), ("cast", True)):
-        want = None
-        for cpc in (1, 2, 4, 8):
-            fn, slots = compile_kernel(name, torch.bfloat16, dim, "sm_90a", fm, fm,
-                                       chunks_per_cta=cpc)
-            launch = FastLaunch(fn, slots)
-            out = torch.empty(batch * seq * heads * dim, dtype=torch.uint8, device="cuda")
-            if name == "amax":
-                def run(i, launch=launch):
-                    launch(x.data_ptr(), amax.data_ptr(), batch, seq, heads, stream)
-            else:
-                def run(i, launch=launch, out=out):
-                    launch(x.data_ptr(), amax.data_ptr(), descale.data_ptr(), out.data_ptr(),
-                           batch, seq, seq, heads, 1, stream)
-            amax.zero_()
-            run(0)
-            result = (amax if name == "amax" else out).clone()
-            if want is None:
-                want = result
-            ok = torch.equal(result, want)
-            for i in range(3):
-                run(i)
-            us = sorted(cuda_event_samples(run, 20))[10] * 1e3
-            moved = x.numel() * (2 if name == "amax" else 3)
-            label = name + (" feature-major" if fm else "")
-            print(f"| {label} | {cpc} | {us:.1f} | {moved / (us * 1e-6) / 1e9:.0f} |"
-                  + ("" if ok else " OUTPUT DIFFERS"))
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--v-layout", default="prepared", choices=["prepared", "kernel"])
+    args = parser.parse_args()
+    print(f"V {args.v_layout}, measured on {torch.cuda.get_device_name()}")
+    print("| B, S, H, D | kernel | launches per prepare | us per prepare | GB/s (bf16 read + fp8 "
+          "write + scales) | / floor | copy TB/s |\n|---|---|---|---|---|---|---|")
+    for text in args.shapes:
+        for line in profile(tuple(int(x) for x in text.split(",")),
+                            args.v_layout == "prepared"):
+            print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -61,18 +61,17 @@ def test_bad_key_value_shapes_are_named(q_shape, k_shape, v_shape, message):
 
 
 def test_the_quantize_path_takes_kv_at_its_own_length_and_heads():
-    """quantize_inputs pads q and k/v each to its own length and keeps k's and v's heads; the
-    descales stay by query head, K's and V's repeated over each group."""
+    """quantize_inputs pads q and k/v each to its own length and keeps k's and v's heads; K's
+    and V's descales are per KV head (and 64 keys)."""
     g = torch.Generator().manual_seed(0)
     q = torch.randn(1, 64, 4, 64, generator=g).bfloat16()
     k, v = (torch.randn(1, 33, 2, 64, generator=g).bfloat16() for _ in range(2))
     prepared = quantize_inputs(q, k, v, pad_to=16)
     assert prepared.q.shape == (1, 64, 4, 64) and prepared.k.shape == (1, 48, 2, 64)
     assert prepared.v.shape == (1, 2, 64, 48) and prepared.seq_len_kv == 33
-    d = prepared.descale
-    assert torch.equal(d[:, 0::2, 1:], d[:, 1::2, 1:])  # query heads 2h, 2h + 1 read KV head h
-    amax_k = k.float().abs().amax(dim=(1, 3))  # (1, kv_heads)
-    assert torch.equal(d[:, ::2, 1], (amax_k * (1.0 / 448.0)).float())
+    assert prepared.scales.k.shape == prepared.scales.v.shape == (1, 2, 1)
+    amax_k = k.float().abs().amax(dim=(1, 3))  # (1, kv_heads): 33 keys, one block
+    assert torch.equal(prepared.scales.k[..., 0], (amax_k * (1.0 / 448.0)).float())
     _, k_back, v_back = prepared.dequantized()
     assert k_back.shape == k.shape and v_back.shape == v.shape
     assert torch.allclose(k_back, k.float(), rtol=2**-3, atol=1e-2)
@@ -104,6 +103,46 @@ def test_fp8_descales_follow_each_tensors_own_heads():
         check_fp8_qkv(q, _fp8((2, 50, 12, 128)), _fp8((2, 50, 12, 128)), (one, one, one))
 
 
+def test_fp8_descales_may_be_per_token_and_per_64_keys():
+    """The fine granularity (prepare's own): q's (batch, seq_len, heads), k's and v's (batch,
+    ceil(seq_len_kv / 64), kv_heads), each tensor free to choose; a 3-dim descale of another
+    shape is named with both forms."""
+    q, k, v = _fp8((2, 64, 32, 128)), _fp8((2, 130, 8, 128)), _fp8((2, 130, 8, 128))
+    per_token = torch.ones(2, 64, 32, dtype=torch.float32, device="meta")
+    per_block = torch.ones(2, 3, 8, dtype=torch.float32, device="meta")  # 130 keys: 3 blocks
+    per_kv = torch.ones(2, 8, dtype=torch.float32, device="meta")
+    check_fp8_qkv(q, k, v, (per_token, per_block, per_block))
+    check_fp8_qkv(q, k, v, (per_token, per_kv, per_block))
+    with pytest.raises(TunerError, match=r"k_descale has shape \(2, 2, 8\); a 3-dim descale is "
+                       r"\(batch, ceil\(seq_len_kv / 64\), kv_heads\) one per 64 keys = "
+                       r"\(2, 3, 8\)"):
+        check_fp8_qkv(q, k, v, (per_token, per_block[:, :2], per_block))
+    with pytest.raises(TunerError, match=r"q_descale has shape \(2, 32, 64\); a 3-dim"):
+        check_fp8_qkv(q, k, v, (per_token.transpose(1, 2), per_block, per_block))
+    four = torch.ones(1, 1, 1, 1, dtype=torch.float32, device="meta")  # broadcasts, but how?
+    with pytest.raises(TunerError, match=r"v_descale has 4 dims \(shape \(1, 1, 1, 1\)\)"):
+        check_fp8_qkv(q, k, v, (per_token, per_block, four))
+
+
+def test_fp8_inputs_take_each_granularity_as_its_block_scales():
+    """On the CPU (the torch path): per-token q, per-head k, per-block v become the block
+    scales they state, padding neutral."""
+    from variants.prepare import fp8_inputs
+
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 70, 4, 64, generator=g).to(torch.float8_e4m3fn)
+    k, v = (torch.randn(1, 100, 2, 64, generator=g).to(torch.float8_e4m3fn) for _ in range(2))
+    dq = torch.rand(1, 70, 4, generator=g) + 0.1
+    dk = torch.rand(1, 2, generator=g) + 0.1
+    dv = torch.rand(1, 2, 2, generator=g) + 0.1  # 100 keys: 2 blocks
+    prepared = fp8_inputs(q, k, v, (dq, dk, dv), pad_to=64)
+    assert torch.equal(prepared.scales.q, dq.permute(0, 2, 1))
+    assert torch.equal(prepared.scales.k, dk[..., None].expand(1, 2, 2))
+    assert torch.equal(prepared.scales.v, dv.permute(0, 2, 1))
+    _, _, v_back = prepared.dequantized()
+    assert torch.equal(v_back, v.float() * dv.repeat_interleave(64, dim=1)[:, :100, :, None])
+
+
 @pytest.mark.parametrize("peer", ["sdpa-cudnn", "sdpa-flash", "cudnn-fp8"])
 def test_peers_refuse_a_causal_mask_they_would_align_otherwise(peer):
     """These peers' causal masks are top-left aligned: at different lengths it is another
@@ -118,3 +157,16 @@ def test_peers_refuse_a_causal_mask_they_would_align_otherwise(peer):
     if peer.startswith("sdpa"):
         sdpa = make_peer(peer, Problem(1, 8, 100, 64, True, kv_heads=2))
         assert sdpa._causal and sdpa._gqa
+
+
+def test_a_zero_descale_is_an_all_zero_blocks_not_a_nan():
+    """A caller's descale of 0 (an all-zero tensor or block) becomes the quantization's own
+    all-zero scale (1e-12 / 448): 1 / sv and log2 sv stay finite, the kernels' softmax too."""
+    from variants.prepare import fp8_inputs
+
+    q = torch.zeros(1, 64, 2, 64).to(torch.float8_e4m3fn)
+    k = v = torch.zeros(1, 64, 2, 64).to(torch.float8_e4m3fn)
+    zero = torch.zeros(1, 2)
+    prepared = fp8_inputs(q, k, v, (zero, zero, torch.zeros(1, 1, 2)), pad_to=64)
+    assert bool(torch.isfinite(prepared.packed).all())
+    assert float(prepared.scales.v.min()) == pytest.approx(1e-12 / 448)

@@ -66,6 +66,7 @@ SHAPES = [  # (batch, seq, heads, seq_kv, kv_heads, causal, block_n)
     (2, 77, 4, 300, 2, True, 64),    # bottom-right diagonal, grouped heads, ragged blocks
     (1, 300, 2, 77, 1, True, 192),   # 223 rows see no key
     (1, 129, 2, 1, 2, False, 128),   # one key
+    (1, 90, 2, 150, 2, True, 32),    # strips inside one scale block (mma_sync's default)
 ]
 
 

@@ -78,3 +78,31 @@ def test_an_incomplete_entry_is_not_loaded(tmp_path, run_child):
     (_entry(tmp_path) / "meta.json").unlink()  # a build killed before its last write
     again, _ = run_child(tmp_path)
     assert not again["from_disk"] and again["has_fn"]
+
+
+def test_the_shared_hash_covers_every_module_the_kernels_import(monkeypatch):
+    """A module of variants/ that a family's device code imports (outside its own package) holds
+    code-generation inputs (block_scales.KV_BLOCK, say): editing it must change every cache key,
+    so it must be among the files the shared hash reads."""
+    import ast
+    from pathlib import Path
+
+    from variants import build
+
+    root = Path(build.__file__).resolve().parent
+    families = {"wgmma", "mma_sync"}
+    imported = set()
+    for path in [*(root / "common").glob("*.py"),
+                 *(p for fam in families for p in (root / fam).glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("variants."):
+                top = node.module.split(".")[1]
+                if top not in families | {"common", "launch"}:  # launch: host code only
+                    imported.add(top)
+    hashed = []
+    monkeypatch.setattr(build, "files_hash", lambda paths: hashed.extend(paths) or "x")
+    build.shared_source_hash.__wrapped__()
+    names = {p.name for p in hashed}
+    assert imported and {f"{m}.py" for m in imported} <= names, imported - {
+        n[:-3] for n in names}
+    assert {p.name for p in (root / "common").glob("*.py")} <= names

@@ -61,6 +61,10 @@ class _Prepared:
     def padding(self):
         return torch.empty(0), torch.empty(0), torch.empty(0)
 
+    @property
+    def packed(self):  # the kernels' buffer of the same scales (no padding)
+        return self.ref.scales.packed(self.ref.q.shape[1], self.ref.k.shape[1])
+
 
 class _DenseKernel:
     """A CPU 'kernel': dense fp32 attention on the prepared codes, with an optional bug."""

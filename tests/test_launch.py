@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tuner.problem import Problem
+from variants import block_quantize_kernel, layout_kernel
 from variants.common.abi import slots
 from variants.launch import FastLaunch
-from variants.quantize_kernel import compile_kernel
 
 pytestmark = pytest.mark.compile
 
@@ -44,13 +44,15 @@ def _values(launcher: FastLaunch, seed: int) -> tuple:
     return tuple(values)
 
 
-@pytest.mark.parametrize("name, feature_major, permute_keys, rescale", [
-    ("amax", False, False, True), ("cast", False, False, True), ("cast", True, True, True),
-    ("cast", True, False, False), ("cast_then_amax", False, False, True)])
-def test_quantize_kernel_cells_match_the_dsl(name, feature_major, permute_keys, rescale):
-    dtype = torch.float8_e4m3fn if not rescale else torch.bfloat16
-    fn, kernel_slots = compile_kernel(name, dtype, 128, "sm_90a", feature_major, permute_keys,
-                                      rescale)
+@pytest.mark.parametrize("build", [
+    lambda: layout_kernel.compile_kernel(128, "sm_90a"),
+    lambda: layout_kernel.compile_kernel(128, "sm_90a", True, True),
+    lambda: block_quantize_kernel.compile_kernel("quant", torch.bfloat16, 128, "sm_90a"),
+    lambda: block_quantize_kernel.compile_kernel("quant", torch.float16, 64, "sm_90a", False),
+    lambda: block_quantize_kernel.compile_kernel("expand", torch.float32, 0, "sm_90a"),
+], ids=["layout", "layout-feature-major", "block-quant", "block-quant-natural-v", "expand"])
+def test_prepare_kernel_cells_match_the_dsl(build):
+    fn, kernel_slots = build()
     launcher = FastLaunch(fn, kernel_slots)
     for seed in (1, 2):  # the second fill overwrites the first in place
         dsl, ours = _marshalled_bytes(fn, launcher, _values(launcher, seed))
@@ -84,7 +86,7 @@ def _executor_of():
 def test_direct_path_packs_what_the_executor_packs(monkeypatch):
     from variants import launch
 
-    fn, kernel_slots = compile_kernel("amax", torch.bfloat16, 128, "sm_90a")
+    fn, kernel_slots = layout_kernel.compile_kernel(128, "sm_90a")
     launcher = FastLaunch(fn, kernel_slots)
     executor = _executor_of()
     monkeypatch.setattr(fn, "_default_executor", executor, raising=False)
@@ -100,7 +102,7 @@ def test_direct_path_fills_the_cells_and_reports_a_failed_launch(monkeypatch):
     """The stub called with the packed array after the cells hold this launch's values; a CUDA
     error the stub writes into the result cell raises instead of passing silently."""
 
-    fn, kernel_slots = compile_kernel("amax", torch.bfloat16, 128, "sm_90a")
+    fn, kernel_slots = layout_kernel.compile_kernel(128, "sm_90a")
     launcher = FastLaunch(fn, kernel_slots)
     result = ctypes.c_int32(0)
     seen = []
@@ -132,3 +134,41 @@ def test_no_direct_path_without_the_executor_attributes():
 
     assert launch._direct_entry(Bare(), [1, 2]) is None
     assert launch._direct_entry(object(), [1, 2]) is None
+
+
+def test_a_compile_failure_falls_back_once_and_says_so(caplog):
+    """A kernel the DSL cannot build (an arch it cannot target) must not break prepare: the
+    cache answers None, logs the failure once and remembers it (one compile attempt); before
+    anything is compiled, compile_now=False (a CUDA-graph capture) tries nothing."""
+    from variants.launch import LauncherCache
+
+    cache = LauncherCache("test kernel")
+    calls = []
+
+    def failing():
+        calls.append(1)
+        raise RuntimeError("unsupported arch sm_999")
+
+    with caplog.at_level("WARNING"):
+        assert cache.get(("k", "sm_999"), failing) is None
+        assert cache.get(("k", "sm_999"), failing) is None
+    assert len(calls) == 1
+    assert "unsupported arch sm_999" in caplog.text and "torch ops" in caplog.text
+    assert cache.get(("other",), failing, compile_now=False) is None and len(calls) == 1
+    assert cache.launchers() == []
+
+
+def test_the_cache_compiles_each_key_once():
+    from variants.launch import LauncherCache
+
+    cache = LauncherCache("layout copy")
+    builds = []
+
+    def build():
+        builds.append(1)
+        return layout_kernel.compile_kernel(128, "sm_90a")
+
+    first = cache.get((128, "sm_90a"), build)
+    assert first is not None and cache.get((128, "sm_90a"), build) is first
+    assert cache.get((128, "sm_90a"), build, compile_now=False) is first
+    assert len(builds) == 1 and cache.launchers() == [first]

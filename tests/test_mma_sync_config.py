@@ -87,6 +87,8 @@ def test_from_dict_names_unknown_and_missing_knobs():
         (dict(block_m=256), GPU_5080, PROBLEM, "block_m=256 != warps*rows_per_warp=128"),
         (dict(mma="mxf8"), GPU_H200, PROBLEM, "mxf8"),
         (dict(block_n=48), GPU_5080, PROBLEM, "block_n=48"),
+        # 96 keys would straddle two 64-key scale blocks unevenly (keys 64..95 of block 1).
+        (dict(block_n=96), GPU_5080, PROBLEM, "scales cover 64 keys"),
         (dict(pv_accum="bf16"), GPU_5080, PROBLEM, "pv_accum='bf16' unknown"),
         # 8 warps x 16 rows x 128 keys: 3 stages of K and V (96 KB) + Q + P > 99 KB.
         (dict(block_m=128, warps=8, rows_per_warp=16, block_n=128, kv_stages=3), GPU_5080,

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from tuner.errors import TunerError
+from variants.block_scales import E4M3_MAX, BlockScales, PackedLayout
 from variants.prepare import (
-    E4M3_MAX,
     check_qkv,
     inverse_key_order,
     key_slot,
@@ -21,31 +21,43 @@ def rand_qkv(batch=2, seq=77, heads=3, dim=128, dtype=torch.bfloat16, seed=0):
 
 def quantization_error_bound(x: torch.Tensor, descale: torch.Tensor) -> torch.Tensor:
     """|x - dequant(x)| allowed per element: half an ulp of e4m3. Normal codes (|code| >= 2^-6)
-    have 3 mantissa bits, relative error <= 2^-4; subnormal codes have absolute spacing 2^-9."""
-    descale = descale[:, None, :, None]
+    have 3 mantissa bits, relative error <= 2^-4; subnormal codes have absolute spacing 2^-9.
+    descale broadcasts to x: (batch, seq, heads, 1)."""
     return torch.maximum(x.abs() * 2.0**-4, descale * 2.0**-10) * (1 + 1e-6)
+
+
+def per_element_descales(prepared):
+    """q's, k's and v's descales broadcastable to q, k, v (batch, seq, heads, 1)."""
+    s = prepared.scales
+    return (s.q.permute(0, 2, 1)[..., None], s.per_key("k")[:, :prepared.seq_len_kv],
+            s.per_key("v")[:, :prepared.seq_len_kv])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_round_trip_error_is_within_half_an_e4m3_ulp_per_head(dtype):
     q, k, v = rand_qkv(dtype=dtype)
     prepared = quantize_inputs(q, k, v)
-    for x, x_deq, i in zip((q, k, v), prepared.dequantized(), range(3), strict=True):
+    for x, x_deq, d in zip((q, k, v), prepared.dequantized(), per_element_descales(prepared),
+                           strict=True):
         err = (x.float() - x_deq).abs()
-        assert bool((err <= quantization_error_bound(x.float(), prepared.descale[..., i])).all())
+        assert bool((err <= quantization_error_bound(x.float(), d)).all())
         # Per head, the typical error is far below the bound (3 mantissa bits: ~2^-4/sqrt(3)).
         rel_rms = err.pow(2).mean(dim=(1, 3)).sqrt() / x.float().pow(2).mean(dim=(1, 3)).sqrt()
         assert float(rel_rms.max()) < 0.045
 
 
-def test_scales_come_from_each_heads_amax():
-    q, k, v = rand_qkv()
+def test_scales_come_from_each_rows_and_blocks_amax():
+    q, k, v = rand_qkv(seq=150)
     prepared = quantize_inputs(q, k, v)
-    for i, x in enumerate((q, k, v)):
-        amax = x.float().abs().amax(dim=(1, 3))
-        torch.testing.assert_close(prepared.descale[..., i], amax / E4M3_MAX)
-    # The largest element of every head maps to the largest e4m3 code.
-    assert float(prepared.q.float().abs().amax(dim=(1, 3)).min()) == E4M3_MAX
+    torch.testing.assert_close(prepared.scales.q,
+                               q.float().abs().amax(dim=3).permute(0, 2, 1) / E4M3_MAX)
+    for name, x in (("k", k), ("v", v)):
+        padded = torch.zeros(2, 192, 3, 128)
+        padded[:, :150] = x.float().abs()
+        amax = padded.view(2, 3, 64, 3, 128).amax(dim=(2, 4)).permute(0, 2, 1)
+        torch.testing.assert_close(getattr(prepared.scales, name), amax / E4M3_MAX)
+    # The largest element of every row maps to the largest e4m3 code.
+    assert float(prepared.q.float().abs().amax(dim=3).min()) == E4M3_MAX
 
 
 def test_outlier_head_does_not_crush_the_others():
@@ -53,7 +65,7 @@ def test_outlier_head_does_not_crush_the_others():
     q[:, :, 0] *= 300.0
     prepared = quantize_inputs(q, k, v)
     dq = prepared.dequantized()[0]
-    assert prepared.descale[0, 0, 0] > 200 * prepared.descale[0, 1, 0]
+    assert float(prepared.scales.q[0, 0].mean()) > 200 * float(prepared.scales.q[0, 1].mean())
     for head in range(4):
         x, y = q[:, :, head].float(), dq[:, :, head]
         rel_rms = float((x - y).pow(2).mean().sqrt() / x.pow(2).mean().sqrt())
@@ -64,7 +76,7 @@ def test_all_zero_head_is_exact_and_finite():
     q, k, v = rand_qkv()
     v[:, :, 1] = 0
     prepared = quantize_inputs(q, k, v)
-    assert torch.isfinite(prepared.descale).all()
+    assert all(torch.isfinite(d).all() for d in (prepared.scales.v, prepared.packed))
     assert float(prepared.dequantized()[2][:, :, 1].abs().max()) == 0.0
 
 
@@ -80,10 +92,9 @@ def test_layouts_and_zero_padding():
     # V[b, h, d, s] is v[b, s, h, d] quantized.
     plain = quantize_inputs(q, k, v)
     torch.testing.assert_close(plain.v.float(), plain.v.float().contiguous())
-    vq = (v.float() / plain.descale[..., 2][:, None, :, None]).clamp(-448, 448)
-    torch.testing.assert_close(
-        plain.v.float(), vq.to(torch.float8_e4m3fn).float().permute(0, 2, 3, 1)
-    )
+    natural = quantize_inputs(q, k, v, v_feature_major=False)
+    assert torch.equal(plain.v.view(torch.uint8),
+                       natural.v.view(torch.uint8).permute(0, 2, 3, 1))
 
 
 def test_key_order_matches_the_mma_fragments():
@@ -174,16 +185,27 @@ def test_cpu_tensors_rejected_where_the_gpu_is_required():
         check_qkv(q, k, v, require_cuda=True)
 
 
-def _plain_codes(x: torch.Tensor, padded: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The quantization written out in the plainest torch: per-(batch, head) amax, x in fp32
-    times 448 / amax, clamped, cast to e4m3, zero rows appended. (codes as uint8, descale)."""
-    amax = x.float().abs().amax(dim=(1, 3)).clamp_min(1e-12)
+def _plain_codes(x: torch.Tensor, padded: int, rows: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The quantization written out in the plainest torch: amax per token and head (rows) or
+    per 64 keys of a head, x in fp32 times 448 / amax, clamped, cast to e4m3, zero rows
+    appended. (codes as uint8, descale (batch, heads, tokens or blocks))."""
+    batch, seq, heads, dim = x.shape
+    if rows:
+        amax = x.float().abs().amax(dim=3, keepdim=True)
+    else:
+        blocks = -(-seq // 64)
+        tiles = torch.zeros(batch, blocks * 64, heads, dim, device=x.device)
+        tiles[:, :seq] = x.float().abs()
+        amax = tiles.view(batch, blocks, 64, heads, dim).amax(dim=(2, 4), keepdim=True)
+        amax = amax.repeat_interleave(64, dim=1).view(batch, blocks * 64, heads, 1)[:, :seq]
+    amax = amax.clamp_min(1e-12)
     scale = amax.reciprocal() * E4M3_MAX  # what torch's 448 / amax computes
-    codes = (x.float() * scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
+    codes = (x.float() * scale).clamp(-E4M3_MAX, E4M3_MAX)
     codes = codes.to(torch.float8_e4m3fn).view(torch.uint8)
-    tail = torch.zeros(x.shape[0], padded - x.shape[1], *x.shape[2:], dtype=torch.uint8,
-                       device=x.device)
-    return torch.cat([codes, tail], dim=1), amax * (1.0 / E4M3_MAX)
+    tail = torch.zeros(batch, padded - seq, heads, dim, dtype=torch.uint8, device=x.device)
+    descale = (amax * (1.0 / E4M3_MAX))[..., 0]
+    descale = descale if rows else descale[:, ::64]
+    return torch.cat([codes, tail], dim=1), descale.permute(0, 2, 1)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -206,12 +228,14 @@ def test_codes_are_the_plain_formula_bit_for_bit(device, dtype, seq, pad_to, con
         qkv = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in qkv]
     q, k, v = qkv
     prepared = quantize_inputs(q, k, v, pad_to=pad_to, v_feature_major=False)
-    for i, (x, got) in enumerate(((q, prepared.q), (k, prepared.k), (v, prepared.v))):
-        codes, descale = _plain_codes(x, prepared.padded_len)
+    for i, (x, got, d) in enumerate(((q, prepared.q, prepared.scales.q),
+                                     (k, prepared.k, prepared.scales.k),
+                                     (v, prepared.v, prepared.scales.v))):
+        codes, descale = _plain_codes(x, prepared.padded_len, rows=i == 0)
         assert torch.equal(got.view(torch.uint8), codes), f"tensor {i}: codes differ"
-        assert torch.equal(prepared.descale[..., i], descale), f"tensor {i}: descale differs"
+        assert torch.equal(d, descale), f"tensor {i}: descale differs"
     # V written feature-major (on a GPU by the cast itself), keys permuted or not.
-    codes, _ = _plain_codes(v, prepared.padded_len)
+    codes, _ = _plain_codes(v, prepared.padded_len, rows=False)
     codes = codes.permute(0, 2, 3, 1)
     for permute in ([False, True] if pad_to % 16 == 0 else [False]):
         fm = quantize_inputs(q, k, v, pad_to=pad_to, v_feature_major=True, permute_keys=permute)
@@ -219,3 +243,75 @@ def test_codes_are_the_plain_formula_bit_for_bit(device, dtype, seq, pad_to, con
             else codes
         assert fm.v.is_contiguous() and fm.v.shape == want.shape
         assert torch.equal(fm.v.view(torch.uint8), want), f"feature-major V (permute={permute})"
+
+
+def _assert_packed_matches(prepared):
+    """The packed buffer the kernels read holds the prepared descales, V's log2 (within an ulp:
+    torch's log2f and the DSL's may round differently) and exact inverse, and neutral padding
+    (1; log2 0)."""
+    layout = PackedLayout(prepared.q.shape[0], prepared.q.shape[2], prepared.padded_len,
+                          prepared.k.shape[2], prepared.padded_len_kv)
+    q, k, log2_v, inv_v, v = layout.views(prepared.packed)
+    s, blocks = prepared.seq_len, prepared.scales.k.shape[-1]
+    assert torch.equal(q[..., :s], prepared.scales.q) and bool((q[..., s:] == 1).all())
+    assert torch.equal(k[..., :blocks], prepared.scales.k)
+    assert torch.equal(v[..., :blocks], prepared.scales.v)
+    assert torch.equal(inv_v[..., :blocks], prepared.scales.v.reciprocal())
+    torch.testing.assert_close(log2_v[..., :blocks], prepared.scales.v.log2(), rtol=2e-7,
+                               atol=1e-6)
+    for part, neutral in ((k, 1.0), (log2_v, 0.0), (inv_v, 1.0), (v, 1.0)):
+        assert bool((part[..., blocks:] == neutral).all())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize(("batch", "seq", "seq_kv", "heads", "kv_heads", "head_dim", "pad_to"),
+                         [(2, 77, 300, 8, 2, 128, 64), (1, 1000, 130, 6, 1, 64, 128),
+                          (3, 129, 129, 4, 4, 128, 32)])
+def test_grouped_and_cross_attention_codes_and_packed_scales(device, batch, seq, seq_kv, heads,
+                                                             kv_heads, head_dim, pad_to):
+    """Other lengths for k and v than for q, fewer KV heads than query heads: every code and
+    scale is still the plain formula's, by the KV head's own blocks, and the packed buffer
+    (what the kernels read) holds them with neutral padding."""
+    g = torch.Generator().manual_seed(seq * seq_kv)
+    q = (torch.randn(batch, seq, heads, head_dim, generator=g) * 3).bfloat16().to(device)
+    k, v = ((torch.randn(batch, seq_kv, kv_heads, head_dim, generator=g)
+             * torch.logspace(-2, 2, seq_kv)[None, :, None, None]).bfloat16().to(device)
+            for _ in range(2))
+    for feature_major, permute in ((False, False), (True, False), (True, pad_to % 16 == 0)):
+        prepared = quantize_inputs(q, k, v, pad_to=pad_to, v_feature_major=feature_major,
+                                   permute_keys=permute)
+        for i, (x, d) in enumerate(((q, prepared.scales.q), (k, prepared.scales.k),
+                                    (v, prepared.scales.v))):
+            codes, descale = _plain_codes(x, prepared.padded_len if i == 0
+                                          else prepared.padded_len_kv, rows=i == 0)
+            assert torch.equal(d, descale), f"tensor {i}: descale differs"
+            if i < 2:
+                assert torch.equal((prepared.q, prepared.k)[i].view(torch.uint8), codes)
+            else:  # V through the layout and key order it declares
+                plain = codes[:, :seq_kv].view(torch.float8_e4m3fn).float()
+                assert torch.equal(prepared.dequantized()[2],
+                                   plain * prepared.scales.per_key("v")[:, :seq_kv])
+        _assert_packed_matches(prepared)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_fp8_inputs_expand_per_head_descales_into_the_packed_scales(device):
+    """The FP8 entry point's per-(batch, head) descales (a scalar, a (1, heads) row, a full
+    (batch, kv_heads) tensor: each broadcast) become block scales equal to them everywhere:
+    on a GPU one launch writes them through the broadcast strides."""
+    from variants.prepare import fp8_inputs
+
+    batch, seq, seq_kv, heads, kv_heads = 2, 100, 70, 4, 2
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(batch, seq, heads, 64, generator=g).to(torch.float8_e4m3fn).to(device)
+    k, v = (torch.randn(batch, seq_kv, kv_heads, 64, generator=g).to(torch.float8_e4m3fn)
+            .to(device) for _ in range(2))
+    dq = torch.tensor(0.03, device=device)
+    dk = torch.rand(1, kv_heads, generator=g).to(device) + 0.5
+    dv = torch.rand(batch, kv_heads, generator=g).to(device) * 4
+    prepared = fp8_inputs(q, k, v, (dq, dk, dv), pad_to=64)
+    want = BlockScales.per_head(dq.expand(batch, heads), dk.expand(batch, kv_heads), dv,
+                                seq, seq_kv)
+    for name in "qkv":
+        assert torch.equal(getattr(prepared.scales, name), getattr(want, name)), name
+    _assert_packed_matches(prepared)

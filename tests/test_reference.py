@@ -69,17 +69,41 @@ def test_a_prepare_bug_is_named():
     # Keys stored in natural order while the inputs claim the register-P order.
     mislabeled = dataclasses.replace(prepared, key_permuted=False)
     assert "prepare: v differs" in prepare_mismatch(mislabeled, ref_in)
-    # One head's descale 1% off.
-    descale = prepared.descale.clone()
-    descale[1, 2, 2] *= 1.01
-    bad = prepare_mismatch(dataclasses.replace(prepared, descale=descale), ref_in)
-    assert "v descale" in bad and "batch 1, head 2" in bad
+    # One block's V descale 1% off.
+    off = dataclasses.replace(prepared, packed=prepared.packed.clone())
+    off.scales.v[1, 2, 1] *= 1.01
+    bad = prepare_mismatch(off, ref_in)
+    assert "v descale" in bad and "batch 1, head 2, block 1" in bad
     # Garbage in the padding.
     padded = dataclasses.replace(prepared, k=prepared.k.clone())
     padded.k[:, 100] = torch.tensor(1.0).to(torch.float8_e4m3fn)
     assert "k's padding" in prepare_mismatch(padded, ref_in)
     scaled = dataclasses.replace(prepared, softmax_scale=0.1)
     assert "softmax_scale" in prepare_mismatch(scaled, ref_in)
+
+
+_OFF = 1.001  # a value 0.1% off
+
+
+@pytest.mark.parametrize(("part", "index", "new", "words"), [
+    (0, (1, 2, 5), _OFF, "q descale differs"),  # a row's scale as the kernel reads it
+    (1, (0, 1, 0), _OFF, "k descale differs"),
+    (2, (1, 0, 1), _OFF, "log2 of v's descale"),  # V's log2 in the exponent
+    (3, (0, 2, 0), _OFF, "1 / v descale differs"),  # V's inverse in the row sum
+    (2, (0, 0, 2), "0.5", "past the real length"),  # block 2 holds no key: its log2 must be 0
+])
+def test_a_wrong_value_in_the_kernels_packed_scales_is_named(part, index, new, words):
+    """The kernels read the packed buffer, not BlockScales: a value wrong only there fails."""
+    from variants.block_scales import PackedLayout
+
+    q, k, v = rand_qkv(77)
+    prepared = quantize_inputs(q, k, v, pad_to=192)  # 77 keys: blocks 0, 1 real, 2 padding
+    packed = prepared.packed.clone()
+    target = PackedLayout(2, 3, 192, 3, 192).views(packed)[part]
+    target[index] = target[index] * new if new == _OFF else float(new)
+    ref_in = quantize_reference(q, k, v)
+    bad = prepare_mismatch(dataclasses.replace(prepared, packed=packed), ref_in)
+    assert bad is not None and words in bad, bad
 
 
 def test_seq_len_one_attends_to_itself():

@@ -96,15 +96,16 @@ def test_unmasked_floor_is_sqrt_s_times_the_v_rms():
 
 
 @pytest.mark.parametrize("group", [1, 2, 4, 8])
-def test_kv_descales_are_per_kv_head_repeated_over_its_query_heads(group):
+def test_kv_descales_are_per_kv_head_and_64_keys(group):
     q, k, v = qkv(40, 24, 8, 8 // group)
     k[1, :, -1] *= 50  # one KV head with its own range
     ref_in = quantize_reference(q, k, v)
-    assert ref_in.descale.shape == (2, 8, 3) and ref_in.k.shape == k.shape == ref_in.v.shape
-    for h in range(8):
-        for i, x in ((1, k), (2, v)):
-            amax = x[:, :, h // group].float().abs().amax(dim=(1, 2))
-            torch.testing.assert_close(ref_in.descale[:, h, i], amax * (1 / 448.0))
+    kv_heads = 8 // group
+    assert ref_in.scales.q.shape == (2, 8, 40) and ref_in.k.shape == k.shape == ref_in.v.shape
+    for name, x in (("k", k), ("v", v)):
+        scales = getattr(ref_in.scales, name)
+        assert scales.shape == (2, kv_heads, 1)  # 24 keys: one block of 64
+        torch.testing.assert_close(scales[..., 0], x.float().abs().amax(dim=(1, 3)) / 448.0)
     kd = ref_in.dequantized()[1]
     assert kd.shape == k.shape
     torch.testing.assert_close(kd, k.float(), rtol=2**-3, atol=float(k.abs().max()) * 2**-9)

@@ -6,10 +6,12 @@ The relation pinned is the one variants/mma_sync/config.py states: the estimate 
 ptxas counts", and for sm_120a its comment gives the widest gap at the top of the accepted range,
 estimate 244 against up to 255 registers (128-key strips, 16 rows/warp), so ptxas allocates at
 most the estimate + 11 there. sm_90a has no such claim in the code; its gap was measured with
-these four configs (nvidia-cutlass-dsl 4.8.1, 2026-12-01): 252 -> 255 (80 B spilled), 244 -> 255
-(144 B), 200 -> 223, 160 -> 136; the slack is that +23. An estimate lowered (a smaller overhead,
-a fragment term dropped) admits configs that spill, and fails here; a newer ptxas that moves the
-numbers moves the slack, in one commit with its measurement.
+these four configs (nvidia-cutlass-dsl 4.8.1, 2026-12-01, the kernel with block scales): 252 ->
+255 (96 B spilled), 244 -> 255 (160 B), 200 -> 224, 160 -> 196; the slack is that +36. (The
+block scales' fold moved sm_90a from 211 and 168 at the last two, and sm_120a by 0 to +4: on
+sm_90a the FP8 mma.sync is emulated, with its own registers.) An estimate lowered (a smaller
+overhead, a fragment term dropped) admits configs that spill, and fails here; a newer ptxas that
+moves the numbers moves the slack, in one commit with its measurement.
 
 wgmma is not here: its estimate is per consumer thread after setmaxnreg, while the cubin states
 the launch registers (65536 / threads), so no relation between the two numbers is claimed.
@@ -28,7 +30,7 @@ from variants.mma_sync.config import register_estimate
 pytestmark = pytest.mark.compile
 
 PROBLEM = Problem(batch=1, heads=2, seq_len=77, head_dim=128)
-SLACK = {"sm_120a": 11, "sm_90a": 23}
+SLACK = {"sm_120a": 11, "sm_90a": 36}
 SAMPLE = [
     {},  # the default: 32 rows/warp, 32-key strips (estimate 252)
     dict(block_m=64, rows_per_warp=16, block_n=128, p_source="smem"),  # estimate 244

@@ -47,12 +47,13 @@ def attention(
     0 and LSE -inf. A shape or mask no kernel implements on this GPU raises a TunerError naming
     it (tuner.runtime: every candidate passes its family's can_implement first).
 
-    Each (batch, head) of q, k and v is quantized to e4m3 with its own scale (amax / 448).
+    q, k and v are quantized to e4m3 with block scales (amax / 448): one per token and head of
+    q, one per 64 keys of a KV head of k and v (variants/block_scales.py), in one launch.
     The first call for a shape compiles (or loads the disk cache) and looks the config up; later
     calls reuse that plan and only quantize and launch, without a device sync, which also makes
-    them capturable in a CUDA graph. A NaN or Inf in an input makes the output of its (batch,
-    head) NaN (the scales propagate it); check_finite=True raises a TunerError naming the input
-    instead, at the cost of a scan and a device sync per call.
+    them capturable in a CUDA graph. A NaN or Inf in an input makes NaN the outputs that read it
+    (the scales propagate it); check_finite=True raises a TunerError naming the input instead,
+    at the cost of a scan and a device sync per call.
     """
     from variants.prepare import check_qkv
 
@@ -99,8 +100,15 @@ def attention_fp8(
 ):
     """Attention over inputs that are FP8 already: q float8_e4m3fn (batch, seq_len, heads,
     head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA, contiguous, with fp32
-    descales: q_descale of shape (batch, heads), k_descale and v_descale (batch, kv_heads) (one
-    per tensor broadcasts), so that x ~= x_code * x_descale[b, h] for each tensor's own head h;
+    descales in either of two granularities, chosen per tensor:
+      per head: q_descale of shape (batch, heads), k_descale and v_descale (batch, kv_heads)
+        (one per tensor broadcasts), x ~= x_code * x_descale[b, h] for each tensor's own head h;
+      fine (what tuner.attention's own quantization uses): q_descale (batch, seq_len, heads),
+        one per token, x ~= q_code[b, s, h] * q_descale[b, s, h]; k_descale and v_descale
+        (batch, ceil(seq_len_kv / 64), kv_heads), one per 64 keys, x ~= code[b, s, h] *
+        descale[b, s // 64, h].
+    Descales are >= 0; one below an all-zero block's (2.2e-15, 0 included) is taken as that,
+    as tuner.attention's own quantization does (a 0 would make the folded softmax NaN).
     causal and the shapes k and v may take as in tuner.attention. Nothing is quantized: q and k
     are read where they are when seq_len is a multiple of the config's tile, else copied once
     zero-padded; V too for a config that reads it in this layout (wgmma v_layout=kernel), else

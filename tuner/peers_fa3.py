@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.errors import peer_module
-from variants.prepare import E4M3_MAX
+from variants.block_scales import E4M3_MAX
 
 
 @dataclass

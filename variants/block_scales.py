@@ -1,6 +1,7 @@
-"""Block scales (issue 15, one pass over each input): the quantization formula, and a torch
-emulation of the arithmetic the kernels would fold the scales into. Not wired into prepare or the
-kernels yet; benchmarks/RESULTS.md ("Next: one pass over each input") has the design.
+"""Block scales (issue 15, one pass over each input): the quantization formula, the packed
+layout the kernels read them in, and a torch emulation of the arithmetic the kernels fold the
+scales into. prepare quantizes by this formula (on a GPU variants/block_quantize_kernel.py
+computes the same codes in one launch); benchmarks/RESULTS.md has the design.
 
 Why these granularities: every scale must be decided by the block of input that is being cast,
 so that one read of that block both measures and casts it (no amax pass over a whole head first),
@@ -22,19 +23,123 @@ A scale is amax / 448 as today (code = round_e4m3(x * 448 / amax)); an all-zero 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-# prepare's own constants of the format (TINY_AMAX is module-private there; variants is one
-# package, and prepare stays as the device validated it).
-from variants.prepare import _TINY_AMAX as TINY_AMAX
-from variants.prepare import DESCALE_PER_AMAX, E4M3_MAX
+# The format's constants, stated here: prepare quantizes with this module's formula.
+E4M3_MAX = 448.0
+# descale = amax * fl32(1 / 448): one rounding of a product, the same in torch and the kernels.
+DESCALE_PER_AMAX = 1.0 / E4M3_MAX
+# An all-zero row or block gets scale 1e-12 instead of a division by zero.
+TINY_AMAX = 1e-12
 
 KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
 # variants/common/softmax.py's two constants, restated: that module imports the CuTe DSL, which
 # this torch emulation does without.
 P_SHIFT_LOG2 = 8.0  # P scaled by 2^8 before it is rounded to e4m3, as the kernels do
 LOG2_E = 1.4426950408889634
+
+
+@dataclass
+class BlockScales:
+    """The descales of one set of inputs: q (batch, heads, seq_len) per token, k and v (batch,
+    kv_heads, ceil(seq_len_kv / 64)) per 64-key block, fp32 (x ~= code * descale)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def per_head(cls, dq, dk, dv, seq_len: int, seq_len_kv: int) -> BlockScales:
+        """Per-(batch, head) descales (q's (batch, heads), k's and v's (batch, kv_heads)) as the
+        block scales they equal: one scale repeated over every row and block."""
+        blocks = -(-seq_len_kv // KV_BLOCK)
+        return cls(dq.float()[..., None].expand(-1, -1, seq_len).contiguous(),
+                   dk.float()[..., None].expand(-1, -1, blocks).contiguous(),
+                   dv.float()[..., None].expand(-1, -1, blocks).contiguous())
+
+    def per_key(self, which: str) -> torch.Tensor:
+        """k's or v's descale of every key, (batch, seq_len_kv, kv_heads, 1), for a length of
+        `blocks * 64` keys or fewer (cut by the caller)."""
+        d = getattr(self, which)
+        return d.repeat_interleave(KV_BLOCK, dim=2).permute(0, 2, 1)[..., None]
+
+    def packed(self, padded_len: int, padded_len_kv: int) -> torch.Tensor:
+        """One fp32 buffer in the kernels' layout (PackedLayout; the one-pass GPU quantization
+        writes it itself): q's (batch, heads, padded_len), then K's, log2 of V's, 1 / V's and
+        V's, each (batch, kv_heads, ceil(padded_len_kv / 64)). Padding rows and blocks get
+        finite neutral values (scale 1, log2 0): their codes are zero and the kernels mask
+        them, but a NaN would still spread."""
+        batch, heads, seq_len = self.q.shape
+        _, kv_heads, blocks = self.k.shape
+        layout = PackedLayout(batch, heads, padded_len, kv_heads, padded_len_kv)
+        if layout.blocks < blocks or padded_len < seq_len:
+            raise ValueError(f"padded lengths {padded_len}, {padded_len_kv} do not hold "
+                             f"{seq_len} rows and {blocks} blocks of {KV_BLOCK} keys")
+        out = torch.ones(layout.size, dtype=torch.float32, device=self.q.device)
+        q, k, log2_v, inv_v, v = layout.views(out)
+        q[..., :seq_len] = self.q
+        k[..., :blocks] = self.k
+        log2_v.zero_()
+        log2_v[..., :blocks] = self.v.log2()
+        inv_v[..., :blocks] = self.v.reciprocal()
+        v[..., :blocks] = self.v
+        return out
+
+    @classmethod
+    def from_packed(cls, buffer: torch.Tensor, layout: PackedLayout, seq_len: int,
+                    seq_len_kv: int) -> BlockScales:
+        """The descales as views into a packed buffer (no copy): q's rows below seq_len, K's
+        and V's blocks that hold a key below seq_len_kv."""
+        q, k, _, _, v = layout.views(buffer)
+        blocks = -(-seq_len_kv // KV_BLOCK)
+        return cls(q[..., :seq_len], k[..., :blocks], v[..., :blocks])
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each part of the packed scales lies (the kernels' views:
+    variants/common/abi.block_scale_views)."""
+
+    batch: int
+    heads: int
+    padded_len: int
+    kv_heads: int
+    padded_len_kv: int
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.padded_len_kv // KV_BLOCK)
+
+    @property
+    def q_size(self) -> int:
+        return self.batch * self.heads * self.padded_len
+
+    @property
+    def kv_size(self) -> int:
+        return self.batch * self.kv_heads * self.blocks
+
+    @property
+    def size(self) -> int:
+        return self.q_size + 4 * self.kv_size
+
+    def views(self, buffer: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """(q (batch, heads, padded_len), then k, log2 v, 1 / v, v (batch, kv_heads, blocks))."""
+        if buffer.numel() != self.size:
+            raise ValueError(f"packed scales of {buffer.numel()} values, this layout has "
+                             f"{self.size}")
+        q = buffer[:self.q_size].view(self.batch, self.heads, self.padded_len)
+        kv = buffer[self.q_size:].view(4, self.batch, self.kv_heads, self.blocks)
+        return (q, *kv.unbind(0))
+
+
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """q, k, v -> (codes of q, k, v in their own layouts, BlockScales): the one-pass formula."""
+    (q8, dq), (k8, dk), (v8, dv) = quantize_rows(q), quantize_key_blocks(k), quantize_key_blocks(v)
+    return (q8, k8, v8), BlockScales(dq.permute(0, 2, 1).contiguous(),
+                                     dk.permute(0, 2, 1).contiguous(),
+                                     dv.permute(0, 2, 1).contiguous())
 
 
 def _cast(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +189,9 @@ def folded_attention(q8, dq, k8, dk, v8, dv, *, softmax_scale: float, block_n: i
     (out (batch, seq, heads, dim), lse (batch, heads, seq), natural log). Causal is aligned to
     the bottom right; a row that sees no key gets 0 and -inf. Grouped KV heads: query head h
     reads KV head h // (heads // kv_heads)."""
-    if block_n % block:
-        raise ValueError(f"block_n={block_n} must be a multiple of the {block}-key scale block")
+    if block_n % block and block % block_n:
+        raise ValueError(f"block_n={block_n} must be a multiple of the {block}-key scale block "
+                         "or divide it")
     batch, seq, heads, dim = q8.shape
     seq_kv, kv_heads = k8.shape[1], k8.shape[2]
     group = heads // kv_heads

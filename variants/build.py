@@ -76,11 +76,12 @@ _ENV_NOT_CODEGEN = {"CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR", "CUTE_DSL_DUMP_DIR", 
 @cache
 def shared_source_hash() -> str:
     """This module, the compile options (dsl_compile), the launch ABI and device code every
-    family shares (common/) and the contract they implement: the cache launches what it
-    stores, so an edit there must not reuse old objects."""
+    family shares (common/), the block scales' constants the kernels fold (block_scales) and
+    the contract they implement: the cache launches what it stores, so an edit there must not
+    reuse old objects."""
     here = Path(__file__).resolve().parent
     return files_hash([*(here / name for name in ("build.py", "base.py", "cubin.py",
-                                                   "dsl_compile.py")),
+                                                   "dsl_compile.py", "block_scales.py")),
                         *sorted((here / "common").glob("*.py"))])
 
 
@@ -251,8 +252,9 @@ class CompiledKernel:
                                v_feature_major=feature_major)
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
-        """Inputs the caller quantized (e4m3 codes, descales (batch, heads) each) in this
-        kernel's layout, without quantizing: variants.prepare.fp8_inputs."""
+        """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /
+        64 keys: variants.prepare.check_fp8_qkv) in this kernel's layout, without quantizing:
+        variants.prepare.fp8_inputs."""
         from variants.prepare import fp8_inputs
 
         feature_major, permuted = self._v_layout()

@@ -27,10 +27,15 @@ to a launch through the DSL's call.
 from __future__ import annotations
 
 import ctypes
+import functools
+import logging
 import threading
 from dataclasses import dataclass
 
-__all__ = ["FastLaunch", "Slot", "current_stream_handle", "pointer", "scalar", "STREAM"]
+__all__ = ["FastLaunch", "LauncherCache", "Slot", "current_stream_handle", "device_arch",
+           "pointer", "scalar", "STREAM"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -162,3 +167,46 @@ def current_stream_handle(device) -> int:
     if raw is not None:
         return raw(index)
     return torch.cuda.current_stream(index).cuda_stream
+
+
+@functools.cache
+def device_arch(device) -> str:
+    """sm_XY of a CUDA device, once per device: the capability query costs ~10 us, and prepare
+    asks per call."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"sm_{major}{minor}"
+
+
+class LauncherCache:
+    """One FastLaunch per key (a kernel's compile options and the GPU's arch) and process,
+    compiled on first use. A compile failure (an arch this DSL build cannot target, say) is
+    logged once and remembered as None, so that prepare falls back to torch ops, which give the
+    same codes, instead of failing; compile_now=False (inside a CUDA-graph capture, which must
+    not see a module load) answers only what is compiled already."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+        self._launchers: dict[tuple, FastLaunch | None] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple, build, *, compile_now: bool = True) -> FastLaunch | None:
+        """The launcher for `key`; build() -> (compiled function, slots) makes it."""
+        hit = self._launchers.get(key, False)
+        if hit is not False or not compile_now:
+            return hit or None
+        with self._lock:
+            if key not in self._launchers:
+                try:
+                    self._launchers[key] = FastLaunch(*build())
+                except Exception as exc:  # noqa: BLE001 - any DSL failure: fall back, loudly
+                    text = str(exc).strip()
+                    log.warning("%s unavailable for %s (%s); prepare uses torch ops", self._what,
+                                key, text.splitlines()[-1][:200] if text else type(exc).__name__)
+                    self._launchers[key] = None
+            return self._launchers[key]
+
+    def launchers(self) -> list[FastLaunch]:
+        """The compiled launchers so far (the GPU tests check their launch path)."""
+        return [launcher for launcher in self._launchers.values() if launcher is not None]

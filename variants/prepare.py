@@ -1,16 +1,19 @@
 """FP8 input preparation shared by every family: quantize, lay out V, pad, permute keys.
 
-q, k, v arrive as bf16/fp16 (batch, seq_len, heads, head_dim). Each (batch, head) slice of each
-tensor gets its own scale from its amax, so one outlier head does not crush the resolution of the
-others: x_fp8 = round_e4m3(x * 448 / amax), descale = amax / 448. The kernels fold the descales
-into two scalars per head: qk_scale = dq * dk * softmax_scale before the softmax, and dv / 256
-(the 256 undoes the scaling of P before it is rounded to e4m3) in the epilogue.
+q, k, v arrive as bf16/fp16 (batch, seq_len, heads, head_dim). They get block scales
+(variants/block_scales.py): q one per token and head, k and v one per 64 keys of a KV head, each
+decided by the block it scales, so every input is read once and one outlier token or block does
+not crush the resolution of the rest: x_fp8 = round_e4m3(x * 448 / amax), descale = amax / 448.
+The kernels fold them into the softmax (Q's and K's into the exponent's factor, V's as log2 sv
+in the exponent and 1 / sv in the row sum), so the epilogue has no descale left. The scales
+travel packed in one fp32 buffer (block_scales.PackedLayout), the kernels' one pointer.
 
 V is stored feature-major, (batch, heads, head_dim, padded_len), so the P @ V GEMM reads it with
 keys contiguous (K-major B operand) without a transpose in the kernel. For the register-P trick of
 the seed kernel, the key order inside every 16-key group is permuted once here, so that the
 accumulator fragment of S can be reused as the A fragment of P @ V without crossing lanes.
-On a GPU the fused cast (variants/quantize_kernel.py) writes that layout and order itself.
+On a GPU one launch (variants/block_quantize_kernel.py) quantizes all three inputs and writes
+that layout and order itself.
 A kernel that transposes V itself (wgmma with v_layout=kernel) asks for the natural layout
 instead, (batch, padded_len, heads, head_dim) like K, and applies any key order in shared memory.
 """
@@ -22,19 +25,14 @@ from dataclasses import dataclass
 
 import torch
 
+from variants import block_scales
 from variants.base import HEAD_DIMS as SUPPORTED_HEAD_DIMS
+from variants.block_scales import DESCALE_PER_AMAX, KV_BLOCK, TINY_AMAX, BlockScales, PackedLayout
 from variants.errors import TunerError
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 
 __all__ = ["Fp8Inputs", "check_qkv", "inverse_key_order", "key_slot", "quantize_inputs",
            "register_p_key_order", "round_up"]
-
-E4M3_MAX = 448.0
-# descale = amax * fl32(1 / 448): one rounding of a product, the same in torch (CPU and CUDA)
-# and in the GPU kernels (torch's CUDA division by a scalar is itself a reciprocal multiply).
-DESCALE_PER_AMAX = 1.0 / E4M3_MAX
-# Rows of all-zero input get scale 1 instead of a division by zero.
-_TINY_AMAX = 1e-12
 
 
 @dataclass
@@ -46,9 +44,10 @@ class Fp8Inputs:
     # v_feature_major: (batch, kv_heads, head_dim, padded_len_kv), keys permuted if
     # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order.
     v: torch.Tensor
-    # (batch, heads, 3) float32: q, k, v descales (amax / 448) by query head; K's and V's are
-    # per (batch, KV head), repeated over the heads // kv_heads query heads that read it.
-    descale: torch.Tensor
+    # The descales (variants/block_scales.py: q's per token and head, k's and v's per 64 keys of
+    # a KV head) packed in the kernels' layout (block_scales.PackedLayout), the one buffer the
+    # kernels read; `scales` views it.
+    packed: torch.Tensor
     seq_len: int  # q's real length; rows at or past it are padding (zeros)
     key_permuted: bool
     softmax_scale: float
@@ -58,6 +57,19 @@ class Fp8Inputs:
     def __post_init__(self) -> None:
         if self.seq_len_kv is None:
             self.seq_len_kv = self.seq_len
+
+    @property
+    def scale_layout(self) -> PackedLayout:
+        return PackedLayout(self.q.shape[0], self.q.shape[2], self.padded_len, self.k.shape[2],
+                            self.padded_len_kv)
+
+    @functools.cached_property
+    def scales(self) -> BlockScales:
+        """The descales as (batch, heads, seq_len) and (batch, kv_heads, blocks) views of
+        `packed`, made on first use only (the launch needs the buffer alone, and every view
+        costs host time on each call)."""
+        return BlockScales.from_packed(self.packed, self.scale_layout, self.seq_len,
+                                       self.seq_len_kv)
 
     @property
     def group(self) -> int:
@@ -102,18 +114,17 @@ class Fp8Inputs:
         """fp32 q (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads,
         head_dim) exactly as the kernel sees them."""
         s, skv = self.seq_len, self.seq_len_kv
-        dq = self.descale[..., 0]  # (batch, heads)
-        # K's and V's descale per KV head: the first query head of each group holds it.
-        dk, dv = (self.descale[:, ::self.group, i] for i in (1, 2))  # (batch, kv_heads)
+        dq = self.scales.q[..., :s].permute(0, 2, 1)[..., None]  # (batch, seq_len, heads, 1)
+        dk, dv = (self.scales.per_key(n)[:, :skv] for n in ("k", "v"))
         # In place after one fp32 copy each: at B=1 H=56 S=30272 a temporary is 0.9 GB.
-        q = self.q[:, :s].float().mul_(dq[:, None, :, None])
-        k = self.k[:, :skv].float().mul_(dk[:, None, :, None])
+        q = self.q[:, :s].float().mul_(dq)
+        k = self.k[:, :skv].float().mul_(dk)
         if not self.v_feature_major:
-            return q, k, self.v[:, :skv].float().mul_(dv[:, None, :, None])
+            return q, k, self.v[:, :skv].float().mul_(dv)
         # The key gather on the 1-byte codes, then one fp32 copy.
         codes = self.v.view(torch.uint8)[..., self.natural_key_slots()[:skv]]
         v = codes.view(torch.float8_e4m3fn).float().permute(0, 3, 1, 2)
-        return q, k, v.mul_(dv[:, None, :, None])
+        return q, k, v.mul_(dv)
 
 
 def check_qkv(
@@ -142,9 +153,11 @@ def check_qkv(
 
 def check_fp8_qkv(q, k, v, descales) -> None:
     """The FP8 entry point's boundary: e4m3 q (batch, seq_len, heads, head_dim), k and v (batch,
-    seq_len_kv, kv_heads, head_dim), and fp32 descales broadcastable to (batch, heads) for q and
-    (batch, kv_heads) for k and v (each tensor's own heads); every message names the problem
-    and the fix."""
+    seq_len_kv, kv_heads, head_dim), and fp32 descales in one of two granularities each: per
+    head, broadcastable to (batch, heads) for q and (batch, kv_heads) for k and v (each tensor's
+    own heads; one per tensor broadcasts too), or fine, as prepare's block scales: q's (batch,
+    seq_len, heads) one per token, k's and v's (batch, ceil(seq_len_kv / 64), kv_heads) one per
+    64 keys. Every message names the problem and the fix."""
     _check_tensors(q, k, v, require_cuda=True)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype != torch.float8_e4m3fn:
@@ -155,18 +168,32 @@ def check_fp8_qkv(q, k, v, descales) -> None:
     for index, (name, d) in enumerate(zip(("q_descale", "k_descale", "v_descale"), descales,
                                           strict=True)):
         x = (q, k, v)[index]
-        batch, heads = x.shape[0], x.shape[2]
+        batch, length, heads = x.shape[:3]
         which = "kv_heads" if index else "heads"
+        fine = (batch, length, heads) if index == 0 else (batch, -(-length // KV_BLOCK), heads)
+        fine_words = ("(batch, seq_len, heads) one per token" if index == 0 else
+                      f"(batch, ceil(seq_len_kv / {KV_BLOCK}), kv_heads) one per {KV_BLOCK} keys")
         if not isinstance(d, torch.Tensor) or d.dtype != torch.float32:
             raise TunerError(f"{name} must be a float32 tensor of shape (batch, {which}) = "
-                             f"({batch}, {heads}) or broadcastable to it (one per tensor), got "
+                             f"({batch}, {heads}) or broadcastable to it (one per tensor), or "
+                             f"{fine_words} = {fine}, got "
                              f"{getattr(d, 'dtype', type(d).__name__)}")
-        try:
-            torch.broadcast_shapes(tuple(d.shape), (batch, heads))
-        except RuntimeError:
-            raise TunerError(f"{name} has shape {tuple(d.shape)}; it must broadcast to (batch, "
-                             f"{which}) = ({batch}, {heads}): one descale per (batch, head) of "
-                             f"{name[0]}, or one per tensor") from None
+        if d.dim() > 3:
+            raise TunerError(f"{name} has {d.dim()} dims (shape {tuple(d.shape)}); per head it "
+                             f"is (batch, {which}) = ({batch}, {heads}) or broadcastable to it, "
+                             f"fine it is {fine_words} = {fine}")
+        if d.dim() == 3:
+            if tuple(d.shape) != fine:
+                raise TunerError(f"{name} has shape {tuple(d.shape)}; a 3-dim descale is "
+                                 f"{fine_words} = {fine} (per head: a 2-dim (batch, {which}))")
+        else:
+            try:
+                torch.broadcast_shapes(tuple(d.shape), (batch, heads))
+            except RuntimeError:
+                raise TunerError(f"{name} has shape {tuple(d.shape)}; it must broadcast to "
+                                 f"(batch, {which}) = ({batch}, {heads}): one descale per "
+                                 f"(batch, head) of {name[0]}, or one per tensor; or be "
+                                 f"{fine_words} = {fine}") from None
         if d.device != q.device:
             raise TunerError(f"{name} is on {d.device}, q on {q.device}: move it with "
                              f".to({str(q.device)!r})")
@@ -267,33 +294,6 @@ def _inverse_key_order_on(length: int, device: torch.device) -> torch.Tensor:
     return inverse_key_order(length).to(device)
 
 
-def _per_head_scale(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (batch, seq, heads, dim) -> (scale broadcastable to x, descale (batch, heads))."""
-    # max |x| in one read (the inf-norm), without an |x| temporary.
-    amax = torch.linalg.vector_norm(x, float("inf"), dim=(1, 3)).float()
-    amax = amax.clamp_min(_TINY_AMAX)  # (batch, heads)
-    scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448): what torch's 448 / amax is
-    return scale[:, None, :, None], amax * DESCALE_PER_AMAX
-
-
-def _quantize(x: torch.Tensor, scale: torch.Tensor, padded: int, *, feature_major: bool = False,
-              permute_keys: bool = False) -> torch.Tensor:
-    """e4m3(x * scale) padded with zero keys up to `padded`, in torch ops: (batch, padded, heads,
-    head_dim), or with feature_major (batch, heads, head_dim, padded), keys contiguous and, with
-    permute_keys, in register_p_key_order.
-
-    The path where the GPU kernels of variants/quantize_kernel.py do not apply (no GPU, no CuTe
-    DSL, a strided input), with the same arithmetic: the product is fp32 (x promoted by the fp32
-    scale, no separate fp32 copy of x) and clamped (rounding can land a hair above 448, and e4m3fn
-    has no Inf); the cast happens in the copy into the padded output, so padding costs no extra
-    pass; a feature-major output is then a transposing (and permuting) copy of that."""
-    batch, seq_len, heads, head_dim = x.shape
-    natural = torch.empty((batch, padded, heads, head_dim), dtype=torch.float8_e4m3fn,
-                          device=x.device)
-    natural[:, :seq_len].copy_(torch.mul(x, scale).clamp_(-E4M3_MAX, E4M3_MAX))
-    return _lay_out(natural, seq_len, feature_major=feature_major, permute_keys=permute_keys)
-
-
 def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
              permute_keys: bool) -> torch.Tensor:
     """Codes (batch, padded, heads, head_dim) with rows < seq_len written: zero the padding, then
@@ -312,119 +312,91 @@ def _lay_out(natural: torch.Tensor, seq_len: int, *, feature_major: bool,
     return out
 
 
-@dataclass(frozen=True)
-class _QuantKernels:
-    """prepare's launchers of variants/quantize_kernel.py for one set of inputs: amax(q), then
-    cast(q) + amax(k), cast(k) + amax(v) (cast_then_amax), then V's cast; the FP8 entry point
-    uses only the casts (cast_qk for q and k, which need no amax)."""
-
-    amax: object | None
-    cast_then_amax: object | None
-    cast_qk: object | None
-    cast_v: object
-
-
-def _gpu_kernels(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
-                 padded_kv: int, *, v_feature_major: bool, permute_keys: bool,
-                 rescale: bool = True):
-    """The launchers of variants/quantize_kernel.py for these inputs (_QuantKernels), or None
-    where they do not apply: contiguous, 16-byte aligned CUDA tensors of one dtype with 32-bit
-    offsets into the padded outputs. Inside a CUDA-graph capture they are used only if compiled
-    already (compiling loads a module, which a capture must not see); the torch path gives the
-    same codes. Feature-major V also needs padded_kv % 8 == 0 (8 keys per store)."""
-    if not (q.is_cuda and q.shape[-1] % 8 == 0):
-        return None
+def _gpu_kernels_apply(q, k, v, padded: int, padded_kv: int, v_feature_major: bool) -> bool:
+    """Whether prepare's GPU kernels take these inputs: contiguous, 16-byte aligned CUDA tensors
+    whose padded outputs have 32-bit offsets, and, for feature-major V, padded_kv % 8 == 0 (8
+    keys a store)."""
+    if not q.is_cuda:
+        return False
     for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
         if x.numel() // x.shape[1] * rows >= 2**31:
-            return None
-    if v_feature_major and padded_kv % 8:  # the feature-major cast writes 8 keys per store
+            return False
+    if v_feature_major and padded_kv % 8:
+        return False
+    return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
+
+
+@dataclass(frozen=True)
+class _LayoutCopies:
+    """The FP8 entry point's launchers of variants/layout_kernel.py: codes copied as they are
+    into the layouts the kernel reads, q's and k's token-major, v's as asked."""
+
+    qk: object
+    v: object
+
+
+def _layout_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
+                   padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
+    """_LayoutCopies for these e4m3 inputs, or None where they do not apply
+    (_gpu_kernels_apply). Inside a CUDA-graph capture they are used only if compiled already
+    (compiling loads a module, which a capture must not see); the torch path gives the same
+    codes."""
+    if not _gpu_kernels_apply(q, k, v, padded, padded_kv, v_feature_major):
         return None
-    for x in (q, k, v):
-        if not (x.is_contiguous() and x.data_ptr() % 16 == 0):
-            return None
     try:
-        from variants import quantize_kernel
+        from variants import layout_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops
         return None
-    args = (q.dtype, q.shape[-1], q.device)
     now = not _capturing()
-    cast_v = quantize_kernel.compiled("cast", *args, feature_major=v_feature_major,
-                                      permute_keys=permute_keys, rescale=rescale,
-                                      compile_now=now)
-    if not rescale:
-        cast_qk = quantize_kernel.compiled("cast", *args, rescale=False, compile_now=now)
-        if cast_qk is None or cast_v is None:
-            return None
-        return _QuantKernels(None, None, cast_qk, cast_v)
-    # The amax's chunks per CTA follow its input's size: q's for amax(q), k's (= v's) for the
-    # amax in the fused launches.
-    q_per_cta, kv_per_cta = (
-        quantize_kernel.amax_chunks_per_cta(x.shape[0], x.shape[2], x.shape[1], x.shape[3],
-                                            x.device) for x in (q, k))
-    amax = quantize_kernel.compiled("amax", *args, chunks_per_cta=q_per_cta, compile_now=now)
-    fused = quantize_kernel.compiled("cast_then_amax", *args, chunks_per_cta=kv_per_cta,
-                                     compile_now=now)
-    if amax is None or fused is None or cast_v is None:
+    copy_v = layout_kernel.compiled(q.shape[-1], q.device, feature_major=v_feature_major,
+                                    permute_keys=permute_keys, compile_now=now)
+    copy_qk = layout_kernel.compiled(q.shape[-1], q.device, compile_now=now)
+    if copy_qk is None or copy_v is None:
         return None
-    return _QuantKernels(amax, fused, None, cast_v)
+    return _LayoutCopies(copy_qk, copy_v)
 
 
-def _quantize_on_gpu(kernels: _QuantKernels, q, k, v, padded: int, padded_kv: int,
-                     v_feature_major: bool):
-    """codes of q, k, v and their descales (batch, heads, 3) by the GPU kernels, four launches:
-    amax(q); cast(q) + amax(k); cast(k) + amax(v); cast(v). Every cast's first CTAs read what
-    its input's amax read last, from L2. K's and V's casts write their descale for every query
-    head of their KV head's group."""
+def _block_quant_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
+                        padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
+    """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
+    where it does not apply (_gpu_kernels_apply). Inside a CUDA-graph capture only if compiled
+    already (compiling loads a module, which a capture must not see); the torch formula gives
+    the same codes."""
+    if not _gpu_kernels_apply(q, k, v, padded, padded_kv, v_feature_major):
+        return None
+    try:
+        from variants import block_quantize_kernel
+    except ImportError:  # no CuTe DSL in this environment: torch ops
+        return None
+    return block_quantize_kernel.compiled("quant", q.dtype, q.shape[-1], q.device,
+                                          v_feature_major=v_feature_major,
+                                          permute_keys=permute_keys,
+                                          compile_now=not _capturing())
+
+
+def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool):
+    """(codes of q, k, v in the kernel's layouts, packed scales): one launch, three outputs
+    and one scale buffer allocated (each allocation costs host time)."""
     from variants.launch import current_stream_handle
 
     batch, seq_len, heads, head_dim = q.shape
     _, seq_len_kv, kv_heads, _ = k.shape
-    group = heads // kv_heads
     device = q.device
-    stream = current_stream_handle(device)
-    # Few allocations (each ~3-7 us of host time): descale (batch, heads, 3) and the amax
-    # scratch (q's batch x heads, then k's and v's batch x kv_heads) share one, q's and k's
-    # codes another when they have one shape.
-    q_heads, kv_total = batch * heads, batch * kv_heads
-    scalars = torch.empty(3 * q_heads + q_heads + 2 * kv_total, dtype=torch.float32,
-                          device=device)
-    descale = scalars[:3 * q_heads].view(batch, heads, 3)
-    descale_at = scalars.data_ptr()
-    amax_at = descale_at + 4 * 3 * q_heads
-    _zero_on_stream(amax_at, q_heads + 2 * kv_total, stream)
-    slots = (amax_at, amax_at + 4 * q_heads, amax_at + 4 * (q_heads + kv_total))
-    natural = (batch, padded, heads, head_dim)
-    natural_kv = (batch, padded_kv, kv_heads, head_dim)
-    v_shape = (batch, kv_heads, head_dim, padded_kv) if v_feature_major else natural_kv
+    natural = (batch, layout.padded_len, heads, head_dim)
+    natural_kv = (batch, layout.padded_len_kv, kv_heads, head_dim)
+    v_shape = (batch, kv_heads, head_dim, layout.padded_len_kv) if v_feature_major \
+        else natural_kv
     if natural == natural_kv:
         q8, k8 = torch.empty((2, *natural), dtype=torch.float8_e4m3fn, device=device).unbind(0)
     else:
         q8, k8 = (torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
                   for shape in (natural, natural_kv))
-    outs = (q8, k8, torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device))
-    inputs = (q.data_ptr(), k.data_ptr(), v.data_ptr())
-    kernels.amax(inputs[0], slots[0], batch, seq_len, heads, stream)
-    # cast q with amax k, then cast k with amax v: (length, padded, heads, replicas) of the cast.
-    casts = ((seq_len, padded, heads, 1), (seq_len_kv, padded_kv, kv_heads, group))
-    for index, (length, rows, cast_heads, replicas) in enumerate(casts):
-        kernels.cast_then_amax(inputs[index], slots[index], descale_at + 4 * index,
-                               outs[index].data_ptr(), inputs[index + 1], slots[index + 1],
-                               batch, length, rows, cast_heads, replicas, seq_len_kv, kv_heads,
-                               stream)
-    kernels.cast_v(inputs[2], slots[2], descale_at + 8, outs[2].data_ptr(), batch, seq_len_kv,
-                   padded_kv, kv_heads, group, stream)
-    return outs, descale
-
-
-def _zero_on_stream(address: int, count: int, stream: int) -> None:
-    """count 4-byte words at address = 0 on the stream by one driver memset: ~2 us of host time,
-    where torch.zeros costs ~11 us (an allocation and a fill kernel through the dispatcher) on
-    the H200's host, and the amax scratch is zeroed on every call."""
-    from cuda.bindings import driver
-
-    (err,) = driver.cuMemsetD32Async(address, 0, count, stream)
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"zeroing prepare's amax scratch failed: {err}")
+    v8 = torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device)
+    packed = torch.empty(layout.size, dtype=torch.float32, device=device)
+    launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(), v8.data_ptr(),
+           packed.data_ptr(), batch, heads, kv_heads, seq_len, layout.padded_len, seq_len_kv,
+           layout.padded_len_kv, current_stream_handle(device))
+    return q8, k8, v8, packed
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -465,29 +437,31 @@ def quantize_inputs(
         raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
 
-    kernels = _gpu_kernels(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
-                           permute_keys=permute_keys)
-    if kernels is not None:
-        out, descale = _quantize_on_gpu(kernels, q, k, v, padded, padded_kv, v_feature_major)
-    else:
-        descales = []
-        out = []
-        for index, x in enumerate((q, k, v)):
-            # One fp32 temporary per tensor at a time bounds the peak memory to ~4 bytes/element.
-            scale, descale = _per_head_scale(x)
-            # By query head: a KV head's descale repeated for each query head that reads it.
-            descales.append(descale.repeat_interleave(heads // x.shape[2], dim=1))
-            is_v = index == 2
-            out.append(_quantize(x, scale, padded if index == 0 else padded_kv,
-                                 feature_major=is_v and v_feature_major,
-                                 permute_keys=is_v and permute_keys))
-        descale = torch.stack(descales, dim=-1).contiguous()
+    layout = PackedLayout(batch, heads, padded, k.shape[2], padded_kv)
+    launch = _block_quant_kernel(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
+                                 permute_keys=permute_keys)
+    if launch is not None:
+        q8, k8, v8, packed = _block_quantize_on_gpu(launch, q, k, v, layout, v_feature_major)
+        return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, seq_len=seq_len,
+                         key_permuted=permute_keys, softmax_scale=float(softmax_scale),
+                         v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)
+    # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
+    codes, scales = block_scales.quantize(q, k, v)
+    out = []
+    for index, x8 in enumerate(codes):
+        is_v = index == 2
+        length, rows = (seq_len, padded) if index == 0 else (seq_len_kv, padded_kv)
+        natural = torch.empty((batch, rows, x8.shape[2], head_dim), dtype=torch.float8_e4m3fn,
+                              device=q.device)
+        natural[:, :length].view(torch.uint8).copy_(x8.view(torch.uint8))
+        out.append(_lay_out(natural, length, feature_major=is_v and v_feature_major,
+                            permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
     return Fp8Inputs(
         q=q8,
         k=k8,
         v=v8,
-        descale=descale,
+        packed=scales.packed(padded, padded_kv),
         seq_len=seq_len,
         key_permuted=permute_keys,
         softmax_scale=float(softmax_scale),
@@ -507,9 +481,9 @@ def fp8_inputs(
     softmax_scale: float | None = None,
     v_feature_major: bool = True,
 ) -> Fp8Inputs:
-    """Fp8Inputs from e4m3 codes the caller quantized (x ~= code * descale[b, h] with h the
-    tensor's own head: q's descale broadcast to (batch, heads), k's and v's to (batch,
-    kv_heads)), checked by check_fp8_qkv: no quantization, only the layout the kernel reads. q
+    """Fp8Inputs from e4m3 codes the caller quantized (x ~= code * descale, per head or per
+    token / 64-key block: check_fp8_qkv states both), checked by check_fp8_qkv: no
+    quantization, only the layout the kernel reads. q
     and k are used as they are when contiguous and their length is a multiple of pad_to (else
     copied, zero-padded); V likewise for a kernel that reads it in the natural layout, else
     re-laid out feature-major (and key-permuted) in one pass over its codes."""
@@ -520,17 +494,19 @@ def fp8_inputs(
     if softmax_scale is None:
         softmax_scale = head_dim**-0.5
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
-    group = heads // kv_heads
-    descale = torch.stack(
-        [descales[0].expand(batch, heads)]
-        + [d.expand(batch, kv_heads).repeat_interleave(group, dim=1) for d in descales[1:]],
-        dim=-1).contiguous()
+    scale_layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
+    views = _descale_views(descales, batch, heads, kv_heads, seq_len, seq_len_kv)
+    packed = _expand_scales(views, scale_layout, seq_len, seq_len_kv)
+    if packed is None:  # no GPU kernel: the same values by torch ops
+        tiny = TINY_AMAX * DESCALE_PER_AMAX  # as ExpandScales: a zero descale would give NaN
+        packed = BlockScales(*(d.permute(0, 2, 1).clamp_min(tiny) for d in views)).packed(
+            padded, padded_kv)
     as_is = padded == seq_len and padded_kv == seq_len_kv
     natural_v = as_is and not v_feature_major and v.is_contiguous()
     kernels = None
     if not (as_is and q.is_contiguous() and k.is_contiguous() and natural_v):
-        kernels = _gpu_kernels(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
-                               permute_keys=permute_keys, rescale=False)
+        kernels = _layout_copies(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
+                                 permute_keys=permute_keys)
     out = []
     for index, x in enumerate((q, k, v)):
         is_v = index == 2
@@ -543,8 +519,8 @@ def fp8_inputs(
             layout = torch.empty((batch, x_heads, head_dim, rows) if feature_major
                                  else (batch, rows, x_heads, head_dim),
                                  dtype=torch.float8_e4m3fn, device=x.device)
-            cast = kernels.cast_v if is_v else kernels.cast_qk
-            cast(x.data_ptr(), 0, 0, layout.data_ptr(), batch, length, rows, x_heads, 1,
+            copy = kernels.v if is_v else kernels.qk
+            copy(x.data_ptr(), layout.data_ptr(), batch, length, rows, x_heads,
                  current_stream_handle(x.device))
             out.append(layout)
         else:
@@ -554,6 +530,42 @@ def fp8_inputs(
             out.append(_lay_out(natural, length, feature_major=feature_major,
                                 permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
-    return Fp8Inputs(q=q8, k=k8, v=v8, descale=descale, seq_len=seq_len,
+    return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, seq_len=seq_len,
                      key_permuted=permute_keys, softmax_scale=float(softmax_scale),
                      v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)
+
+
+def _descale_views(descales, batch: int, heads: int, kv_heads: int, seq_len: int,
+                   seq_len_kv: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The caller's descales as q's (batch, seq_len, heads) and k's and v's (batch, blocks,
+    kv_heads) views, a per-head descale broadcast (stride 0) over rows or blocks: no copy."""
+    blocks = -(-seq_len_kv // KV_BLOCK)
+    shapes = ((seq_len, heads), (blocks, kv_heads), (blocks, kv_heads))
+    return tuple(d if d.dim() == 3 else d.expand(batch, h)[:, None, :].expand(batch, n, h)
+                 for d, (n, h) in zip(descales, shapes, strict=True))
+
+
+def _expand_scales(views, layout: PackedLayout, seq_len: int, seq_len_kv: int):
+    """The packed block scales of the caller's descales by one GPU launch
+    (block_quantize_kernel.ExpandScales: each read through its strides), or None where it does
+    not apply (descales off the GPU, no CuTe DSL, inside a CUDA-graph capture before it
+    compiled)."""
+    if not all(d.is_cuda for d in views):
+        return None
+    try:
+        from variants import block_quantize_kernel
+        from variants.launch import current_stream_handle
+    except ImportError:
+        return None
+    device = views[0].device
+    launch = block_quantize_kernel.compiled("expand", torch.float32, 0, device,
+                                            compile_now=not _capturing())
+    if launch is None:
+        return None
+    packed = torch.empty(layout.size, dtype=torch.float32, device=device)
+    dq, dk, dv = views
+    launch(dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), packed.data_ptr(), layout.batch,
+           layout.heads, layout.kv_heads, seq_len, layout.padded_len, seq_len_kv,
+           layout.padded_len_kv, *dq.stride(), *dk.stride(), *dv.stride(),
+           current_stream_handle(device))
+    return packed

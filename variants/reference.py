@@ -1,8 +1,9 @@
 """The correctness gate's arithmetic: its own FP8 quantization, the fp32 reference, the metrics.
 
 Independence. The gate never trusts a candidate's `prepare`: `quantize_reference` quantizes the
-original bf16/fp16 inputs with the one plain formula README documents (per (batch, head):
-code = round_e4m3(x * 448 / amax), descale = amax / 448), the reference is computed from those
+original bf16/fp16 inputs with the one plain formula README documents (block scales, amax per
+token of q and per 64 keys of k and v: code = round_e4m3(x * 448 / amax), descale = amax / 448),
+the reference is computed from those
 codes, and `prepare_mismatch` separately checks that the candidate's prepared inputs decode to
 exactly the same numbers. A prepare that permutes keys or mis-scales a head is then a failure
 that names `prepare`, instead of a blind spot the kernel and its reference share.
@@ -29,6 +30,8 @@ import math
 from dataclasses import asdict, dataclass
 
 import torch
+
+from variants.block_scales import KV_BLOCK, BlockScales, PackedLayout
 
 E4M3_MAX = 448.0
 DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), the rounding prepare uses
@@ -87,14 +90,13 @@ LSE_QK_REL = 2.0**-8
 class ReferenceInputs:
     """The gate's own quantization of q, k, v: e4m3 codes in the natural layout, no padding (q
     (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads, head_dim)), and
-    the descales (batch, heads, 3) of q, k, v, indexed by QUERY head: a KV head's descale is
-    repeated over the query heads of its group (the layout of prepare's Fp8Inputs, in which a
-    kernel finds every scale of query head h at [b, h])."""
+    their block scales (q's (batch, heads, seq_len), k's and v's (batch, kv_heads, blocks of
+    64 keys)), the values a candidate's packed scales must hold."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    descale: torch.Tensor
+    scales: BlockScales
     softmax_scale: float
 
     @property
@@ -109,13 +111,17 @@ class ReferenceInputs:
     def group(self) -> int:
         return self.q.shape[2] // self.k.shape[2]
 
+    def entry_descales(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The descales as tuner.attention_fp8 takes them at the fine granularity: q's (batch,
+        seq_len, heads), k's and v's (batch, blocks of 64 keys, kv_heads)."""
+        return tuple(d.permute(0, 2, 1) for d in (self.scales.q, self.scales.k, self.scales.v))
+
     def dequantized(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """fp32 q, k, v in their own shapes; K/V descales read at the first query head of each
-        group (all of the group hold the same)."""
-        kv_descale = self.descale[:, :: self.group]  # (batch, kv_heads, 3)
-        return (self.q.float() * self.descale[:, None, :, 0, None],
-                self.k.float() * kv_descale[:, None, :, 1, None],
-                self.v.float() * kv_descale[:, None, :, 2, None])
+        """fp32 q, k, v in their own shapes: q's scale per token, k's and v's per 64 keys."""
+        skv = self.seq_len_kv
+        return (self.q.float() * self.scales.q.permute(0, 2, 1)[..., None],
+                self.k.float() * self.scales.per_key("k")[:, :skv],
+                self.v.float() * self.scales.per_key("v")[:, :skv])
 
 
 def _group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
@@ -130,22 +136,32 @@ def _group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
 
 def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        softmax_scale: float | None = None) -> ReferenceInputs:
-    """The documented per-(batch, head) FP8 formula, written plainly (no fused kernel, no
-    layout): amax over (seq_len, head_dim) of each tensor's own heads in fp32, code =
-    e4m3(clamp(x * (448 / amax))); K/V descales repeated over their query heads."""
-    group = _group(q, k, v)
+    """The documented block formula, written plainly (no fused kernel, no layout, not
+    variants/block_scales.py's code): amax in fp32 over head_dim of each q token and head, and
+    over each 64 keys x head_dim of a k or v KV head; code = e4m3(clamp(x * (448 / amax)))."""
+    _group(q, k, v)
     codes, descales = [], []
     for index, x in enumerate((q, k, v)):
         x32 = x.float()
-        amax = x32.abs().amax(dim=(1, 3)).clamp_min(TINY_AMAX)  # (batch, the tensor's heads)
+        batch, length, heads, dim = x32.shape
+        if index == 0:
+            amax = x32.abs().amax(dim=3, keepdim=True)  # (batch, seq, heads, 1)
+        else:
+            blocks = -(-length // KV_BLOCK)
+            padded = torch.zeros(batch, blocks * KV_BLOCK, heads, dim, device=x32.device)
+            padded[:, :length] = x32.abs()
+            per_block = padded.view(batch, blocks, KV_BLOCK, heads, dim).amax(dim=(2, 4))
+            amax = per_block.repeat_interleave(KV_BLOCK, dim=1)[:, :length, :, None]
+        amax = amax.clamp_min(TINY_AMAX)
         scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare
         # Rounding can land a hair above 448 and e4m3fn has no Inf: clamp before the cast.
-        codes.append((x32 * scale[:, None, :, None]).clamp(-E4M3_MAX, E4M3_MAX)
-                     .to(torch.float8_e4m3fn))
+        codes.append((x32 * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn))
         descale = amax * DESCALE_PER_AMAX
-        descales.append(descale.repeat_interleave(group, dim=1) if index else descale)
+        descales.append(descale[..., 0].permute(0, 2, 1) if index == 0
+                        else descale[:, ::KV_BLOCK, :, 0].permute(0, 2, 1))
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
-    return ReferenceInputs(*codes, descale=torch.stack(descales, dim=-1), softmax_scale=scale)
+    return ReferenceInputs(*codes, scales=BlockScales(*(d.contiguous() for d in descales)),
+                           softmax_scale=scale)
 
 
 def empty_rows(seq_len: int, seq_len_kv: int, causal: bool) -> int:
@@ -184,11 +200,9 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
     if not math.isclose(prepared.softmax_scale, ref.softmax_scale, rel_tol=1e-6):
         return (f"prepare: softmax_scale {prepared.softmax_scale:.6g}, expected "
                 f"{ref.softmax_scale:.6g} (head_dim^-0.5)")
-    for i, name in enumerate(("q", "k", "v")):
-        problem = _first_mismatch(f"{name} descale", prepared.descale[..., i].float(),
-                                  ref.descale[..., i], "batch head")
-        if problem:
-            return f"prepare: {problem}"
+    problem = _scales_mismatch(prepared, ref)
+    if problem:
+        return f"prepare: {problem}"
     got = prepared.dequantized()
     for name, g, want in zip("qkv", got, ref.dequantized(), strict=True):
         if g.shape != want.shape:
@@ -203,6 +217,41 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
         if pad.numel() and bool((pad != 0).any()):
             return (f"prepare: {name}'s padding past seq_len {seq_len} is not zero "
                     f"({int((pad != 0).sum())} nonzero codes)")
+    return None
+
+
+def _scales_mismatch(prepared, ref: ReferenceInputs) -> str | None:
+    """The packed buffer, what the kernels read, against the gate's descales: q's, k's and v's
+    exactly, V's inverse exactly and its log2 within 2 ulp (torch's log2f and the DSL's may
+    round apart), the padding neutral (1; log2 0)."""
+    (batch, padded, heads, _), (_, padded_kv, kv_heads, _) = prepared.q.shape, prepared.k.shape
+    layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
+    if prepared.packed.numel() != layout.size:
+        return (f"the packed scales hold {prepared.packed.numel()} values, the layout of these "
+                f"inputs {layout.size}")
+    q, k, log2_v, inv_v, v = layout.views(prepared.packed)
+    s, blocks = ref.seq_len, ref.scales.k.shape[-1]
+    if layout.blocks < blocks:
+        return f"the packed scales hold {layout.blocks} blocks of keys, the inputs {blocks}"
+    sv = ref.scales.v
+    for name, got, want, dims in (("q descale", q[..., :s], ref.scales.q, "batch head token"),
+                                  ("k descale", k[..., :blocks], ref.scales.k, "batch head block"),
+                                  ("v descale", v[..., :blocks], sv, "batch head block"),
+                                  ("1 / v descale", inv_v[..., :blocks], sv.reciprocal(),
+                                   "batch head block")):
+        problem = _first_mismatch(name, got, want, dims)
+        if problem:
+            return problem
+    log2_sv = sv.log2()
+    far = ~((log2_v[..., :blocks] - log2_sv).abs() <= 2.5e-7 * log2_sv.abs().clamp_min(1.0))
+    if bool(far.any()):
+        return f"log2 of v's descale is off at {int(far.sum())} blocks of the packed scales"
+    for name, part, neutral in (("q", q[..., s:], 1.0), ("k", k[..., blocks:], 1.0),
+                                ("log2 v", log2_v[..., blocks:], 0.0),
+                                ("1 / v", inv_v[..., blocks:], 1.0),
+                                ("v", v[..., blocks:], 1.0)):
+        if bool((part != neutral).any()):
+            return f"packed {name} scales past the real length are not {neutral} (padding)"
     return None
 
 

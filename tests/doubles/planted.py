@@ -115,16 +115,15 @@ class PlantedKernel:
         elif bug == "kv_head_shifted" and prepared.k.shape[2] >= 2:
             # K and V read one KV head further on (their descales with them): prepare's codes
             # are right, the kernel's head mapping is not.
-            group = prepared.group
-
             def roll(x, dim):  # torch has no roll for e4m3: roll the bytes
                 return x.view(torch.uint8).roll(-1, dims=dim).view(torch.float8_e4m3fn)
 
+            packed = prepared.packed.clone()  # K's and V's scales roll by one head with them
+            for part in prepared.scale_layout.views(packed)[1:]:  # (batch, kv_heads, blocks)
+                part.copy_(part.roll(-1, dims=1))
             shifted = dataclasses.replace(
                 prepared, k=roll(prepared.k, 2),
-                v=roll(prepared.v, 1 if prepared.v_feature_major else 2),
-                descale=torch.cat([prepared.descale[..., :1],
-                                   prepared.descale[..., 1:].roll(-group, dims=1)], dim=-1))
+                v=roll(prepared.v, 1 if prepared.v_feature_major else 2), packed=packed)
             out, lse = self._kernel.run(shifted, out=out, lse=lse)
         return out, lse
 

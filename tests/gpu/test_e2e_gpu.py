@@ -10,7 +10,7 @@ import tuner
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from variants import load_family, quantize_kernel
+from variants import block_quantize_kernel, load_family
 from variants.common.abi import launch_values
 from variants.reference import quantize_reference
 
@@ -55,15 +55,14 @@ def test_fast_launch_gives_the_bits_of_the_dsl_call(cfg):
     again = kernel.prepare(q, k, v)  # the quantize kernels' second launch: the fast path
     assert torch.equal(prepared.q.view(torch.uint8), again.q.view(torch.uint8))
     assert torch.equal(prepared.v.view(torch.uint8), again.v.view(torch.uint8))
-    assert torch.equal(prepared.descale, again.descale)
+    assert torch.equal(prepared.packed, again.packed)
     kernel.run(prepared)  # first launch: through the DSL's checked call
     fast, fast_lse = kernel.run(prepared)
     launcher, extra = kernel._launcher(q.device)
     # The launches after the first call the host stub directly (variants/launch.py), this
     # DSL version's executor exposing what that needs: the bits below are that path's.
     assert launcher.direct
-    assert all(fl.direct for fl in quantize_kernel._COMPILED.values() if fl is not None
-               and fl._checked)
+    assert all(fl.direct for fl in block_quantize_kernel.LAUNCHERS.launchers() if fl._checked)
     out = torch.full_like(fast, float("nan"))
     lse = torch.full_like(fast_lse, float("nan"))
     stream = torch.cuda.current_stream().cuda_stream
@@ -80,9 +79,8 @@ def test_attention_fp8_gives_attentions_bits_on_the_same_codes(cfg, seq):
     cfg = _config(cfg, Problem(2, 4, seq, 128))
     ref = quantize_reference(q, k, v)
     want, want_lse = tuner.attention(q, k, v, config=cfg, return_lse=True)
-    d = ref.descale  # (batch, heads, 3)
-    got, got_lse = tuner.attention_fp8(ref.q, ref.k, ref.v, d[..., 0], d[..., 1], d[..., 2],
-                                       config=cfg, return_lse=True)
+    got, got_lse = tuner.attention_fp8(ref.q, ref.k, ref.v, *ref.entry_descales(), config=cfg,
+                                       return_lse=True)
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 
@@ -108,11 +106,20 @@ def test_attention_fp8_names_bad_input():
         tuner.attention_fp8(*codes, one, one, one.half())
 
 
-def test_a_nan_input_poisons_its_head_and_check_finite_names_it():
+def test_a_nan_input_poisons_what_reads_it_and_check_finite_names_it():
+    """Block scales propagate a NaN to every output that reads it, nothing else: a NaN in q
+    makes its row's scale NaN (that row only), one in k or v its 64-key block's scale, which
+    every query row of that head reads."""
     q, k, v = qkv(1, 1000, 4, seed=5)
     q[0, 17, 2, 5] = float("nan")
     out = tuner.attention(q, k, v)
-    assert torch.isnan(out[:, :, 2]).all()  # the scale of that (batch, head) is NaN
-    assert torch.isfinite(out[:, :, [0, 1, 3]]).all()
+    assert torch.isnan(out[0, 17, 2]).all()
+    nan = torch.isnan(out)
+    assert int(nan.any(dim=-1).sum()) == 1  # no other (row, head) touched
     with pytest.raises(TunerError, match="q contains 1 NaN/Inf values"):
         tuner.attention(q, k, v, check_finite=True)
+    q, k, v = qkv(1, 1000, 4, seed=6)
+    v[0, 300, 1, 7] = float("nan")
+    out = tuner.attention(q, k, v)
+    assert torch.isnan(out[:, :, 1]).all()
+    assert torch.isfinite(out[:, :, [0, 2, 3]]).all()

@@ -110,7 +110,5 @@ def test_attention_end_to_end_with_grouped_heads_and_its_own_kv_length(causal, t
     from variants.reference import quantize_reference
 
     ref = quantize_reference(q, k, v)
-    d = ref.descale  # (batch, heads, 3), K's and V's repeated over each group of 4
-    got = tuner.attention_fp8(ref.q, ref.k, ref.v, d[..., 0], d[:, ::4, 1], d[:, ::4, 2],
-                              causal=causal)
+    got = tuner.attention_fp8(ref.q, ref.k, ref.v, *ref.entry_descales(), causal=causal)
     assert torch.equal(got, out)

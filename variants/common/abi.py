@@ -1,18 +1,18 @@
 """The launch ABI every family's compiled function takes, declared once.
 
-    q, k, v, descale, o, lse pointers; batch, heads, seq_len, padded_len, softmax_scale,
+    q, k, v, scales, o, lse pointers; batch, heads, seq_len, padded_len, softmax_scale,
     kv_heads, seq_len_kv, padded_len_kv; then a family's extra scalars (wgmma: the persistent
     grid size); then the CUDA stream.
 
 heads, seq_len and padded_len are q's (and O's and LSE's); kv_heads, seq_len_kv and
 padded_len_kv are k's and v's (grouped-query attention: query head h reads KV head
-h // (heads // kv_heads)). The descales stay (batch, heads, 3) by query head, K's and V's
-repeated over the query heads of a group.
+h // (heads // kv_heads)). `scales` is the packed block scales (block_scale_views).
 
 `fake_args` gives the stand-ins a compile traces with (only types and alignments reach code
 generation), `slots` the argument kinds variants/launch.py launches with, `launch_values` the
 raw values from prepared inputs and output buffers, and
-`output_views` the kernel-side tensors of the buffers every family shares. A kernel's @cute.jit
+`block_scale_views` and `output_views` the kernel-side tensors of the buffers every family
+shares. A kernel's @cute.jit
 `__call__` spells the same parameters (CuTe DSL needs them written out):
 tests/test_import_graph.py checks each one against ABI_NAMES.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 # (name, element type name in cutlass, assumed alignment in bytes) of the pointer arguments.
 POINTERS = (("q_ptr", "Float8E4M3FN", 16), ("k_ptr", "Float8E4M3FN", 16),
-            ("v_ptr", "Float8E4M3FN", 16), ("descale_ptr", "Float32", 4),
+            ("v_ptr", "Float8E4M3FN", 16), ("scales_ptr", "Float32", 4),
             ("o_ptr", "BFloat16", 16), ("lse_ptr", "Float32", 4))
 # (name, cutlass scalar type name) of the scalars after them.
 SCALARS = (("batch", "Int32"), ("heads", "Int32"), ("seq_len", "Int32"),
@@ -69,22 +69,37 @@ def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tupl
     batch, padded, heads, _ = prepared.q.shape
     _, padded_kv, kv_heads, _ = prepared.k.shape
     return (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
-            prepared.descale.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            prepared.packed.data_ptr(), out.data_ptr(), lse.data_ptr(),
             batch, heads, prepared.seq_len, padded, prepared.softmax_scale, kv_heads,
             prepared.seq_len_kv, padded_kv, *extra, stream)
 
 
-def output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:
-    """The kernels' views of the launch buffers every family shares, in the layouts
-    prepare and CompiledKernel.run give them: descale (batch, heads, 3: q, k, v), O (batch,
-    seq_len, heads, head_dim) bf16, LSE (batch, heads, seq_len) fp32. Called at trace time from
-    a kernel's @cute.jit entry point."""
+def block_scale_views(scales_ptr, batch, heads, padded_len, kv_heads, padded_len_kv) -> tuple:
+    """The kernels' views of the packed block scales (variants/block_scales.py), in the order
+    prepare writes them behind one pointer (block_scales.PackedLayout): q's (batch, heads,
+    padded_len) per token, then K's, log2 of V's and 1 / V's, each (batch, kv_heads,
+    ceil(padded_len_kv / 64)) per 64-key block (V's own descale follows; the kernels do not
+    read it). Called at trace time from a kernel's @cute.jit entry point."""
     import cutlass.cute as cute
 
-    m_descale = cute.make_tensor(
-        descale_ptr, cute.make_ordered_layout((batch, heads, 3), order=(2, 1, 0)))
+    blocks = (padded_len_kv + 63) // 64
+    q_size = batch * heads * padded_len
+    kv_size = batch * kv_heads * blocks
+    m_q = cute.make_tensor(
+        scales_ptr, cute.make_ordered_layout((batch, heads, padded_len), order=(2, 1, 0)))
+    kv_layout = cute.make_ordered_layout((batch, kv_heads, blocks), order=(2, 1, 0))
+    kv = tuple(cute.make_tensor(scales_ptr + (q_size + i * kv_size), kv_layout) for i in range(3))
+    return (m_q, *kv)
+
+
+def output_views(o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:
+    """The kernels' views of the output buffers, in the layouts CompiledKernel.run gives them:
+    O (batch, seq_len, heads, head_dim) bf16, LSE (batch, heads, seq_len) fp32. Called at trace
+    time from a kernel's @cute.jit entry point."""
+    import cutlass.cute as cute
+
     m_o = cute.make_tensor(
         o_ptr, cute.make_ordered_layout((batch, seq_len, heads, head_dim), order=(3, 2, 1, 0)))
     m_lse = cute.make_tensor(
         lse_ptr, cute.make_ordered_layout((batch, heads, seq_len), order=(2, 1, 0)))
-    return m_descale, m_o, m_lse
+    return m_o, m_lse

@@ -29,6 +29,13 @@ def exp2_argument(raw, qk_log2, m_new, shift=P_SHIFT_LOG2):
     return raw * qk_log2 - (m_new - shift)
 
 
+def block_exp2_argument(raw, coef, log2_sv, m_new, shift=P_SHIFT_LOG2):
+    """With block scales (variants/block_scales.py): the exponent of P' = P * sv for raw scores
+    of one 64-key block, raw * coef + log2 sv - m' + shift, coef = q_scale * k_scale * scale *
+    log2(e); m' is the row maximum of raw * coef + log2 sv."""
+    return raw * coef + (log2_sv - (m_new - shift))
+
+
 def lse_natural(m, total, shift=P_SHIFT_LOG2):
     """LSE in natural-log units from the log2-domain maximum m and the sum l of P."""
     return (m - shift + cute.math.log2(total, fastmath=True)) * LN_2

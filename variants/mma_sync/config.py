@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from variants.base import ConfigMixin, load_space
+from variants.block_scales import KV_BLOCK
 
 FAMILY = "mma_sync"
 P_SOURCES = ("smem", "registers")
@@ -187,6 +188,9 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
                        f"{cfg.warps * cfg.rows_per_warp}")
     if cfg.block_n % 32 or cfg.block_n > 128:
         return False, f"block_n={cfg.block_n}: a multiple of 32 (the P @ V k-step), at most 128"
+    if cfg.block_n % KV_BLOCK and KV_BLOCK % cfg.block_n:
+        return False, (f"block_n={cfg.block_n}: K's and V's scales cover {KV_BLOCK} keys each, "
+                       f"so a strip holds whole {KV_BLOCK}-key blocks or lies inside one")
     if cfg.kv_stages not in (1, 2, 3):
         return False, f"kv_stages={cfg.kv_stages}: 1, 2 or 3"
     if d % 32:

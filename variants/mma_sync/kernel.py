@@ -44,7 +44,8 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync, warp
 
-from variants.common.abi import output_views
+from variants.block_scales import KV_BLOCK
+from variants.common.abi import block_scale_views, output_views
 from variants.common.masking import (
     causal_offset,
     first_masked_strip,
@@ -52,7 +53,7 @@ from variants.common.masking import (
     strip_needs_mask,
     strips_needed,
 )
-from variants.common.softmax import LOG2_E, exp2_argument, lse_natural, rescale_factor
+from variants.common.softmax import LOG2_E, block_exp2_argument, lse_natural, rescale_factor
 from variants.mma_sync.config import Config
 
 
@@ -186,7 +187,7 @@ class MmaSyncAttention:
         q_ptr: cute.Pointer,
         k_ptr: cute.Pointer,
         v_ptr: cute.Pointer,
-        descale_ptr: cute.Pointer,
+        scales_ptr: cute.Pointer,
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         batch: cutlass.Int32,
@@ -210,7 +211,8 @@ class MmaSyncAttention:
         # (batch, kv_heads, head_dim, padded_kv): keys contiguous
         mV = cute.make_tensor(
             v_ptr, cute.make_ordered_layout((batch, kv_heads, d, padded_kv), order=(3, 2, 1, 0)))
-        mDescale, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
+        mO, mLSE = output_views(o_ptr, lse_ptr, batch, heads, seq_len, d)
+        mScales = block_scale_views(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
 
         sQ_layout = self._smem_layout(self.block_m, d, None)
         sK_layout = self._smem_layout(self.block_n, d, self.stages)
@@ -232,7 +234,7 @@ class MmaSyncAttention:
         m_blocks = cute.ceil_div(seq_len, self.block_m)
         grid = (m_blocks, heads, batch)
         self.kernel(
-            mQ, mK, mV, mDescale, mO, mLSE, seq_len, softmax_scale * LOG2_E, seq_len_kv,
+            mQ, mK, mV, mScales, mO, mLSE, seq_len, softmax_scale * LOG2_E, seq_len_kv,
             heads // kv_heads, causal_offset(seq_len, seq_len_kv), m_blocks,
             sQ_layout, sK_layout, sV_layout, sP_layout,
             self._g2s_copy(d), self._g2s_copy(self.block_n), tiled_mma, SharedStorage,
@@ -248,7 +250,7 @@ class MmaSyncAttention:
         mQ: cute.Tensor,
         mK: cute.Tensor,
         mV: cute.Tensor,
-        mDescale: cute.Tensor,
+        mScales: tuple,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         seq_len: cutlass.Int32,
@@ -277,9 +279,8 @@ class MmaSyncAttention:
         kv_head = head // group  # grouped-query attention: a view, no copy of K and V
         lane = cute.arch.lane_idx()
 
-        # qk_scale = dq * dk * softmax_scale, in log2 units; dv goes to the epilogue.
-        qk_log2 = mDescale[batch, head, 0] * mDescale[batch, head, 1] * scale_log2
-        dv = mDescale[batch, head, 2]
+        # Block scales (variants/block_scales.py): Q's per row here, K's and V's per 64-key block
+        # in each strip's softmax; V's are in P' already, so the epilogue divides by l alone.
         n_total = cute.ceil_div(seq_len_kv, bn)
         row_base = m_block * bm
         n_strips = strips_needed(row_base, bm, bn, n_total, offset, self.causal)
@@ -336,6 +337,12 @@ class MmaSyncAttention:
 
         # Coordinates of every S element inside the (bm, bn) strip, for the ragged-key mask.
         tScS = thr_mma.partition_C(cute.make_identity_tensor((bm, bn)))
+        # Q's scale of each of the thread's rows, times softmax_scale * log2(e).
+        q_coef = cute.make_rmem_tensor((2 * self.m_tiles,), cutlass.Float32)
+        for mt_i in cutlass.range_constexpr(self.m_tiles):
+            for r in cutlass.range_constexpr(2):
+                row = row_base + tScS[(0, r), mt_i, 0][0]
+                q_coef[mt_i * 2 + r] = mScales[0][batch, head, row] * scale_log2
 
         row_max = cute.make_rmem_tensor((2 * self.m_tiles,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((2 * self.m_tiles,), cutlass.Float32)
@@ -393,18 +400,40 @@ class MmaSyncAttention:
                                   offset, self.causal):
                         acc_S[i] = -cutlass.Float32.inf
 
-            # ---- online softmax, log2 domain ------------------------------------------------
+            # ---- online softmax, log2 domain, block scales -------------------------------------
+            # A thread's values of a row are keys 8n + 2t + e (n < block_n / 8, e < 2): the
+            # strip's b-th scale block holds n = span b .. span (b + 1) - 1 (a strip narrower
+            # than a 64-key block lies inside one).
+            keys_per_scale = min(bn, KV_BLOCK)
+            nb = bn // keys_per_scale
+            span = keys_per_scale // 8
+            # 1 / sv is taken as 2^-log2(sv) where it is used (one ex2 a row and block), not
+            # kept: the seed's spill-free configs have no register to spare on sm_120a.
+            ks = cute.make_rmem_tensor((nb,), cutlass.Float32)
+            lsv = cute.make_rmem_tensor((nb,), cutlass.Float32)
+            for b in cutlass.range_constexpr(nb):
+                block = strip * bn // KV_BLOCK + b
+                ks[b] = mScales[1][batch, kv_head, block]
+                lsv[b] = mScales[2][batch, kv_head, block]
+            coef = cute.make_rmem_tensor((nb,), cutlass.Float32)
             for mt_i in cutlass.range_constexpr(self.m_tiles):
                 for r in cutlass.range_constexpr(2):
                     st = mt_i * 2 + r
                     s_row = acc_S[(None, r), mt_i, None]
-                    raw = s_row.load()
-                    tile_max = raw.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
+                    tile_max = -cutlass.Float32.inf
+                    for b in cutlass.range_constexpr(nb):
+                        coef[b] = q_coef[st] * ks[b]
+                        raw_max = -cutlass.Float32.inf
+                        for n in cutlass.range_constexpr(span * b, span * (b + 1)):
+                            for e in cutlass.range_constexpr(2):
+                                raw_max = cute.arch.fmax(raw_max, s_row[e, n])
+                        # max commutes with the positive coef; a masked block stays -inf.
+                        tile_max = cute.arch.fmax(tile_max, raw_max * coef[b] + lsv[b])
                     tile_max = cute.arch.fmax(
                         tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
                     tile_max = cute.arch.fmax(
                         tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
-                    m_new = cute.arch.fmax(row_max[st], tile_max * qk_log2)
+                    m_new = cute.arch.fmax(row_max[st], tile_max)
                     m_use = m_new
                     if cutlass.const_expr(self.causal):
                         # A row that has seen no key yet: subtract 0, not -inf (P and alpha 0,
@@ -412,12 +441,20 @@ class MmaSyncAttention:
                         if m_new == -cutlass.Float32.inf:
                             m_use = cutlass.Float32(0.0)
                     alpha = rescale_factor(row_max[st], m_use)
-                    # 2^shift * 2^(s - m): P in [0, 2^shift] (256 with pv_accum=fp32).
-                    p = cute.math.exp2(exp2_argument(raw, qk_log2, m_use, self.p_shift),
-                                       fastmath=True)
-                    row_sum[st] = row_sum[st] * alpha + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
+                    # 2^shift * 2^(x' - m'): P' in [0, 2^shift] (256 with pv_accum=fp32).
+                    total = cutlass.Float32(0.0)
+                    for b in cutlass.range_constexpr(nb):
+                        part = cutlass.Float32(0.0)
+                        for n in cutlass.range_constexpr(span * b, span * (b + 1)):
+                            for e in cutlass.range_constexpr(2):
+                                p = cute.math.exp2(block_exp2_argument(
+                                    s_row[e, n], coef[b], lsv[b], m_use, self.p_shift),
+                                    fastmath=True)
+                                s_row[e, n] = p
+                                part = part + p
+                        total = total + part * cute.math.exp2(-lsv[b], fastmath=True)
+                    row_sum[st] = row_sum[st] * alpha + total
                     row_max[st] = m_new
-                    s_row.store(p)
                     o_row = acc_O[(None, r), mt_i, None]
                     o_row.store(o_row.load() * alpha)
 
@@ -463,7 +500,7 @@ class MmaSyncAttention:
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
                 o_row = acc_O[(None, r), mt_i, None]
-                scale = dv / total
+                scale = 1.0 / total  # V's scales are in P' already
                 if cutlass.const_expr(self.causal):
                     if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
                         scale = cutlass.Float32(0.0)

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 from variants.base import ConfigMixin, load_space
+from variants.block_scales import KV_BLOCK
 
 FAMILY = "wgmma"
 # wgmma with e4m3 operands and TMA exist on sm_90a only (the `a` suffix: arch-specific features).
@@ -149,12 +150,16 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     A warpgroup's 64 x N fp32 accumulator is N/2 registers a thread: S is block_n/2, O is
     head_dim/2. P as fp8 is block_n/8 when it feeds the PV wgmma from registers; with intra-WG
     overlap it lives beside the next strip's S, without it only while S is converted. The rest
-    (row max/sum, descriptors, addressing, loop state) is a fixed overhead.
+    (row max/sum, descriptors, addressing, loop state) is a fixed overhead. The block scales
+    (variants/block_scales.py) add Q's scale of each of the thread's two rows and, per 64-key
+    block of the strip, K's scale, log2 of V's and 1 / V's (the next strip's, loaded ahead,
+    fit in the overhead's slack: tests/test_wgmma_compile.py checks for spills).
     """
     live = cfg.block_n // 2 + head_dim // 2
     if cfg.register_p or cfg.intra_wg_overlap:
         live += cfg.block_n // 8
-    return live + _REGISTER_OVERHEAD
+    scale_blocks = max(1, cfg.block_n // KV_BLOCK)
+    return live + 2 + 3 * scale_blocks + _REGISTER_OVERHEAD
 
 
 # Softmax state, wgmma descriptors, pipeline state and addressing (FA3 fits 128 x 224 FP8 tiles
@@ -184,6 +189,10 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     if cfg.block_n % 32 or not 32 <= cfg.block_n <= 256:
         return False, (f"block_n={cfg.block_n}: a multiple of 32 (the k of the FP8 PV wgmma) "
                        "in 32..256 (the n of the QK wgmma)")
+    if cfg.block_n % 64 and cfg.block_n != 32:
+        return False, (f"block_n={cfg.block_n}: K's and V's scales cover 64 keys each, so a "
+                       "strip holds whole 64-key blocks (a multiple of 64) or lies inside one "
+                       "(32)")
     if type(cfg.fma_exp2) is not int or not 0 <= cfg.fma_exp2 <= FMA_EXP2_GROUP:
         return False, (f"fma_exp2={cfg.fma_exp2}: how many of every {FMA_EXP2_GROUP} exponentials "
                        f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")

@@ -70,7 +70,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from variants.common.abi import output_views
+from variants.block_scales import KV_BLOCK
+from variants.common.abi import block_scale_views, output_views
 from variants.common.masking import (
     causal_offset,
     first_masked_strip,
@@ -78,7 +79,7 @@ from variants.common.masking import (
     strip_needs_mask,
     strips_needed,
 )
-from variants.common.softmax import LOG2_E, exp2_argument, lse_natural, rescale_factor
+from variants.common.softmax import LOG2_E, block_exp2_argument, lse_natural, rescale_factor
 from variants.wgmma.barriers import p_store_barrier, sched_barrier
 from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
 from variants.wgmma.ptx import _exp2_polynomial
@@ -155,7 +156,7 @@ class WgmmaAttention(VTransposeMixin):
         q_ptr: cute.Pointer,
         k_ptr: cute.Pointer,
         v_ptr: cute.Pointer,
-        descale_ptr: cute.Pointer,
+        scales_ptr: cute.Pointer,
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
         batch: cutlass.Int32,
@@ -188,7 +189,8 @@ class WgmmaAttention(VTransposeMixin):
             v_layout = cute.make_ordered_layout((batch, kv_heads, d, padded_kv),
                                                 order=(3, 2, 1, 0))
             mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
-        mDescale, mO, mLSE = output_views(descale_ptr, o_ptr, lse_ptr, batch, heads, seq_len, d)
+        mO, mLSE = output_views(o_ptr, lse_ptr, batch, heads, seq_len, d)
+        mScales = block_scale_views(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
 
         sQ_layout = self._smem_layout(bm, d, None)
         sK_layout = self._smem_layout(bn, d, self.stages)
@@ -223,7 +225,7 @@ class WgmmaAttention(VTransposeMixin):
         if cutlass.const_expr(self.persistent):
             grid_x = cutlass.min(total_tiles, max_ctas)
         self.kernel(
-            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mDescale, mO, mLSE,
+            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales, mO, mLSE,
             seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E, seq_len_kv,
             heads // kv_heads, causal_offset(seq_len, seq_len_kv),
             sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv,
@@ -243,7 +245,7 @@ class WgmmaAttention(VTransposeMixin):
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
-        mDescale: cute.Tensor,
+        mScales: tuple,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         seq_len: cutlass.Int32,
@@ -338,7 +340,7 @@ class WgmmaAttention(VTransposeMixin):
             if cutlass.const_expr(not self.register_p):
                 sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                         mDescale, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
+                         mScales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
                          bid, grid, total_tiles, strips, seq_len_kv)
 
     @cute.jit
@@ -471,20 +473,32 @@ class WgmmaAttention(VTransposeMixin):
         self._gemm(tiled_mma, acc, tOrP, tOrV, stage, True)
 
     @cute.jit
-    def _softmax(self, acc_S, row_max, row_sum, qk_log2):
-        """Online softmax of one strip in place: S -> 256 * 2^(s*qk_log2 - m).
+    def _softmax(self, acc_S, row_max, row_sum, q_coef, ks, lsv, inv_sv):
+        """Online softmax of one strip in place, with block scales (variants/block_scales.py):
+        S -> P' = 256 * 2^(x' - m'), x' = s * q_coef[row] * ks[block] + lsv[block] for each
+        64-key block of the strip; the row sum counts P' * inv_sv[block] (= P' / sv).
 
         Returns alpha = 2^(m_old - m_new) per row; the caller rescales O with it (with intra-WG
         overlap only after the in-flight PV wgmma that still accumulates into O has finished).
+        A thread's values of a row are 8j + 2t + e of its quad lane t: block b is values
+        16b .. 16b + 15 of the row in register order (keys 64b .. 64b + 63).
         """
+        keys_per_scale = min(self.block_n, KV_BLOCK)  # a 32-key strip lies inside one block
+        nb = self.block_n // keys_per_scale
+        per_block = keys_per_scale // 4
         s_mn = cute.make_tensor(acc_S.iterator, _acc_mn_layout(acc_S.layout))
         alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
         for r in cutlass.range_constexpr(2):
-            raw = s_mn[r, None].load()
-            tile_max = raw.reduce(cute.ReductionOp.MAX, -cutlass.Float32.inf, 0)
+            blocks = cute.zipped_divide(s_mn[r, None], (per_block,))
+            tile_max = -cutlass.Float32.inf
+            for b in cutlass.range_constexpr(nb):
+                raw_max = blocks[None, b].load().reduce(cute.ReductionOp.MAX,
+                                                        -cutlass.Float32.inf, 0)
+                # max commutes with the positive coef; a masked block stays -inf.
+                tile_max = cute.arch.fmax(tile_max, raw_max * (q_coef[r] * ks[b]) + lsv[b])
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
             tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
-            m_new = cute.arch.fmax(row_max[r], tile_max * qk_log2)
+            m_new = cute.arch.fmax(row_max[r], tile_max)
             m_use = m_new
             if cutlass.const_expr(self.causal):
                 # A row that has seen no key yet (all -inf): subtract 0, not -inf, so that its
@@ -492,24 +506,49 @@ class WgmmaAttention(VTransposeMixin):
                 if m_new == -cutlass.Float32.inf:
                     m_use = cutlass.Float32(0.0)
             alpha[r] = rescale_factor(row_max[r], m_use)
-            x = exp2_argument(raw, qk_log2, m_use)
-            if cutlass.const_expr(self.fma_exp2 == 0):
-                p = cute.math.exp2(x, fastmath=True)
-                s_mn[r, None].store(p)
-            else:
-                # Some of the row's exponentials on the FMA pipe: the MUFU pipe (16 ex2 a clock
-                # per SM) has as much work as the FP8 tensor cores at head_dim 128, more at 64.
-                # Elementwise, in place.
-                s_mn[r, None].store(x)
-                for i in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    if cutlass.const_expr(i % FMA_EXP2_GROUP < self.fma_exp2):
-                        s_mn[r, i] = _exp2_polynomial(s_mn[r, i])
-                    else:
-                        s_mn[r, i] = cute.math.exp2(s_mn[r, i], fastmath=True)
-                p = s_mn[r, None].load()
-            row_sum[r] = row_sum[r] * alpha[r] + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
+            total = cutlass.Float32(0.0)
+            for b in cutlass.range_constexpr(nb):
+                x = block_exp2_argument(blocks[None, b].load(), q_coef[r] * ks[b], lsv[b], m_use)
+                if cutlass.const_expr(self.fma_exp2 == 0):
+                    p = cute.math.exp2(x, fastmath=True)
+                    blocks[None, b].store(p)
+                else:
+                    # Some of the row's exponentials on the FMA pipe: the MUFU pipe (16 ex2 a
+                    # clock per SM) has as much work as the FP8 tensor cores at head_dim 128,
+                    # more at 64. Elementwise, in place, by the value's place in the row.
+                    blocks[None, b].store(x)
+                    for i in cutlass.range_constexpr(per_block):
+                        if cutlass.const_expr((b * per_block + i) % FMA_EXP2_GROUP
+                                              < self.fma_exp2):
+                            blocks[i, b] = _exp2_polynomial(blocks[i, b])
+                        else:
+                            blocks[i, b] = cute.math.exp2(blocks[i, b], fastmath=True)
+                    p = blocks[None, b].load()
+                total = total + p.reduce(cute.ReductionOp.ADD, 0.0, 0) * inv_sv[b]
+            row_sum[r] = row_sum[r] * alpha[r] + total
             row_max[r] = m_new
         return alpha
+
+    def _scale_registers(self) -> tuple:
+        """Registers for K's scale, log2 of V's and 1 / V's of each 64-key block of a strip."""
+        nb = self.block_n // min(self.block_n, KV_BLOCK)
+        return tuple(cute.make_rmem_tensor((nb,), cutlass.Float32) for _ in range(3))
+
+    @cute.jit
+    def _load_strip_scales(self, dst, mScales, batch, kv_head, strip):
+        """K's scale, log2 of V's and 1 / V's of each 64-key block of a strip, into dst."""
+        nb = self.block_n // min(self.block_n, KV_BLOCK)
+        for b in cutlass.range_constexpr(nb):
+            block = strip * self.block_n // KV_BLOCK + b
+            for i in cutlass.range_constexpr(3):
+                dst[i][b] = mScales[1 + i][batch, kv_head, block]
+
+    @cute.jit
+    def _take_prefetched(self, cur, nxt):
+        """cur = nxt, element by element (register moves)."""
+        for i in cutlass.range_constexpr(3):
+            for b in cutlass.range_constexpr(cute.size(cur[i])):
+                cur[i][b] = nxt[i][b]
 
     @cute.jit
     def _rescale(self, acc_O, alpha):
@@ -542,7 +581,7 @@ class WgmmaAttention(VTransposeMixin):
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                mDescale, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
+                mScales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
                 strips, seq_len_kv):
         d, bm, bn = self.head_dim, self.block_m, self.block_n
         fp8 = cutlass.Float8E4M3FN
@@ -562,6 +601,7 @@ class WgmmaAttention(VTransposeMixin):
             tOrP = wg_pv.make_fragment_A(wg_pv.partition_A(sP))
             tPsP = thr_qk.partition_C(sP)
         tScS = thr_qk.partition_C(cute.make_identity_tensor((bm, bn)))
+        s_rows = cute.make_tensor(tScS.iterator, _acc_mn_layout(tScS.layout))
         tOcO = thr_pv.partition_C(cute.make_identity_tensor((bm, d)))
         acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((bm, d)), cutlass.Float32)
         if cutlass.const_expr(not self.register_p):
@@ -583,11 +623,13 @@ class WgmmaAttention(VTransposeMixin):
         lane = cute.arch.lane_idx()
         tile = bid
         while tile < total_tiles:
-            m_block, head, _, batch, n_blocks = self._tile_strips(tile, strips)
+            m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
             row_base = m_block * bm
             first_masked = first_masked_strip(row_base, bn, offset)
-            qk_log2 = mDescale[batch, head, 0] * mDescale[batch, head, 1] * scale_log2
-            dv = mDescale[batch, head, 2]
+            # Q's scale of each of the thread's two rows, times softmax_scale * log2(e).
+            q_coef = cute.make_rmem_tensor((2,), cutlass.Float32)
+            for r in cutlass.range_constexpr(2):
+                q_coef[r] = mScales[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
             row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_max.fill(-cutlass.Float32.inf)
@@ -597,32 +639,43 @@ class WgmmaAttention(VTransposeMixin):
             last = n_blocks - 1
             pipe_q.consumer_wait(q_state)
 
+            # The strips' scales are loaded one strip ahead of their use, each load issued just
+            # after a named-barrier arrive: a barrier orders the memory accesses before it, so a
+            # load issued before the scheduling barrier made that barrier wait for it (~9% of
+            # the kernel at S=30272 H=56 on the H200, against a probe that skipped the loads).
+            cur = self._scale_registers()
+            nxt = self._scale_registers()
+            self._load_strip_scales(cur, mScales, batch, kv_head, last)
             if cutlass.const_expr(self.overlap):
                 # First strip alone: S, mask, softmax, P.
                 pipe_k.consumer_wait(kv_state)
                 self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
+                self._load_strip_scales(nxt, mScales, batch, kv_head, cutlass.max(last - 1, 0))
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv_state)
                 if strip_needs_mask(last, n_total, ragged, first_masked, self.causal):
                     self._mask(acc_S, tScS, last * bn, row_base, seq_len_kv, offset)
-                self._softmax(acc_S, row_max, row_sum, qk_log2)
+                self._softmax(acc_S, row_max, row_sum, q_coef, *cur)
                 self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                 for step in cutlass.range(n_blocks - 1, unroll=1):
                     v_state = kv_state.clone()
                     kv_state.advance()
+                    strip = last - 1 - step
+                    self._take_prefetched(cur, nxt)
                     pipe_k.consumer_wait(kv_state)
                     self._sched_sync(wg)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
                     pipe_v.consumer_wait(v_state)
                     self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
                     self._sched_arrive(wg)
+                    self._load_strip_scales(nxt, mScales, batch, kv_head,
+                                            cutlass.max(strip - 1, 0))
                     warpgroup.wait_group(1)
                     pipe_k.consumer_release(kv_state)
                     if cutlass.const_expr(self.causal):  # the diagonal's other strips
-                        strip = last - 1 - step
                         if strip >= first_masked:
                             self._mask(acc_S, tScS, strip * bn, row_base, seq_len_kv, offset)
-                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    alpha = self._softmax(acc_S, row_max, row_sum, q_coef, *cur)
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(v_state)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
@@ -636,14 +689,18 @@ class WgmmaAttention(VTransposeMixin):
             else:
                 self._sched_sync(wg)
                 for i in cutlass.range(n_blocks, unroll=1):
+                    if i > 0:
+                        self._take_prefetched(cur, nxt)
                     pipe_k.consumer_wait(kv_state)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
                     self._sched_arrive(wg)
+                    self._load_strip_scales(nxt, mScales, batch, kv_head,
+                                            cutlass.max(last - i - 1, 0))
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(kv_state)
                     if strip_needs_mask(last - i, n_total, ragged, first_masked, self.causal):
                         self._mask(acc_S, tScS, (last - i) * bn, row_base, seq_len_kv, offset)
-                    alpha = self._softmax(acc_S, row_max, row_sum, qk_log2)
+                    alpha = self._softmax(acc_S, row_max, row_sum, q_coef, *cur)
                     self._rescale(acc_O, alpha)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                     pipe_v.consumer_wait(kv_state)
@@ -664,7 +721,7 @@ class WgmmaAttention(VTransposeMixin):
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
                 totals[r] = total
-                scale = dv / total
+                scale = 1.0 / total  # V's scales are in P' already
                 if cutlass.const_expr(self.causal):
                     if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
                         scale = cutlass.Float32(0.0)

@@ -1,0 +1,87 @@
+"""prepare's one-pass block quantization (variants/block_quantize_kernel.py) compiles without a GPU
+for every target arch, and its PTX does what the formula says: each input row loaded once (16-byte
+loads, 8 rows a thread for each of q, k and v), a NaN-propagating amax (q's across the row's
+lanes, k's and v's over the CTA through shared memory), one correctly rounded reciprocal per scale
+and no FMA (the torch formula's two roundings), saturating round-to-nearest-even e4m3 stores, V's
+feature-major codes through a shared tile with no byte stores, V's log2 without the approximate
+MUFU instruction. Bit-for-bit equality with the plain formula on a GPU: tests/test_prepare.py
+(cuda parameters)."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from variants.block_quantize_kernel import ROWS, compile_kernel
+
+pytestmark = pytest.mark.compile
+
+INPUTS = 3  # q, k and v in one launch
+
+
+def _ptx(tmp_path, *args, **kwargs) -> str:
+    compile_kernel("quant", *args, keep_ptx_in=str(tmp_path), **kwargs)
+    return "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
+
+
+def _cast_operand_ops(ptx: str) -> set[str]:
+    """The opcodes that define the fp32 operands of every e4m3 conversion (through the moves
+    that unpack a packed f32x2 result on sm_100+)."""
+    defined = {}
+    for line in ptx.splitlines():
+        match = re.match(r"\s*([\w.]+)\s+(%\w+),", line)
+        if match:
+            defined[match.group(2)] = match.group(1)
+        unpack = re.match(r"\s*mov\.b64\s+\{(%\w+),\s*(%\w+)\},\s*(%\w+);", line)
+        if unpack:
+            for reg in unpack.group(1, 2):
+                defined[reg] = defined[unpack.group(3)]
+    ops = set()
+    for operands in re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32\s+%\w+,\s*(%\w+),\s*(%\w+);",
+                               ptx):
+        ops.update(defined[r] for r in operands)
+    return ops
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_89"])
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 128), (torch.float16, 64)])
+def test_one_launch_reads_each_input_once_and_casts_like_the_formula(arch, dtype, head_dim,
+                                                                    tmp_path):
+    ptx = _ptx(tmp_path, dtype, head_dim, arch, True, True)
+    assert ptx.count(".entry ") == 1
+    assert ptx.count("ld.global.v4.b32") == INPUTS * ROWS  # 8 x 16-bit, once per row
+    assert "ld.global.b16" not in ptx and "ld.global.v2.b32" not in ptx
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == INPUTS * ROWS * 4  # 2 values each
+    # q: one scale per row (8 a thread), k and v one per block, and V's inverse: all rcp.rn.
+    assert ptx.count("rcp.rn.f32") == ROWS + 2 + 1
+    assert "approx" not in ptx and "div.rn.f32" not in ptx
+    # Each code from one rounded product x * scale (not an FMA, not a cvt of a sum).
+    assert _cast_operand_ops(ptx) <= {"mul.f32", "mul.rn.f32", "mul.f32x2"}
+    assert "max.NaN.f32" in ptx and "max.f32" not in ptx  # no NaN-dropping max anywhere
+    # q's row butterfly over head_dim / 8 lanes, k's and v's over the warp.
+    lanes = head_dim // 8
+    assert ptx.count("shfl.sync.bfly.b32") == ROWS * (lanes.bit_length() - 1) + 2 * 5
+    # q's and k's codes 8 bytes a row; V's feature rows in 8-byte pieces, head_dim / lanes each.
+    assert ptx.count("st.global.v2.b32") == 2 * ROWS + head_dim // lanes
+    assert ptx.count("st.shared.v2.b32") == 8  # the 8 x 8 transpose: 8 features' 8 keys
+    # The tile's reads; at head_dim 64 the CTA maxima of its 2 warps (k's, v's) are 8 bytes too.
+    assert ptx.count("ld.shared.v2.b32") == head_dim // lanes + (2 if lanes == 8 else 0)
+    assert "st.global.b8" not in ptx and "st.shared.b8" not in ptx
+    # k's and v's CTA maxima, then V's tile written before it is read.
+    assert ptx.count("bar.sync") == 3
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_natural_v_is_stored_like_k(arch, tmp_path):
+    ptx = _ptx(tmp_path, torch.bfloat16, 128, arch, False, False)
+    assert ptx.count("st.global.v2.b32") == INPUTS * ROWS
+    assert "st.shared.v2.b32" not in ptx and ptx.count("bar.sync") == 2
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_89"])
+def test_head_scale_expansion_compiles(arch, tmp_path):
+    compile_kernel("expand", torch.float32, 0, arch, keep_ptx_in=str(tmp_path))
+    ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
+    assert ptx.count(".entry ") == 1
+    assert ptx.count("rcp.rn.f32") == 1 and "approx" not in ptx  # 1 / dv, correctly rounded

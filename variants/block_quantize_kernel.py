@@ -1,0 +1,394 @@
+"""prepare's GPU work with block scales (variants/block_scales.py): q, k and v quantized in one
+launch, each byte of each input read once.
+
+    q: per (token, head)    amax over head_dim     codes (batch, padded, heads, head_dim)
+    k: per (64 keys, head)  amax over the block    codes (batch, padded_kv, kv_heads, head_dim)
+    v: per (64 keys, head)  amax over the block    codes feature-major (batch, kv_heads, head_dim,
+                                                   padded_kv), keys in register_p_key_order if
+                                                   asked, or token-major like k
+
+code = e4m3(x * fl(fl(1 / amax) * 448)), descale = amax * fl32(1 / 448), amax = max(amax, 1e-12)
+with a NaN kept (a NaN input gives NaN scales and NaN codes, never a silently finite output):
+the arithmetic of block_scales.quantize, so the codes are bit for bit the torch formula's.
+
+A CTA owns 64 rows (tokens, or stored key slots) of one (batch, head) of one input: the 1-D grid
+holds q's CTAs, then k's, then v's, heads fastest within each (the CTAs resident together read
+one contiguous span of tokens). Its threads are 8 groups of head_dim / 8 lanes; a thread loads 8
+consecutive rows of 8 features (16-byte loads, all 8 in flight before the first use), keeps them
+in registers, reduces the amax (q: across the row's lanes; k, v: the whole CTA, through shared
+memory), and casts from the registers. So no input is read twice and no amax scratch is zeroed.
+V's feature-major codes go through a shared tile (the 8 x 8 codes of a thread transposed in
+registers, then whole 64-byte feature rows per 8 lanes), as variants/quantize_kernel.py's cast.
+
+The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views): q's descale
+(batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of
+V's, 1 / V's and V's descale. Padding rows and blocks get the neutral 1 (log2: 0), as
+BlockScales.packed writes them.
+
+ExpandScales writes that buffer from the FP8 entry point's descales (per head, per token of q,
+per 64-key block of k and v), one thread per value.
+"""
+
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import torch
+
+from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
+from variants.key_order import key_at_slot
+from variants.launch import STREAM, FastLaunch, LauncherCache, device_arch, pointer, scalar
+
+VEC = 8  # features per thread and row: 16 bytes of bf16 in, 8 bytes of e4m3 out
+ROWS = 8  # consecutive rows a thread owns: 8 loads in flight, and V's 8 x 8 transpose
+GROUPS = KV_BLOCK // ROWS  # thread groups of a CTA: 64 rows, one K/V scale block
+TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fewer conflicts)
+EXPAND_THREADS = 256
+
+LAUNCHERS = LauncherCache("block quantize kernel")
+
+
+def _dsl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: cutlass.BFloat16, torch.float16: cutlass.Float16}[dtype]
+
+
+def scale_blocks(padded_kv: int) -> int:
+    """64-key scale blocks of a padded key length."""
+    return -(-padded_kv // KV_BLOCK)
+
+
+def packed_size(batch: int, heads: int, padded: int, kv_heads: int, padded_kv: int) -> int:
+    """fp32 values of the packed scales: q's rows, then four arrays of K/V blocks."""
+    return batch * heads * padded + 4 * batch * kv_heads * scale_blocks(padded_kv)
+
+
+class BlockQuant:
+    """The one launch for one input dtype, head_dim and V layout; shapes are runtime."""
+
+    def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
+                 permute_keys: bool = False) -> None:
+        self.in_dtype = in_dtype
+        self.head_dim = head_dim
+        self.lanes = head_dim // VEC  # threads per row
+        self.threads = GROUPS * self.lanes  # 128 at head_dim 128, 64 at 64
+        self.v_feature_major = v_feature_major
+        self.permute_keys = permute_keys
+
+    def slots(self):
+        x = pointer(self.in_dtype.__name__, VEC * self.in_dtype.width // 8)
+        out = pointer("Float8E4M3FN", VEC)
+        return (x, x, x, out, out, out, pointer("Float32", 4), *(scalar("Int32"),) * 7, STREAM)
+
+    def compile_args(self):
+        """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        gmem = cute.AddressSpace.gmem
+        x = make_ptr(self.in_dtype, 0, gmem, assumed_align=VEC * self.in_dtype.width // 8)
+        out = make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=VEC)
+        return (x, x, x, out, out, out, make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
+                *(cutlass.Int32(1),) * 7, make_fake_stream())
+
+    @cute.jit
+    def __call__(self, q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
+                 q8_ptr: cute.Pointer, k8_ptr: cute.Pointer, v8_ptr: cute.Pointer,
+                 scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
+                 kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
+                 seq_len_kv: cutlass.Int32, padded_kv: cutlass.Int32, stream: cuda.CUstream):
+        tile_bytes = self.head_dim * TILE_PITCH if cutlass.const_expr(self.v_feature_major) \
+            else 16
+
+        @cute.struct
+        class SharedStorage:
+            tile: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, tile_bytes], 16]
+            warp_max: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, GROUPS], 16]
+
+        q_ctas = batch * heads * ((padded + KV_BLOCK - 1) // KV_BLOCK)
+        kv_ctas = batch * kv_heads * ((padded_kv + KV_BLOCK - 1) // KV_BLOCK)
+        self.kernel(q_ptr, k_ptr, v_ptr, q8_ptr, k8_ptr, v8_ptr, scales_ptr, batch, heads,
+                    kv_heads, seq_len, padded, seq_len_kv, padded_kv, q_ctas, kv_ctas,
+                    SharedStorage).launch(
+            grid=[q_ctas + 2 * kv_ctas, 1, 1], block=[self.threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
+               q8_ptr: cute.Pointer, k8_ptr: cute.Pointer, v8_ptr: cute.Pointer,
+               scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
+               kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
+               seq_len_kv: cutlass.Int32, padded_kv: cutlass.Int32, q_ctas: cutlass.Int32,
+               kv_ctas: cutlass.Int32, SharedStorage: cutlass.Constexpr):
+        cta, _, _ = cute.arch.block_idx()
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
+        kv_size = batch * kv_heads * blocks
+        k_scales = scales_ptr + batch * heads * padded
+        if cta < q_ctas:
+            self._q_cta(q_ptr, q8_ptr, scales_ptr, cta, batch * heads, seq_len, padded, heads)
+        elif cta < q_ctas + kv_ctas:
+            self._kv_cta(k_ptr, k8_ptr, k_scales, storage, cta - q_ctas, batch * kv_heads,
+                         seq_len_kv, padded_kv, kv_heads, blocks, kv_size, False)
+        else:
+            self._kv_cta(v_ptr, v8_ptr, k_scales, storage, cta - q_ctas - kv_ctas,
+                         batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size,
+                         True)
+
+    @cute.jit
+    def _load(self, x_ptr, b, h, first, length, heads, permute: cutlass.Constexpr):
+        """The thread's 8 rows (stored slots first .. first + 7, each the key at that slot when
+        permuted) of its 8 features as fp32 (ROWS, VEC); rows at or past `length` are zero."""
+        tidx, _, _ = cute.arch.thread_idx()
+        col = (tidx % self.lanes) * VEC
+        values = cute.make_rmem_tensor(cute.make_layout((ROWS, VEC), stride=(VEC, 1)),
+                                       cutlass.Float32)
+        values.fill(0.0)
+        for i in cutlass.range_constexpr(ROWS):
+            row = first + i
+            if cutlass.const_expr(permute):
+                row = key_at_slot(first + i)
+            if row < length:
+                src = cute.make_tensor(x_ptr + ((b * length + row) * heads + h) * self.head_dim
+                                       + col, cute.make_layout(VEC))
+                values[i, None].store(src.load().to(cutlass.Float32))
+        return values
+
+    @cute.jit
+    def _store_token_major(self, out_ptr, values, scale, b, h, first, padded, heads, i):
+        """Row first + i of the codes (batch, padded, heads, head_dim): 8 bytes a thread."""
+        tidx, _, _ = cute.arch.thread_idx()
+        col = (tidx % self.lanes) * VEC
+        if first + i < padded:
+            # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
+            dst = cute.make_tensor(out_ptr + ((b * padded + first + i) * heads + h)
+                                   * self.head_dim + col, cute.make_layout(VEC))
+            dst.store((values[i, None].load() * scale).to(cutlass.Float8E4M3FN))
+
+    @cute.jit
+    def _q_cta(self, x_ptr, out_ptr, scales_ptr, cta, bh_count, seq_len, padded, heads):
+        """64 rows of one (batch, head) of q: a scale per row, from the row's lanes."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bh = cta % bh_count
+        b, h = bh // heads, bh % heads
+        first = (cta // bh_count) * KV_BLOCK + (tidx // self.lanes) * ROWS
+        values = self._load(x_ptr, b, h, first, seq_len, heads, False)
+        for i in cutlass.range_constexpr(ROWS):
+            m = cutlass.Float32(0.0)
+            for j in cutlass.range_constexpr(VEC):
+                m = cute.arch.fmax(m, abs(values[i, j]), nan=True)
+            # The row's lanes are consecutive lanes of one warp, aligned to their count.
+            for step in cutlass.range_constexpr(self.lanes.bit_length() - 1):
+                other = cute.arch.shuffle_sync_bfly(m, offset=self.lanes >> (step + 1))
+                m = cute.arch.fmax(m, other, nan=True)
+            amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
+            # fl(fl(1 / amax) * 448): torch's amax.reciprocal() * 448.
+            self._store_token_major(out_ptr, values, (1.0 / amax) * E4M3_MAX, b, h, first,
+                                    padded, heads, i)
+            row = first + i
+            if tidx % self.lanes == 0 and row < padded:
+                descale = cutlass.Float32(1.0)  # padding rows: neutral
+                if row < seq_len:
+                    descale = amax * DESCALE_PER_AMAX
+                _put(scales_ptr + (bh * padded + row), descale)
+
+    @cute.jit
+    def _kv_cta(self, x_ptr, out_ptr, scales_ptr, storage, cta, bh_count, seq_len_kv, padded_kv,
+                kv_heads, blocks, kv_size, is_v: cutlass.Constexpr):
+        """One 64-key block of one (batch, KV head) of k or v: one scale for the block."""
+        tidx, _, _ = cute.arch.thread_idx()
+        bh = cta % bh_count
+        block = cta // bh_count
+        b, h = bh // kv_heads, bh % kv_heads
+        group = tidx // self.lanes
+        first = block * KV_BLOCK + group * ROWS
+        permute = is_v and self.permute_keys
+        values = self._load(x_ptr, b, h, first, seq_len_kv, kv_heads, permute)
+        m = cutlass.Float32(0.0)
+        for i in cutlass.range_constexpr(ROWS):
+            for j in cutlass.range_constexpr(VEC):
+                m = cute.arch.fmax(m, abs(values[i, j]), nan=True)
+        m = cute.arch.warp_reduction(m, lambda x, y: cute.arch.fmax(x, y, nan=True))
+        warp_max = storage.warp_max.get_tensor(cute.make_layout(GROUPS))
+        warps = self.threads // 32
+        if tidx % 32 == 0:
+            warp_max[tidx // 32] = m
+        cute.arch.sync_threads()
+        for w in cutlass.range_constexpr(warps):
+            m = cute.arch.fmax(m, warp_max[w], nan=True)
+        amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
+        scale = (1.0 / amax) * E4M3_MAX
+        if cutlass.const_expr(is_v and self.v_feature_major):
+            self._store_feature_major(out_ptr, storage, values, scale, bh, first, padded_kv)
+        else:
+            for i in cutlass.range_constexpr(ROWS):
+                self._store_token_major(out_ptr, values, scale, b, h, first, padded_kv,
+                                        kv_heads, i)
+        if tidx == 0:
+            descale = cutlass.Float32(1.0)  # a block of padding only: neutral
+            if block * KV_BLOCK < seq_len_kv:
+                descale = amax * DESCALE_PER_AMAX
+            at = bh * blocks + block
+            if cutlass.const_expr(is_v):
+                # log2 of V's descale and its inverse for the softmax, and V's own for readers.
+                _put(scales_ptr + (kv_size + at), cute.math.log2(descale, fastmath=False))
+                _put(scales_ptr + (2 * kv_size + at), 1.0 / descale)
+                _put(scales_ptr + (3 * kv_size + at), descale)
+            else:
+                _put(scales_ptr + at, descale)
+
+    @cute.jit
+    def _store_feature_major(self, out_ptr, storage, values, scale, bh, first, padded_kv):
+        """The block's codes to (batch, kv_heads, head_dim, padded_kv) through shared memory:
+        the thread's 8 x 8 codes transposed in registers into 8-byte pieces of 8 feature rows of
+        the tile, then the CTA writes each feature row's 64 bytes as 8 pieces of 8 consecutive
+        lanes. padded_kv % 8 == 0 (prepare checks it)."""
+        tidx, _, _ = cute.arch.thread_idx()
+        col = (tidx % self.lanes) * VEC
+        local = (tidx // self.lanes) * ROWS  # the thread's first slot in the block
+        tile = storage.tile.get_tensor(cute.make_layout(self.head_dim * TILE_PITCH)).iterator
+        codes = cute.make_rmem_tensor(cute.make_layout((ROWS, VEC), stride=(VEC, 1)),
+                                      cutlass.Float8E4M3FN)
+        for i in cutlass.range_constexpr(ROWS):
+            codes[i, None].store((values[i, None].load() * scale).to(cutlass.Float8E4M3FN))
+        for j in cutlass.range_constexpr(VEC):
+            feature = cute.make_rmem_tensor((ROWS,), cutlass.Float8E4M3FN)
+            for i in cutlass.range_constexpr(ROWS):
+                feature[i] = codes[i, j]
+            at = cute.assume((col + j) * TILE_PITCH + local, divby=ROWS)
+            cute.make_tensor(tile + at, cute.make_layout(ROWS)).store(feature.load())
+        cute.arch.sync_threads()
+        block_start = first - local
+        pieces = KV_BLOCK // ROWS  # 8-byte pieces of one feature row
+        for r in cutlass.range_constexpr(self.head_dim * pieces // self.threads):
+            piece = tidx + r * self.threads
+            d = piece // pieces
+            slot = (piece % pieces) * ROWS
+            if block_start + slot < padded_kv:
+                src = cute.make_tensor(tile + cute.assume(d * TILE_PITCH + slot, divby=ROWS),
+                                       cute.make_layout(ROWS))
+                at = cute.assume((bh * self.head_dim + d) * padded_kv + block_start + slot,
+                                 divby=ROWS)
+                cute.make_tensor(out_ptr + at, cute.make_layout(ROWS)).store(src.load())
+
+
+class ExpandScales:
+    """The packed block scales from a caller's descales (the FP8 entry point's), one thread per
+    value: q's descale of every row below seq_len (1 past it); per 64-key block below
+    seq_len_kv k's, log2 of v's, 1 / v's and v's (1, 0, 1, 1 past it). Each descale tensor is
+    read through its own (batch, row or block, head) strides, so one kernel serves per-head
+    descales (row and block stride 0: a broadcast costs no copy) and per-token / per-block
+    ones alike. A descale below an all-zero block's (TINY_AMAX / 448, 0 included) is raised to
+    it, as the quantization's own amax clamp does."""
+
+    def slots(self):
+        f32 = pointer("Float32", 4)
+        return (f32, f32, f32, f32, *(scalar("Int32"),) * 16, STREAM)
+
+    def compile_args(self):
+        from cutlass.cute.runtime import make_fake_stream, make_ptr
+
+        f32 = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
+        return (f32, f32, f32, f32, *(cutlass.Int32(1),) * 16, make_fake_stream())
+
+    @cute.jit
+    def __call__(self, dq_ptr: cute.Pointer, dk_ptr: cute.Pointer, dv_ptr: cute.Pointer,
+                 scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
+                 kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
+                 seq_len_kv: cutlass.Int32, padded_kv: cutlass.Int32, q_sb: cutlass.Int32,
+                 q_sr: cutlass.Int32, q_sh: cutlass.Int32, k_sb: cutlass.Int32,
+                 k_sr: cutlass.Int32, k_sh: cutlass.Int32, v_sb: cutlass.Int32,
+                 v_sr: cutlass.Int32, v_sh: cutlass.Int32, stream: cuda.CUstream):
+        blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
+        total = batch * heads * padded + 4 * batch * kv_heads * blocks
+        self.kernel(dq_ptr, dk_ptr, dv_ptr, scales_ptr, batch, heads, kv_heads, seq_len, padded,
+                    seq_len_kv, blocks, q_sb, q_sr, q_sh, k_sb, k_sr, k_sh, v_sb, v_sr, v_sh,
+                    total).launch(
+            grid=[(total + EXPAND_THREADS - 1) // EXPAND_THREADS, 1, 1],
+            block=[EXPAND_THREADS, 1, 1], stream=stream)
+
+    @cute.kernel
+    def kernel(self, dq_ptr: cute.Pointer, dk_ptr: cute.Pointer, dv_ptr: cute.Pointer,
+               scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
+               kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
+               seq_len_kv: cutlass.Int32, blocks: cutlass.Int32, q_sb: cutlass.Int32,
+               q_sr: cutlass.Int32, q_sh: cutlass.Int32, k_sb: cutlass.Int32,
+               k_sr: cutlass.Int32, k_sh: cutlass.Int32, v_sb: cutlass.Int32,
+               v_sr: cutlass.Int32, v_sh: cutlass.Int32, total: cutlass.Int32):
+        bidx, _, _ = cute.arch.block_idx()
+        tidx, _, _ = cute.arch.thread_idx()
+        index = bidx * EXPAND_THREADS + tidx
+        q_size = batch * heads * padded
+        kv_size = batch * kv_heads * blocks
+        if index < q_size:
+            bh = index // padded
+            row = index % padded
+            value = cutlass.Float32(1.0)
+            if row < seq_len:
+                value = _at_least_tiny(
+                    dq_ptr[(bh // heads) * q_sb + row * q_sr + (bh % heads) * q_sh])
+            _put(scales_ptr + index, value)
+        elif index < total:
+            rest = index - q_size
+            part = rest // kv_size  # 0: k, 1: log2 v, 2: 1 / v, 3: v
+            at = rest % kv_size
+            bh = at // blocks
+            block = at % blocks
+            b, h = bh // kv_heads, bh % kv_heads
+            value = cutlass.Float32(1.0)
+            if block * KV_BLOCK < seq_len_kv:
+                if part == 0:
+                    value = _at_least_tiny(dk_ptr[b * k_sb + block * k_sr + h * k_sh])
+                else:
+                    value = _at_least_tiny(dv_ptr[b * v_sb + block * v_sr + h * v_sh])
+                    if part == 1:
+                        value = cute.math.log2(value, fastmath=False)
+                    elif part == 2:
+                        value = 1.0 / value
+            elif part == 1:
+                value = cutlass.Float32(0.0)
+            _put(scales_ptr + index, value)
+
+
+@cute.jit
+def _at_least_tiny(descale):
+    """A caller's descale, at least the one of an all-zero block (TINY_AMAX / 448), NaN kept:
+    a descale of 0 would put 0 * inf (1 / sv) or -inf * 0 (a masked score times a zero
+    coefficient) into the softmax, NaN where all-zero inputs mean an output of 0."""
+    return cute.arch.fmax(descale, TINY_AMAX * DESCALE_PER_AMAX, nan=True)
+
+
+@cute.jit
+def _put(ptr, value):
+    """One fp32 store at a global address."""
+    dst = cute.make_tensor(ptr, cute.make_layout(1))
+    dst[0] = value
+
+
+def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool):
+    if name == "expand":
+        return ExpandScales()
+    return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys)
+
+
+def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
+                   v_feature_major: bool = True, permute_keys: bool = False, *,
+                   keep_ptx_in: str | None = None):
+    """(compiled function, its launch slots) of "quant" (BlockQuant) or "expand"
+    (ExpandScales; dtype and head_dim unused) for `arch`, without a GPU; keep_ptx_in: a
+    directory to leave the PTX in (the CPU tests read it)."""
+    from variants.dsl_compile import compile_for_arch
+
+    kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys)
+    fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
+                                keep="--keep-ptx" if keep_ptx_in else "", dump_dir=keep_ptx_in)
+    return fn, kernel.slots()
+
+
+def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
+             v_feature_major: bool = True, permute_keys: bool = False,
+             compile_now: bool = True) -> FastLaunch | None:
+    """The launcher of "quant" or "expand" for this GPU, or None where there is none
+    (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
+    key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys)
+    return LAUNCHERS.get(key, lambda: compile_kernel(*key), compile_now=compile_now)

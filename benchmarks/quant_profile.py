@@ -12,6 +12,7 @@ import argparse
 
 import torch
 from call_timing import gpu_kernels
+from e2e_h200 import memory_floor
 
 SHAPES = ("1,4096,56,128", "1,8192,56,128", "1,16384,56,128", "2,4608,24,128", "4,1024,32,128",
           "1,30272,56,64")
@@ -26,7 +27,7 @@ def kind(name: str) -> str:
 def profile(shape, feature_major: bool) -> list[str]:
     from variants.prepare import quantize_inputs
 
-    batch, seq, heads, dim = shape
+    seq = shape[1]
     q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     src = torch.empty(1 << 30, dtype=torch.bfloat16, device="cuda").normal_()
     dst = torch.empty_like(src)
@@ -42,8 +43,7 @@ def profile(shape, feature_major: bool) -> list[str]:
     total = {name: us for name, us, _ in rows}
     count = {name: n for name, _, n in rows}
     copy_bw = 2 * src.numel() * 2 / (total["copy 2 GiB"] * 1e-6)
-    padded = -(-seq // 128) * 128
-    moved = 3 * batch * heads * dim * (2 * seq + padded) + 4 * batch * heads * padded
+    moved = memory_floor(shape, -(-seq // 128) * 128)["one_read"]
     lines = []
     for name in total:
         if name == "copy 2 GiB":

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tuner.errors import TunerError
-from variants.block_scales import E4M3_MAX, BlockScales, PackedLayout
+from variants.block_scales import E4M3_MAX, PackedLayout
 from variants.prepare import (
     check_qkv,
     inverse_key_order,
@@ -310,8 +310,10 @@ def test_fp8_inputs_expand_per_head_descales_into_the_packed_scales(device):
     dk = torch.rand(1, kv_heads, generator=g).to(device) + 0.5
     dv = torch.rand(batch, kv_heads, generator=g).to(device) * 4
     prepared = fp8_inputs(q, k, v, (dq, dk, dv), pad_to=64)
-    want = BlockScales.per_head(dq.expand(batch, heads), dk.expand(batch, kv_heads), dv,
-                                seq, seq_kv)
+    blocks = -(-seq_kv // 64)  # one value per head, repeated over its rows or 64-key blocks
+    want = {"q": dq.expand(batch, heads)[..., None].expand(batch, heads, seq),
+            "k": dk.expand(batch, kv_heads)[..., None].expand(batch, kv_heads, blocks),
+            "v": dv[..., None].expand(batch, kv_heads, blocks)}
     for name in "qkv":
-        assert torch.equal(getattr(prepared.scales, name), getattr(want, name)), name
+        assert torch.equal(getattr(prepared.scales, name), want[name]), name
     _assert_packed_matches(prepared)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.errors import peer_module
+from variants.block_scales import E4M3_MAX
 
-E4M3_MAX = 448.0
 # P in [0, 1] is scaled into e4m3's range before it is rounded, as our kernels do with 256.
 P_SCALE = 256.0
 

@@ -5,8 +5,9 @@ is unknown, so it is measured, never depended on: not in pyproject, imported onl
 FA3 takes e4m3 q, k, v in (batch, seq, heads, dim) with fp32 descales of shape (batch,
 kv_heads) each (q's is per KV head too: the query heads of a group share it), and writes a bf16
 output. Its causal mask is aligned to the bottom right, as ours, so it times causal problems at
-any pair of lengths; grouped KV heads are native. prepare quantizes with the same per-(batch,
-head) amax formula as ours, q's amax taken over each group's query heads.
+any pair of lengths; grouped KV heads are native. prepare quantizes with a per-(batch, KV head)
+amax (q's taken over each group's query heads), the granularity FA3 takes; ours are finer
+(variants/block_scales.py).
 """
 
 from __future__ import annotations

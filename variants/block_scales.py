@@ -50,15 +50,6 @@ class BlockScales:
     k: torch.Tensor
     v: torch.Tensor
 
-    @classmethod
-    def per_head(cls, dq, dk, dv, seq_len: int, seq_len_kv: int) -> BlockScales:
-        """Per-(batch, head) descales (q's (batch, heads), k's and v's (batch, kv_heads)) as the
-        block scales they equal: one scale repeated over every row and block."""
-        blocks = -(-seq_len_kv // KV_BLOCK)
-        return cls(dq.float()[..., None].expand(-1, -1, seq_len).contiguous(),
-                   dk.float()[..., None].expand(-1, -1, blocks).contiguous(),
-                   dv.float()[..., None].expand(-1, -1, blocks).contiguous())
-
     def per_key(self, which: str) -> torch.Tensor:
         """k's or v's descale of every key, (batch, seq_len_kv, kv_heads, 1), for a length of
         `blocks * 64` keys or fewer (cut by the caller)."""

@@ -36,6 +36,11 @@ CASES = [
     {"fma_exp2": 2, "p_source": "smem"},
     # Every head's last query block first (the causal default; here without a mask).
     {"tile_order": "longest_first"},
+    # Q quantized by the consumers from bf16 (16-byte loads, 16-byte swizzled smem stores),
+    # with two and three consumer warpgroups, P from smem, V transposed in the kernel.
+    {"q_quant": "kernel"},
+    {"q_quant": "kernel", "consumer_wgs": 3, "block_n": 64, "kv_stages": 4},
+    {"q_quant": "kernel", "p_source": "smem", "v_layout": "kernel", "head_dim": 64},
 ]
 
 
@@ -60,6 +65,32 @@ def test_compiles_without_spills(overrides):
     assert wgmma.compile(cfg, problem, "sm_90a") is kernel
 
 
+def test_q_quant_kernel_reads_bf16_rows_in_16_byte_loads_and_loads_no_q_by_tma(tmp_path):
+    """q_quant=kernel: each consumer thread's two rows of a quarter of head_dim come in 16-byte
+    loads (2 rows x 4 at head_dim 128) and go to the swizzled Q tile in 16-byte stores (2 x 2);
+    2-byte loads would mean the pointer's alignment was lost. The TMA loads left are K's and
+    V's (one fewer than with Q loaded by prepare)."""
+    import re
+    from collections import Counter
+
+    from variants.cubin import disassemble, nvdisasm_path
+
+    if nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed")
+
+    def opcodes(cfg):
+        kernel = wgmma.compile(cfg, PROBLEM, "sm_90a")
+        sass = disassemble(kernel.cubin_path.read_bytes())
+        return Counter(re.findall(r"\b(LDG\.E\.128|LDG\.E\.U16|STS\.128|UTMALDG[.\w]*)", sass))
+
+    ours = opcodes(dataclasses.replace(_DEFAULT, q_quant="kernel"))
+    prepared = opcodes(_DEFAULT)
+    assert ours["LDG.E.128"] == 8 and ours["STS.128"] == 4 and ours["LDG.E.U16"] == 0
+    assert prepared["LDG.E.128"] == 0
+    tma = lambda c: sum(n for op, n in c.items() if op.startswith("UTMALDG"))  # noqa: E731
+    assert tma(ours) == tma(prepared) - 1
+
+
 def test_cases_cover_every_knob_value():
     space = wgmma.space("sm_90a")
     seen = {name: set() for name in space}
@@ -69,3 +100,23 @@ def test_cases_cover_every_knob_value():
             seen[name].add(value)
     for name, values in space.items():
         assert set(values) <= seen[name], name
+
+
+def test_q_quant_kernel_refuses_fp8_and_mislaid_inputs_by_name():
+    """A kernel that quantizes Q reads bf16 q: FP8 callers are sent to the prepare twin, and
+    inputs prepared for the other kind of kernel are refused before any launch."""
+    import torch
+
+    from variants.prepare import quantize_inputs
+
+    ours = wgmma.compile(dataclasses.replace(_DEFAULT, q_quant="kernel"), PROBLEM, "sm_90a")
+    twin = wgmma.compile(_DEFAULT, PROBLEM, "sm_90a")
+    q, k, v = (torch.randn(1, 77, 2, 128).bfloat16() for _ in range(3))
+    codes = q.to(torch.float8_e4m3fn)
+    ones = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="for_q_dtype"):
+        ours.prepare_fp8(codes, codes, codes, (ones, ones, ones))
+    with pytest.raises(ValueError, match="this kernel reads bf16"):
+        ours.run(twin.prepare(q, k, v))
+    with pytest.raises(ValueError, match="this kernel reads e4m3 codes"):
+        twin.run(ours.prepare(q, k, v))

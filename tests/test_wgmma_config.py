@@ -98,6 +98,7 @@ def test_rejects_other_archs(gpu):
         ({"fma_exp2": 2.5}, "fma_exp2"),
         ({"fma_exp2": True}, "fma_exp2"),
         ({"tile_order": "random"}, "tile_order"),
+        ({"q_quant": "register"}, "q_quant"),
         ({"consumer_wgs": 3, "block_n": 256}, "register estimate"),
         # One warpgroup's 64 x 256 S and O at head_dim 128 fill 255 registers before the
         # block scales' 14 (ptxas spills 32 B).
@@ -188,3 +189,22 @@ def test_register_p_views_feed_each_key_to_its_v_row(block_n):
                             assert row_c == row_a
                             assert order[slot] == key
 
+
+
+def test_q_quant_kernel_is_refused_where_q_outgrows_32_bit_offsets():
+    cfg = _cfg(q_quant="kernel")
+    big = Problem(batch=4, heads=64, seq_len=65536)  # 4 * 65536 * 64 * 128 = 2**31 elements
+    ok, reason = wgmma.can_implement(cfg, big, H200)
+    assert not ok and "2**31" in reason
+    assert wgmma.can_implement(_cfg(), big, H200) == (True, None)  # TMA loads Q
+    assert wgmma.can_implement(cfg, Problem(batch=4, heads=64, seq_len=65535), H200)[0]
+
+
+def test_for_q_dtype_gives_fp16_and_fp8_callers_the_prepare_twin():
+    cfg = _cfg(q_quant="kernel")
+    assert cfg.for_q_dtype("bfloat16") is cfg
+    for dtype in ("float16", "float8_e4m3fn"):
+        twin = cfg.for_q_dtype(dtype)
+        assert twin.q_quant == "prepare" and not twin.q_in_kernel
+        assert dataclasses.replace(twin, q_quant="kernel") == cfg
+    assert _cfg().for_q_dtype("float16") == _cfg()

@@ -21,6 +21,11 @@ V_LAYOUTS = ("prepared", "kernel")
 # first and each persistent CTA gets tiles of falling length; without a mask every tile is as
 # long, and the order only changes which K/V the CTAs in flight share).
 TILE_ORDERS = ("per_head", "longest_first")
+# Where Q is quantized: prepare (its one launch writes e4m3 codes and per-token scales the kernel
+# TMA-loads) or kernel (the consumer warpgroups read the caller's bf16 Q rows once per tile, take
+# each row's amax and write its e4m3 codes into the Q tile themselves: prepare then reads and
+# writes only K and V, one third less of its traffic; issue 15).
+Q_QUANTS = ("prepare", "kernel")
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
 HEAD_DIMS = (64, 128)
@@ -62,6 +67,8 @@ class Config(ConfigMixin):
     # TILE_ORDERS; per_head is the kernel built before this knob existed (and the default
     # without a causal mask).
     tile_order: str = "per_head"
+    # Q_QUANTS; prepare is the kernel built before this knob existed.
+    q_quant: str = "prepare"
 
     @property
     def block_m(self) -> int:
@@ -88,6 +95,20 @@ class Config(ConfigMixin):
     def v_key_permuted(self) -> bool:
         # With v_layout=kernel the register-P key order is applied by the in-smem transpose.
         return self.register_p and not self.v_in_kernel
+
+    @property
+    def q_in_kernel(self) -> bool:
+        """Q arrives as the caller's bf16 (batch, seq_len, heads, head_dim), quantized per row
+        by the consumer warpgroups (the block-scale formula of variants/block_scales.py)."""
+        return self.q_quant == "kernel"
+
+    def for_q_dtype(self, dtype_name: str) -> Config:
+        """The config that reads a q of this torch dtype ("bfloat16", "float16",
+        "float8_e4m3fn"): an in-kernel quantization reads bf16 only, so fp16 and FP8 callers
+        get the same kernel with Q quantized (or laid out) by prepare."""
+        if self.q_in_kernel and dtype_name != "bfloat16":
+            return dataclasses.replace(self, q_quant="prepare")
+        return self
 
     def pad_to(self) -> int:
         """Sequence padding prepare applies so every Q tile and K/V strip load is in bounds."""
@@ -198,6 +219,13 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
                        f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")
     if cfg.tile_order not in TILE_ORDERS:
         return False, f"tile_order={cfg.tile_order!r} unknown; one of {TILE_ORDERS}"
+    if cfg.q_quant not in Q_QUANTS:
+        return False, f"q_quant={cfg.q_quant!r} unknown; one of {Q_QUANTS}"
+    q_elements = problem.batch * problem.seq_len * problem.heads * d
+    if cfg.q_in_kernel and q_elements >= 2**31:
+        return False, ("q_quant=kernel addresses the bf16 q with 32-bit offsets: batch * "
+                       f"seq_len * heads * head_dim = {q_elements} >= 2**31 (q_quant=prepare "
+                       "loads Q by TMA)")
     if cfg.kv_stages not in (2, 3, 4):
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:

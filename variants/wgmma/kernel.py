@@ -70,7 +70,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from variants.block_scales import KV_BLOCK
+from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
 from variants.common.abi import block_scale_views, output_views
 from variants.common.masking import (
     causal_offset,
@@ -80,7 +80,7 @@ from variants.common.masking import (
     strips_needed,
 )
 from variants.common.softmax import LOG2_E, block_exp2_argument, lse_natural, rescale_factor
-from variants.wgmma.barriers import p_store_barrier, sched_barrier
+from variants.wgmma.barriers import p_store_barrier, q_store_barrier, sched_barrier
 from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
 from variants.wgmma.ptx import _exp2_polynomial
 from variants.wgmma.v_transpose import TRANSPOSE_WARPS, VTransposeMixin
@@ -109,6 +109,7 @@ class WgmmaAttention(VTransposeMixin):
         self.v_in_kernel = cfg.v_in_kernel
         self.fma_exp2 = cfg.fma_exp2
         self.longest_first = cfg.tile_order == "longest_first"
+        self.q_in_kernel = cfg.q_in_kernel
         self.consumer_regs, self.producer_regs = register_split(cfg)
 
     # ----------------------------------------------------------------------------------------
@@ -177,8 +178,15 @@ class WgmmaAttention(VTransposeMixin):
         padded_kv = cute.assume(padded_len_kv, divby=math.lcm(bm, bn))
         # TMA views, (seq, head_dim, heads, batch) and V (head_dim, seq, heads, batch); K and V
         # at their own length and KV head count.
-        q_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
-        mQ = cute.make_tensor(q_ptr, cute.select(q_layout, mode=[1, 3, 2, 0]))
+        if cutlass.const_expr(self.q_in_kernel):
+            # The caller's bf16 q, (batch, seq_len, heads, head_dim) unpadded: the consumers
+            # read its rows through the pointer itself (_quantize_q; a tensor made of it would
+            # not keep the pointer's 16-byte alignment into the kernel, and its loads would be
+            # 2 bytes wide).
+            mQ = q_ptr
+        else:
+            q_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
+            mQ = cute.make_tensor(q_ptr, cute.select(q_layout, mode=[1, 3, 2, 0]))
         kv_layout = cute.make_ordered_layout((batch, padded_kv, kv_heads, d), order=(3, 2, 1, 0))
         kv_layout = cute.select(kv_layout, mode=[1, 3, 2, 0])
         mK = cute.make_tensor(k_ptr, kv_layout)
@@ -206,9 +214,12 @@ class WgmmaAttention(VTransposeMixin):
             warpgroup.OperandSource.RMEM if self.register_p else warpgroup.OperandSource.SMEM)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_mQ = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (bm, d))
         tma_k, tma_mK = cpasync.make_tiled_tma_atom(
             g2s, mK, cute.select(sK_layout, mode=[0, 1]), (bn, d))
+        if cutlass.const_expr(self.q_in_kernel):
+            tma_q, tma_mQ = tma_k, mQ  # no Q load: tma_q stands in and is never used
+        else:
+            tma_q, tma_mQ = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (bm, d))
         if cutlass.const_expr(self.v_in_kernel):
             # Loaded like K into a staging ring of K's layout; the producer transposes it.
             tma_v, tma_mV = cpasync.make_tiled_tma_atom(
@@ -240,7 +251,7 @@ class WgmmaAttention(VTransposeMixin):
     def kernel(
         self,
         tma_q: cute.CopyAtom,
-        mQ: cute.Tensor,
+        mQ,  # the TMA view of Q; q_quant=kernel: the bf16 q pointer
         tma_k: cute.CopyAtom,
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
@@ -276,7 +287,8 @@ class WgmmaAttention(VTransposeMixin):
         sV = storage.v.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
         if warp_idx == 0:
-            cpasync.prefetch_descriptor(tma_q)
+            if cutlass.const_expr(not self.q_in_kernel):
+                cpasync.prefetch_descriptor(tma_q)
             cpasync.prefetch_descriptor(tma_k)
             cpasync.prefetch_descriptor(tma_v)
 
@@ -340,8 +352,8 @@ class WgmmaAttention(VTransposeMixin):
             if cutlass.const_expr(not self.register_p):
                 sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                         mScales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
-                         bid, grid, total_tiles, strips, seq_len_kv)
+                         mQ, mScales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS,
+                         wg_idx - 1, bid, grid, total_tiles, strips, seq_len_kv)
 
     @cute.jit
     def _tile_strips(self, tile: cutlass.Int32, strips):
@@ -371,8 +383,6 @@ class WgmmaAttention(VTransposeMixin):
         tile = bid
         while tile < total_tiles:
             m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.block_m, self.head_dim),
-                                 (m_block, 0))
             gK = cute.local_tile(mK[None, None, kv_head, batch], (self.block_n, self.head_dim),
                                  (None, 0))
             if cutlass.const_expr(self.v_in_kernel):
@@ -381,8 +391,6 @@ class WgmmaAttention(VTransposeMixin):
             else:
                 gV = cute.local_tile(mV[None, None, kv_head, batch],
                                      (self.head_dim, self.block_n), (0, None))
-            tQsQ, tQgQ = cpasync.tma_partition(
-                tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             tKsK, tKgK = cpasync.tma_partition(
                 tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(
@@ -394,9 +402,14 @@ class WgmmaAttention(VTransposeMixin):
             pipe_k.producer_acquire(kv_state)
             cute.copy(tma_k, tKgK[None, last], tKsK[None, kv_state.index],
                       tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
-            pipe_q.producer_acquire(q_state)
-            cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-            q_state.advance()
+            if cutlass.const_expr(not self.q_in_kernel):
+                gQ = cute.local_tile(mQ[None, None, head, batch], (self.block_m, self.head_dim),
+                                     (m_block, 0))
+                tQsQ, tQgQ = cpasync.tma_partition(
+                    tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+                pipe_q.producer_acquire(q_state)
+                cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+                q_state.advance()
             if cutlass.const_expr(not self.overlap):
                 pipe_v.producer_acquire(kv_state)
                 cute.copy(tma_v, tVgV[None, last], tVsV[None, kv_state.index],
@@ -580,8 +593,65 @@ class WgmmaAttention(VTransposeMixin):
                               number_of_threads=WG_THREADS)
 
     @cute.jit
+    def _quantize_q(self, mQ, sQ, q_coef, s_rows, batch, head, heads, row_base, seq_len,
+                    scale_log2, wg):
+        """q_quant=kernel: the warpgroup's 64 rows of the tile from the caller's bf16 q into sQ
+        as e4m3 codes, one scale a row (block_scales.quantize_rows' formula, as
+        block_quantize_kernel computes it): q_coef[r] = descale * softmax_scale * log2(e).
+
+        Each thread takes the two rows its softmax owns (16w + l/4 and + 8 of its warp) and a
+        quarter of their features (quad lane t: features t * head_dim/4 ...), so the row's amax
+        is reduced over the quad like the softmax's row max, and the scale lands in the thread
+        that multiplies by it. Rows at or past seq_len read nothing and get codes 0.
+        """
+        d = self.head_dim
+        cols = d // 4  # features a thread takes of each row
+        vec = 8  # bf16 a 16-byte load
+        chunk = 16  # e4m3 a 16-byte store: whole 16-byte units of the swizzled tile
+        lane = cute.arch.lane_idx()
+        col0 = (lane % 4) * cols
+        values = cute.make_rmem_tensor(cute.make_layout((2, cols), stride=(cols, 1)),
+                                       cutlass.Float32)
+        values.fill(0.0)
+        for r in cutlass.range_constexpr(2):
+            row = row_base + s_rows[r, 0][0]
+            if row < seq_len:
+                loads = cute.zipped_divide(values[r, None], (vec,))
+                for c in cutlass.range_constexpr(cols // vec):
+                    src = cute.make_tensor(
+                        mQ + (((batch * seq_len + row) * heads + head) * d + col0
+                                       + c * vec), cute.make_layout(vec))
+                    loads[None, c].store(src.load().to(cutlass.Float32))
+        # Every wgmma of the warpgroup that read the previous tile's Q has completed in each
+        # warp (wait_group before its softmax); the barrier makes that true of all four before
+        # any overwrites the tile.
+        cute.arch.barrier(barrier_id=q_store_barrier(wg, self.wgs),
+                          number_of_threads=WG_THREADS)
+        for r in cutlass.range_constexpr(2):
+            m = cutlass.Float32(0.0)
+            for j in cutlass.range_constexpr(cols):
+                m = cute.arch.fmax(m, abs(values[r, j]), nan=True)
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1), nan=True)
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2), nan=True)
+            amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
+            q_coef[r] = amax * DESCALE_PER_AMAX * scale_log2
+            inv = (1.0 / amax) * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare's formula
+            row_in_tile = s_rows[r, 0][0]
+            stores = cute.zipped_divide(values[r, None], (chunk,))
+            for c in cutlass.range_constexpr(cols // chunk):
+                dst = cute.local_tile(sQ[row_in_tile, None], (chunk,),
+                                      ((lane % 4) * (cols // chunk) + c,))
+                # f32 -> e4m3 is cvt.rn.satfinite, as prepare's cast.
+                dst.store((stores[None, c].load() * inv).to(cutlass.Float8E4M3FN))
+        # Generic-proxy smem writes must be visible to the async proxy (wgmma) reads, in all
+        # four warps of the warpgroup before any issues its first QK^T.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=q_store_barrier(wg, self.wgs),
+                          number_of_threads=WG_THREADS)
+
+    @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                mScales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
+                mQ, mScales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
                 strips, seq_len_kv):
         d, bm, bn = self.head_dim, self.block_m, self.block_n
         fp8 = cutlass.Float8E4M3FN
@@ -628,8 +698,12 @@ class WgmmaAttention(VTransposeMixin):
             first_masked = first_masked_strip(row_base, bn, offset)
             # Q's scale of each of the thread's two rows, times softmax_scale * log2(e).
             q_coef = cute.make_rmem_tensor((2,), cutlass.Float32)
-            for r in cutlass.range_constexpr(2):
-                q_coef[r] = mScales[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
+            if cutlass.const_expr(self.q_in_kernel):
+                self._quantize_q(mQ, sQ, q_coef, s_rows, batch, head, strips[1], row_base,
+                                 seq_len, scale_log2, wg)
+            else:
+                for r in cutlass.range_constexpr(2):
+                    q_coef[r] = mScales[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
             row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_max.fill(-cutlass.Float32.inf)
@@ -637,7 +711,8 @@ class WgmmaAttention(VTransposeMixin):
             acc_O.fill(0.0)
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), cutlass.Float32)
             last = n_blocks - 1
-            pipe_q.consumer_wait(q_state)
+            if cutlass.const_expr(not self.q_in_kernel):
+                pipe_q.consumer_wait(q_state)
 
             # The strips' scales are loaded one strip ahead of their use, each load issued just
             # after a named-barrier arrive: a barrier orders the memory accesses before it, so a
@@ -680,7 +755,8 @@ class WgmmaAttention(VTransposeMixin):
                     pipe_v.consumer_release(v_state)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                     self._rescale(acc_O, alpha)
-                pipe_q.consumer_release(q_state)
+                if cutlass.const_expr(not self.q_in_kernel):
+                    pipe_q.consumer_release(q_state)
                 pipe_v.consumer_wait(kv_state)
                 self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, kv_state.index)
                 warpgroup.wait_group(0)
@@ -709,9 +785,11 @@ class WgmmaAttention(VTransposeMixin):
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(kv_state)
                     kv_state.advance()
-                pipe_q.consumer_release(q_state)
+                if cutlass.const_expr(not self.q_in_kernel):
+                    pipe_q.consumer_release(q_state)
                 self._sched_arrive(wg)
-            q_state.advance()
+            if cutlass.const_expr(not self.q_in_kernel):
+                q_state.advance()
 
             # ---- epilogue: O * dv / l as bf16, LSE; rows >= seq_len are not stored ----------
             o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))

@@ -107,7 +107,6 @@ def test_q_quant_kernel_refuses_fp8_and_mislaid_inputs_by_name():
     inputs prepared for the other kind of kernel are refused before any launch."""
     import torch
 
-    from variants.prepare import quantize_inputs
 
     ours = wgmma.compile(dataclasses.replace(_DEFAULT, q_quant="kernel"), PROBLEM, "sm_90a")
     twin = wgmma.compile(_DEFAULT, PROBLEM, "sm_90a")

@@ -44,7 +44,11 @@ SHAPES = [
 CONFIGS = {
     "wgmma": [None, dict(v_layout="kernel", p_source="smem"),
               dict(intra_wg_overlap=False, pingpong=False, persistent=False),
-              dict(tile_order="per_head"), dict(tile_order="longest_first")],
+              dict(tile_order="per_head"), dict(tile_order="longest_first"),
+              # Q quantized in the kernel: rows past seq_len, GQA heads, both loops.
+              dict(q_quant="kernel"),
+              dict(q_quant="kernel", intra_wg_overlap=False, pingpong=False, persistent=False,
+                   p_source="smem")],
     "mma_sync": [None],
 }
 
@@ -85,12 +89,14 @@ SHAPES_HEAD_DIM_64 = [
 ]
 
 
-@pytest.mark.parametrize("family_name", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("family_name, overrides", [("wgmma", None), ("mma_sync", None),
+                                                     ("wgmma", dict(q_quant="kernel"))])
 @pytest.mark.parametrize("shape", SHAPES_HEAD_DIM_64, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}"
                          .format(*s[:5], "causal" if s[5] else "full"))
-def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, shape):
+def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, overrides, shape):
     batch, heads, seq, seq_kv, kv_heads, causal = shape
-    _gate_passes(family_name, Problem(batch, heads, seq, 64, causal, seq_kv, kv_heads))
+    _gate_passes(family_name, Problem(batch, heads, seq, 64, causal, seq_kv, kv_heads),
+                 overrides)
 
 
 @pytest.mark.parametrize("causal", [False, True])

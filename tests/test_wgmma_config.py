@@ -191,13 +191,11 @@ def test_register_p_views_feed_each_key_to_its_v_row(block_n):
 
 
 
-def test_q_quant_kernel_is_refused_where_q_outgrows_32_bit_offsets():
-    cfg = _cfg(q_quant="kernel")
-    big = Problem(batch=4, heads=64, seq_len=65536)  # 4 * 65536 * 64 * 128 = 2**31 elements
-    ok, reason = wgmma.can_implement(cfg, big, H200)
-    assert not ok and "2**31" in reason
-    assert wgmma.can_implement(_cfg(), big, H200) == (True, None)  # TMA loads Q
-    assert wgmma.can_implement(cfg, Problem(batch=4, heads=64, seq_len=65535), H200)[0]
+def test_smem_counts_the_bf16_q_staging_tile_only_for_q_quant_kernel():
+    cfg = _cfg()
+    for head_dim in (64, 128):
+        assert (smem_bytes(dataclasses.replace(cfg, q_quant="kernel"), head_dim)
+                - smem_bytes(cfg, head_dim)) == 2 * cfg.block_m * head_dim
 
 
 def test_for_q_dtype_gives_fp16_and_fp8_callers_the_prepare_twin():

@@ -69,8 +69,14 @@ def _gate_passes(family_name, problem, overrides=None):
     assert report.passed, f"seed={seed} {cfg.short()}: {report.reason}"
 
 
+def _config_id(family_name, overrides):
+    knobs = ",".join(f"{k}={v}" for k, v in (overrides or {}).items())
+    return f"{family_name}-{knobs or 'default'}"
+
+
 @pytest.mark.parametrize("family_name, overrides",
-                         [(f, o) for f, configs in CONFIGS.items() for o in configs])
+                         [pytest.param(f, o, id=_config_id(f, o))
+                          for f, configs in CONFIGS.items() for o in configs])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}".format(
     *s[:5], "causal" if s[5] else "full"))
 def test_the_gate_passes_the_kernels_on_every_shape(family_name, overrides, shape):
@@ -89,8 +95,9 @@ SHAPES_HEAD_DIM_64 = [
 ]
 
 
-@pytest.mark.parametrize("family_name, overrides", [("wgmma", None), ("mma_sync", None),
-                                                     ("wgmma", dict(q_quant="kernel"))])
+@pytest.mark.parametrize("family_name, overrides",
+                         [pytest.param(f, o, id=_config_id(f, o)) for f, o in
+                          (("wgmma", None), ("mma_sync", None), ("wgmma", dict(q_quant="kernel")))])
 @pytest.mark.parametrize("shape", SHAPES_HEAD_DIM_64, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}"
                          .format(*s[:5], "causal" if s[5] else "full"))
 def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, overrides, shape):

@@ -22,9 +22,9 @@ V_LAYOUTS = ("prepared", "kernel")
 # long, and the order only changes which K/V the CTAs in flight share).
 TILE_ORDERS = ("per_head", "longest_first")
 # Where Q is quantized: prepare (its one launch writes e4m3 codes and per-token scales the kernel
-# TMA-loads) or kernel (the consumer warpgroups read the caller's bf16 Q rows once per tile, take
-# each row's amax and write its e4m3 codes into the Q tile themselves: prepare then reads and
-# writes only K and V, one third less of its traffic; issue 15).
+# TMA-loads) or kernel (TMA loads the caller's bf16 Q tile into a staging tile; the consumer
+# warpgroups take each row's amax and write its e4m3 codes into the Q tile themselves: prepare
+# then reads and writes only K and V, a third less of its traffic; issue 15).
 Q_QUANTS = ("prepare", "kernel")
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
@@ -162,6 +162,8 @@ def smem_bytes(cfg: Config, head_dim: int) -> int:
         fields.append(cfg.block_m * cfg.block_n)            # P tile
     if cfg.v_in_kernel:
         fields.append(cfg.kv_stages * cfg.block_n * head_dim)  # V staging ring, as loaded
+    if cfg.q_in_kernel:
+        fields.append(2 * cfg.block_m * head_dim)  # Q's bf16 staging tile
     return SMEM_BARRIER_BYTES + sum(-(-f // SMEM_ALIGN) * SMEM_ALIGN for f in fields)
 
 
@@ -221,11 +223,6 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, f"tile_order={cfg.tile_order!r} unknown; one of {TILE_ORDERS}"
     if cfg.q_quant not in Q_QUANTS:
         return False, f"q_quant={cfg.q_quant!r} unknown; one of {Q_QUANTS}"
-    q_elements = problem.batch * problem.seq_len * problem.heads * d
-    if cfg.q_in_kernel and q_elements >= 2**31:
-        return False, ("q_quant=kernel addresses the bf16 q with 32-bit offsets: batch * "
-                       f"seq_len * heads * head_dim = {q_elements} >= 2**31 (q_quant=prepare "
-                       "loads Q by TMA)")
     if cfg.kv_stages not in (2, 3, 4):
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:

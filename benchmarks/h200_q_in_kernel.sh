@@ -6,6 +6,8 @@
 #                                              # wgmma space through the gate, the planted suite
 #   bash benchmarks/h200_q_in_kernel.sh bench   # carry [".device-fa3"] right after: clocks and
 #                                              # power per system, then e2e_h200.py (FA3 beside)
+#   bash benchmarks/h200_q_in_kernel.sh final   # carry [".device"]: the GPU tests after the last
+#                                              # edit
 # Few files under $OUT (the device returns a limited number).
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -30,7 +32,25 @@ mutant() {
     2>&1 | grep -E "passed|failed|seed=" | cut -c1-400 | head -n 6)
 }
 
-case "${1:?tests or bench}" in
+case "${1:?tests, bench or final}" in
+final)
+  # After the last product edit (the default's q_quant rule): the GPU tests of the caller's path,
+  # every shape, the planted suite, the foundation; the wgmma tests but the space sweep, and a
+  # sample of both spaces (every 100th wgmma config with Q from prepare, every 24th mma_sync).
+  source .device/env.sh
+  capped 300 $PYTEST tests/gpu/test_shapes_gpu.py tests/gpu/test_e2e_gpu.py \
+    tests/gpu/test_runtime_gpu.py tests/gpu/test_gate_gpu.py tests/gpu/test_foundation_gpu.py \
+    tests/test_prepare.py > "$OUT/final.log" 2>&1; echo "caller path rc=$?"; tail -n 4 "$OUT/final.log"
+  $PYTEST --collect-only tests/gpu/test_wgmma_gpu.py 2>/dev/null | grep "feasible_space" \
+    | grep "q_quant=prepare" | awk "NR % 100 == 1" > /tmp/sample.txt
+  $PYTEST --collect-only tests/gpu/test_mma_sync_gpu.py 2>/dev/null | grep "sm90_space" \
+    | awk "NR % 24 == 1" >> /tmp/sample.txt
+  capped 120 $PYTEST $(cat /tmp/sample.txt) > "$OUT/final_spaces.log" 2>&1
+  echo "spaces ($(wc -l < /tmp/sample.txt) sampled configs) rc=$?"; tail -n 2 "$OUT/final_spaces.log"
+  capped 120 $PYTEST tests/gpu/test_wgmma_gpu.py tests/gpu/test_mma_sync_gpu.py \
+    -k "not feasible_space and not sm90_space" >> "$OUT/final_spaces.log" 2>&1
+  echo "both families' other tests rc=$?"; tail -n 2 "$OUT/final_spaces.log"
+  ;;
 tests)
   source .device/env.sh
   nvidia-smi --query-gpu=name,power.limit,enforced.power.limit,clocks.max.sm,clocks.sm,temperature.gpu \

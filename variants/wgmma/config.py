@@ -138,7 +138,18 @@ def default(arch: str, problem=None) -> Config:
         # longest_first 1.13x / 1.19x / 1.04x per_head at S = 4096 / 8192 / 16384; a causal
         # search (16 trials a length) kept this config at all five causal problems it ran.
         cfg = dataclasses.replace(cfg, tile_order="longest_first")
+    if problem is not None and problem.head_dim == 128 and problem.seq_len_kv <= Q_IN_KERNEL_UP_TO:
+        cfg = dataclasses.replace(cfg, q_quant="kernel")
     return cfg
+
+
+# Keys up to which the default quantizes Q in the kernel (head_dim 128). Prepare + kernel, the
+# head_dim-128 recipe with each Q placement, one run on the H200 (benchmarks/e2e_h200.py,
+# 2026-12-01, eleventh session; ms, q_quant=kernel vs prepare): B=4 S=1024 H=32 GPU time 0.154
+# vs 0.164, S=4096 H=56 0.698 vs 0.715 end to end, B=2 S=4608 H=24 0.770 vs 0.788; at S=8192
+# even (2.577 vs 2.572); longer, the kernel's 1.4-3% more time outweighs the third of the
+# quantization saved (S=16384 10.55 vs 10.01, 30272 34.38 vs 33.46, 75600 H=40 151.0 vs 147.9).
+Q_IN_KERNEL_UP_TO = 4608
 
 
 # head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)

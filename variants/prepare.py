@@ -48,7 +48,8 @@ class Fp8Inputs:
     v: torch.Tensor
     # The descales (variants/block_scales.py: q's per token and head, k's and v's per 64 keys of
     # a KV head) packed in the kernels' layout (block_scales.PackedLayout), the one buffer the
-    # kernels read; `scales` views it.
+    # kernels read; `scales` views it. q_in_kernel: q's part is left unwritten (the kernel
+    # computes q's scales itself and reads none of it).
     packed: torch.Tensor
     seq_len: int  # q's real length; rows at or past it are padding (zeros)
     key_permuted: bool

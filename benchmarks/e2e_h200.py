@@ -8,6 +8,8 @@ Systems (ms, median of CUDA-event samples around the call, the same inputs every
   ours kernel    the tuned kernel alone on prepared inputs
   ours quant     prepare alone (one launch: block amax and cast of q, k, v): GPU time (profiler)
   ours fp8-in    tuner.attention_fp8 on e4m3 codes and their per-token / per-64-key descales
+  q-in-kernel e2e / kernel / quant   the same config with q_quant=kernel (wgmma: the kernel
+                 quantizes Q from bf16, prepare only K and V), in the same run
   FA3 bf16, FA3 FP8 kernel (per-(batch, head) descales), FA3 FP8 + a plain torch per-head
   quantization before it, torch SDPA bf16 with the cuDNN backend, cuDNN FP8 (cudnn-frontend) alone.
 FA3 is the fa3-fwd wheel (a measured peer only, run with .device-fa3/env.sh); a peer that is not
@@ -130,6 +132,23 @@ def _inputs_and_kernel(shape):
     return (q, k, v), best, kernel
 
 
+def q_in_kernel_twin(kernel, shape):
+    """The tuned config's q_quant=kernel twin and its kernel (None: the family has no such knob,
+    or the config has it already)."""
+    import dataclasses
+
+    from tuner import runtime
+    from tuner.problem import Problem
+
+    cfg = kernel.config
+    if not hasattr(cfg, "q_quant") or cfg.q_in_kernel:
+        return None, None
+    twin = dataclasses.replace(cfg, q_quant="kernel")
+    batch, seq, heads, dim = shape
+    return twin, runtime._kernel_for(runtime.family_of(twin), twin, Problem(batch, heads, seq, dim),
+                                     "auto")
+
+
 def measure_shape(shape, bandwidth: float, fa3_call) -> dict:
     """Every timing of one shape but the profiler's (see profile_shape): CUDA events and the
     host loop. No profiler runs before these in the process: once torch.profiler has run, CUPTI
@@ -155,6 +174,15 @@ def measure_shape(shape, bandwidth: float, fa3_call) -> dict:
     t["ours fp8-in"] = median_ms(fp8_in)
     rows = sampled_rows(seq, q.device)
     res["rel_rms"] = {"ours e2e": rel_rms(e2e(), q, k, v, rows)}
+    twin, twin_kernel = q_in_kernel_twin(kernel, shape)
+    if twin is not None:
+        twin_prepared = twin_kernel.prepare(q, k, v)
+        twin_e2e = lambda: tuner.attention(q, k, v, config=twin)  # noqa: E731
+        t["q-in-kernel e2e"] = median_ms(twin_e2e)
+        t["q-in-kernel kernel"] = median_ms(lambda: twin_kernel.run(twin_prepared))
+        res["rel_rms"]["q-in-kernel e2e"] = rel_rms(twin_e2e(), q, k, v, rows)
+        # Bits: the twin's codes and scales are the formula's, so its output is the config's.
+        res["q_in_kernel_bit_identical"] = bool(torch.equal(twin_e2e(), e2e()))
     if fa3_call is not None:
         t["FA3 bf16"] = median_ms(lambda: fa3_call(q, k, v))
         (q8, dq), (k8, dk), (v8, dv) = (torch_per_head_fp8(x) for x in (q, k, v))
@@ -191,32 +219,45 @@ def profile_shape(shape, res: dict) -> None:
 
     (q, k, v), _, kernel = _inputs_and_kernel(shape)
     res["ms"]["ours quant"] = kernel_time_per_call(lambda: kernel.prepare(q, k, v, validate=False))
+    _, twin_kernel = q_in_kernel_twin(kernel, shape)
+    if twin_kernel is not None:
+        res["ms"]["q-in-kernel quant"] = kernel_time_per_call(
+            lambda: twin_kernel.prepare(q, k, v, validate=False))
     kernel_sum = kernel_time_per_call(lambda: tuner.attention(q, k, v))
     res["gpu_kernel_ms_per_call"] = kernel_sum
     res["host"]["beyond_gpu_us"] = res["host"]["wall_us"] - kernel_sum * 1e3
 
 
 def table(results, bandwidth: float, device: str) -> str:
-    cols = ["ours e2e", "ours kernel", "ours quant", "ours fp8-in", "FA3 bf16", "FA3 FP8 kernel",
+    cols = ["ours e2e", "ours kernel", "ours quant", "ours fp8-in", "q-in-kernel e2e",
+            "q-in-kernel kernel", "q-in-kernel quant", "FA3 bf16", "FA3 FP8 kernel",
             "FA3 FP8 + torch quant", "SDPA cuDNN bf16", "cuDNN FP8 kernel"]
     lines = [f"Measured on {device}, {time.strftime('%Y-%m-%d')}, copy bandwidth "
              f"{bandwidth / 1e12:.2f} TB/s (read + write). ms, median of {REPEATS}.", "",
              "| B, S, H, D | config | " + " | ".join(cols)
-             + " | e2e vs FA3 bf16 | quant / floor (1 read) | quant / per-head floor (2 reads) |"
-             " host us/call | wall - GPU us/call | rel RMS ours | rel RMS FA3 FP8+quant |",
-             "|" + "---|" * (len(cols) + 10)]
+             + " | e2e vs FA3 bf16 | q-in-kernel e2e vs FA3 bf16 | quant / floor (1 read) |"
+             " quant / per-head floor (2 reads) | host us/call | wall - GPU us/call |"
+             " rel RMS ours | rel RMS q-in-kernel | rel RMS FA3 FP8+quant |",
+             "|" + "---|" * (len(cols) + 11)]
     for r in results:
         t = r["ms"]
         cells = [f"{t[c]:.3f}" if c in t else "-" for c in cols]
         vs = f"{t['FA3 bf16'] / t['ours e2e']:.2f}x" if "FA3 bf16" in t else "-"
+        vs_twin = f"{t['FA3 bf16'] / t['q-in-kernel e2e']:.2f}x" \
+            if "FA3 bf16" in t and "q-in-kernel e2e" in t else "-"
         fl = r["floor_ms"]
         rr = r["rel_rms"]
         fa3_rr = f"{rr['FA3 FP8 + torch quant']:.4f}" if "FA3 FP8 + torch quant" in rr else "-"
         lines.append(
             f"| {', '.join(map(str, r['shape']))} | {r['source']} | " + " | ".join(cells)
-            + f" | {vs} | {t['ours quant'] / fl['one_read']:.2f} "
+            + f" | {vs} | {vs_twin} | {t['ours quant'] / fl['one_read']:.2f} "
             f"| {t['ours quant'] / fl['two_reads']:.2f} | {r['host']['host_us']:.0f} "
-            f"| {r['host']['beyond_gpu_us']:.0f} | {rr['ours e2e']:.4f} | {fa3_rr} |")
+            f"| {r['host']['beyond_gpu_us']:.0f} | {rr['ours e2e']:.4f} "
+            f"| {rr.get('q-in-kernel e2e', float('nan')):.4f} | {fa3_rr} |")
+    same = [r["q_in_kernel_bit_identical"] for r in results if "q_in_kernel_bit_identical" in r]
+    if same:
+        lines += ["", f"q-in-kernel output bit-identical to the config's (prepare quantizes Q): "
+                  f"{sum(same)} of {len(same)} shapes."]
     return "\n".join(lines)
 
 

@@ -58,6 +58,12 @@ class _Prepared:
     def __getattr__(self, name):
         return getattr(self.ref, name)
 
+    q_in_kernel = False  # codes, as every Fp8Inputs of a kernel that reads e4m3 q
+
+    @property
+    def padded_len(self):
+        return self.ref.q.shape[1]
+
     def padding(self):
         return torch.empty(0), torch.empty(0), torch.empty(0)
 

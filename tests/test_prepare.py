@@ -317,3 +317,37 @@ def test_fp8_inputs_expand_per_head_descales_into_the_packed_scales(device):
     for name in "qkv":
         assert torch.equal(getattr(prepared.scales, name), want[name]), name
     _assert_packed_matches(prepared)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_q_in_kernel_leaves_q_as_it_is_and_quantizes_k_and_v_alike(device, contiguous):
+    """q_quant=kernel: prepare hands q on as bf16 (contiguous, unpadded) with the tile's padded
+    length beside it; k's and v's codes and scales are those of the full prepare, and q decodes,
+    by the formula the kernel applies, to the very values the full prepare's codes give."""
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 300, 4, 128, generator=g).bfloat16().to(device) for _ in range(3))
+    if not contiguous:
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    full = quantize_inputs(q, k, v, pad_to=128, permute_keys=True)
+    ours = quantize_inputs(q, k, v, pad_to=128, permute_keys=True, q_in_kernel=True)
+    assert ours.q_in_kernel and not full.q_in_kernel
+    assert ours.q.dtype == torch.bfloat16 and ours.q.is_contiguous() and torch.equal(ours.q, q)
+    assert ours.padded_len == full.padded_len == 384 and ours.q.shape[1] == 300
+    assert ours.padding()[0].numel() == 0
+    for name in ("k", "v"):
+        assert torch.equal(getattr(ours, name).view(torch.uint8),
+                           getattr(full, name).view(torch.uint8)), name
+    layout = full.scale_layout
+    assert ours.scale_layout == layout
+    q_part = layout.q_size  # q's scales lie first; the kernel reads none of ours
+    assert torch.equal(ours.packed[q_part:], full.packed[q_part:])
+    assert torch.equal(ours.scales.q, full.scales.q)
+    for got, want in zip(ours.dequantized(), full.dequantized(), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_q_in_kernel_takes_bf16_only():
+    q, k, v = (torch.randn(1, 64, 2, 128).half() for _ in range(3))
+    with pytest.raises(ValueError, match="bf16"):
+        quantize_inputs(q, k, v, q_in_kernel=True)

@@ -82,6 +82,21 @@ def test_a_prepare_bug_is_named():
     assert "softmax_scale" in prepare_mismatch(scaled, ref_in)
 
 
+def test_a_q_left_for_the_kernel_decodes_by_the_formula_and_a_changed_one_is_named():
+    """q_quant=kernel: prepare passes the bf16 q on, and the gate decodes it with the formula
+    the kernel applies, so the unchanged q passes and a q that is not the caller's fails (the
+    kernel's own codes are checked through its output)."""
+    q, k, v = rand_qkv(77)
+    ref_in = quantize_reference(q, k, v)
+    prepared = quantize_inputs(q, k, v, pad_to=128, q_in_kernel=True)
+    assert prepared.q_in_kernel and prepared.padded_len == 128
+    assert prepare_mismatch(prepared, ref_in) is None
+    changed = dataclasses.replace(prepared, q=q.clone())
+    changed.q[1, 5, 2, 7] *= 2
+    bad = prepare_mismatch(changed, ref_in)
+    assert bad is not None and "q differs" in bad and "token 5, head 2" in bad, bad
+
+
 _OFF = 1.001  # a value 0.1% off
 
 

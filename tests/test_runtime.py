@@ -133,3 +133,27 @@ def test_family_of():
     assert runtime.family_of(SEED_CFG) == "mma_sync"
     with pytest.raises(Exception, match="not a kernel family"):
         runtime.family_of(Problem(1, 1, 1))
+
+
+def test_a_q_quant_kernel_config_runs_its_prepare_twin_for_fp16_and_fp8_q(monkeypatch):
+    """The plan of a shape gives the pinned config to bf16 q as it is; fp16 and e4m3 q (which
+    the in-kernel quantization does not read) get the same kernel with q quantized or laid out
+    by prepare, each dtype its own plan."""
+    import dataclasses as dc
+
+    import torch
+
+    from tuner.ops import config_key
+    from variants import wgmma
+
+    pinned = dc.replace(wgmma.default("sm_90a"), q_quant="kernel")
+    built = []
+    monkeypatch.setattr(runtime, "_kernel_for",
+                        lambda family, config, problem, gpu: built.append(config) or config)
+    monkeypatch.setattr(runtime, "_PLANS", {})
+    text = config_key(pinned)
+    for dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.bfloat16):
+        q = torch.empty(1, 64, 2, 128, dtype=dtype)
+        runtime._plan(q, q, False, text, "h200", None)
+    assert built == [pinned, dc.replace(pinned, q_quant="prepare"),
+                     dc.replace(pinned, q_quant="prepare")]  # the second bf16 call: planned

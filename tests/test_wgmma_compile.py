@@ -16,7 +16,9 @@ pytestmark = pytest.mark.compile
 
 H200 = PROFILES["h200"]
 PROBLEM = Problem(batch=1, heads=2, seq_len=77)
-_DEFAULT = wgmma.default("sm_90a", PROBLEM)
+# The head_dim-128 recipe with Q quantized by prepare (the default quantizes Q in the kernel at
+# this short length; CASES turn that on one knob at a time like every other).
+_DEFAULT = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare")
 CASES = [
     {},
     {"p_source": "smem"},
@@ -36,6 +38,11 @@ CASES = [
     {"fma_exp2": 2, "p_source": "smem"},
     # Every head's last query block first (the causal default; here without a mask).
     {"tile_order": "longest_first"},
+    # Q quantized by the consumers from bf16 (16-byte loads, 16-byte swizzled smem stores),
+    # with two and three consumer warpgroups, P from smem, V transposed in the kernel.
+    {"q_quant": "kernel"},
+    {"q_quant": "kernel", "consumer_wgs": 3, "block_n": 64, "kv_stages": 4},
+    {"q_quant": "kernel", "p_source": "smem", "v_layout": "kernel", "head_dim": 64},
 ]
 
 
@@ -60,6 +67,32 @@ def test_compiles_without_spills(overrides):
     assert wgmma.compile(cfg, problem, "sm_90a") is kernel
 
 
+def test_q_quant_kernel_stages_bf16_q_by_tma_and_quantizes_it_in_16_byte_accesses():
+    """q_quant=kernel: TMA stages the bf16 Q tile (a 256-byte row is two 128-byte swizzle
+    boxes: one TMA load more than the e4m3 tile's); each consumer thread reads its two rows'
+    quarter of head_dim in 16-byte shared loads (2 rows x 4 at head_dim 128) and writes the
+    codes in 16-byte stores (2 x 2). Narrower accesses would mean a swizzle unit was split."""
+    import re
+    from collections import Counter
+
+    from variants.cubin import disassemble, nvdisasm_path
+
+    if nvdisasm_path() is None:
+        pytest.skip("nvdisasm not installed")
+
+    def opcodes(cfg):
+        kernel = wgmma.compile(cfg, PROBLEM, "sm_90a")
+        sass = disassemble(kernel.cubin_path.read_bytes())
+        return Counter(re.findall(r"\b(LDS(?:\.\w+)*|STS(?:\.\w+)*|UTMALDG(?:\.\w+)*)", sass))
+
+    ours = opcodes(dataclasses.replace(_DEFAULT, q_quant="kernel"))
+    prepared = opcodes(_DEFAULT)
+    assert ours["LDS.128"] == 8 and ours["STS.128"] == 4, ours
+    assert not {op for op in ours if op.startswith(("LDS", "STS"))} - {"LDS.128", "STS.128"}
+    assert not any(op.startswith(("LDS", "STS")) for op in prepared), prepared
+    assert ours["UTMALDG.4D"] == prepared["UTMALDG.4D"] + 1
+
+
 def test_cases_cover_every_knob_value():
     space = wgmma.space("sm_90a")
     seen = {name: set() for name in space}
@@ -69,3 +102,22 @@ def test_cases_cover_every_knob_value():
             seen[name].add(value)
     for name, values in space.items():
         assert set(values) <= seen[name], name
+
+
+def test_q_quant_kernel_refuses_fp8_and_mislaid_inputs_by_name():
+    """A kernel that quantizes Q reads bf16 q: FP8 callers are sent to the prepare twin, and
+    inputs prepared for the other kind of kernel are refused before any launch."""
+    import torch
+
+
+    ours = wgmma.compile(dataclasses.replace(_DEFAULT, q_quant="kernel"), PROBLEM, "sm_90a")
+    twin = wgmma.compile(_DEFAULT, PROBLEM, "sm_90a")
+    q, k, v = (torch.randn(1, 77, 2, 128).bfloat16() for _ in range(3))
+    codes = q.to(torch.float8_e4m3fn)
+    ones = torch.ones(1, 2)
+    with pytest.raises(ValueError, match="for_q_dtype"):
+        ours.prepare_fp8(codes, codes, codes, (ones, ones, ones))
+    with pytest.raises(ValueError, match="this kernel reads bf16"):
+        ours.run(twin.prepare(q, k, v))
+    with pytest.raises(ValueError, match="this kernel reads e4m3 codes"):
+        twin.run(ours.prepare(q, k, v))

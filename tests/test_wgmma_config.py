@@ -98,6 +98,7 @@ def test_rejects_other_archs(gpu):
         ({"fma_exp2": 2.5}, "fma_exp2"),
         ({"fma_exp2": True}, "fma_exp2"),
         ({"tile_order": "random"}, "tile_order"),
+        ({"q_quant": "register"}, "q_quant"),
         ({"consumer_wgs": 3, "block_n": 256}, "register estimate"),
         # One warpgroup's 64 x 256 S and O at head_dim 128 fill 255 registers before the
         # block scales' 14 (ptxas spills 32 B).
@@ -188,3 +189,37 @@ def test_register_p_views_feed_each_key_to_its_v_row(block_n):
                             assert row_c == row_a
                             assert order[slot] == key
 
+
+
+def test_smem_counts_the_bf16_q_staging_tile_only_for_q_quant_kernel():
+    cfg = _cfg()
+    for head_dim in (64, 128):
+        assert (smem_bytes(dataclasses.replace(cfg, q_quant="kernel"), head_dim)
+                - smem_bytes(cfg, head_dim)) == 2 * cfg.block_m * head_dim
+
+
+def test_for_q_dtype_gives_fp16_and_fp8_callers_the_prepare_twin():
+    cfg = _cfg(q_quant="kernel")
+    assert cfg.for_q_dtype("bfloat16") is cfg
+    for dtype in ("float16", "float8_e4m3fn"):
+        twin = cfg.for_q_dtype(dtype)
+        assert twin.q_quant == "prepare" and not twin.q_in_kernel
+        assert dataclasses.replace(twin, q_quant="kernel") == cfg
+    assert _cfg().for_q_dtype("float16") == _cfg()
+
+
+def test_the_default_quantizes_q_in_the_kernel_up_to_4608_keys_at_head_dim_128():
+    from variants.wgmma.config import Q_IN_KERNEL_UP_TO
+
+    for seq, kv, causal, head_dim, want in ((1024, 1024, False, 128, "kernel"),
+                                            (4608, 4608, True, 128, "kernel"),
+                                            (8192, 4608, False, 128, "kernel"),  # by keys
+                                            (4096, 8192, False, 128, "prepare"),
+                                            (30272, 30272, False, 128, "prepare"),
+                                            (1024, 1024, False, 64, "prepare")):
+        problem = Problem(1, 8, seq, head_dim, causal, seq_len_kv=kv)
+        cfg = wgmma.default("sm_90a", problem)
+        assert cfg.q_quant == want, (seq, kv, head_dim)
+        assert wgmma.can_implement(cfg, problem, H200) == (True, None)
+    assert Q_IN_KERNEL_UP_TO == 4608
+    assert wgmma.default("sm_90a").q_quant == "prepare"  # no problem: the recipe as measured

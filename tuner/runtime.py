@@ -412,7 +412,9 @@ def problem_of(q, k, causal: bool = False) -> Problem:
 
 
 def _plan(q, k, causal: bool, config_text: str, gpu: str, db):
-    key = (q.shape, k.shape, causal, q.device, config_text, gpu, db,
+    # q's dtype: a config may read bf16 q only (wgmma q_quant=kernel); an fp16 or FP8 q runs
+    # its twin that quantizes or lays out q in prepare (Config.for_q_dtype).
+    key = (q.shape, k.shape, q.dtype, causal, q.device, config_text, gpu, db,
            os.environ.get("TUNER_DB_URL"))
     plan = _PLANS.get(key)
     if plan is not None and (plan.url is None or _Resolver._db_stamp(plan.url) == plan.stamp):
@@ -426,6 +428,7 @@ def _plan(q, k, causal: bool, config_text: str, gpu: str, db):
         stamp = _Resolver._db_stamp(url)
         best = config_for_problem(problem, gpu=gpu, db=db)
         family_name, config = best.family, best.config
+    config = config.for_q_dtype(str(q.dtype).removeprefix("torch."))
     kernel = _kernel_for(family_name, config, problem, gpu)
     _PLANS[key] = _Plan(kernel, url, stamp)
     return kernel

@@ -83,6 +83,16 @@ class ConfigMixin:
         """V's keys stored in the register-P order (prepare.register_p_key_order)."""
         return self.register_p
 
+    @property
+    def q_in_kernel(self) -> bool:
+        """The kernel reads the caller's bf16 q and quantizes it itself (prepare leaves q)."""
+        return False
+
+    def for_q_dtype(self, dtype_name: str):
+        """The config to run for a q of this torch dtype name (a family whose kernel reads
+        some dtypes only names the config that reads the others)."""
+        return self
+
     # Old knob name -> today's, for tables and database rows written before a rename.
     RENAMED_KNOBS: ClassVar[dict[str, str]] = {}
 

@@ -25,6 +25,10 @@ The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views):
 V's, 1 / V's and V's descale. Padding rows and blocks get the neutral 1 (log2: 0), as
 BlockScales.packed writes them.
 
+BlockQuant(quantize_q=False) is the same launch without q's CTAs, for a kernel that quantizes
+Q itself (wgmma q_quant=kernel): q's part of the buffer is left unwritten (that kernel reads
+none of it).
+
 ExpandScales writes that buffer from the FP8 entry point's descales (per head, per token of q,
 per 64-key block of k and v), one thread per value.
 """
@@ -67,8 +71,9 @@ class BlockQuant:
     """The one launch for one input dtype, head_dim and V layout; shapes are runtime."""
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
-                 permute_keys: bool = False) -> None:
+                 permute_keys: bool = False, quantize_q: bool = True) -> None:
         self.in_dtype = in_dtype
+        self.quantize_q = quantize_q
         self.head_dim = head_dim
         self.lanes = head_dim // VEC  # threads per row
         self.threads = GROUPS * self.lanes  # 128 at head_dim 128, 64 at 64
@@ -105,6 +110,8 @@ class BlockQuant:
             warp_max: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, GROUPS], 16]
 
         q_ctas = batch * heads * ((padded + KV_BLOCK - 1) // KV_BLOCK)
+        if cutlass.const_expr(not self.quantize_q):
+            q_ctas = 0
         kv_ctas = batch * kv_heads * ((padded_kv + KV_BLOCK - 1) // KV_BLOCK)
         self.kernel(q_ptr, k_ptr, v_ptr, q8_ptr, k8_ptr, v8_ptr, scales_ptr, batch, heads,
                     kv_heads, seq_len, padded, seq_len_kv, padded_kv, q_ctas, kv_ctas,
@@ -365,16 +372,23 @@ def _put(ptr, value):
     dst[0] = value
 
 
+KERNELS = ("quant", "quant_kv", "expand")
+
+
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool):
     if name == "expand":
         return ExpandScales()
-    return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys)
+    if name not in KERNELS:
+        raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
+    return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
+                      quantize_q=name == "quant")
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    v_feature_major: bool = True, permute_keys: bool = False, *,
                    keep_ptx_in: str | None = None):
-    """(compiled function, its launch slots) of "quant" (BlockQuant) or "expand"
+    """(compiled function, its launch slots) of "quant" (BlockQuant), "quant_kv" (BlockQuant
+    without q's CTAs) or "expand"
     (ExpandScales; dtype and head_dim unused) for `arch`, without a GPU; keep_ptx_in: a
     directory to leave the PTX in (the CPU tests read it)."""
     from variants.dsl_compile import compile_for_arch
@@ -388,7 +402,7 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
 def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
              v_feature_major: bool = True, permute_keys: bool = False,
              compile_now: bool = True) -> FastLaunch | None:
-    """The launcher of "quant" or "expand" for this GPU, or None where there is none
+    """The launcher of "quant", "quant_kv" or "expand" for this GPU, or None where there is none
     (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
     key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys)
     return LAUNCHERS.get(key, lambda: compile_kernel(*key), compile_now=compile_now)

@@ -105,10 +105,11 @@ def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path,
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def build_function(kernel_obj, arch: str, extra_args: tuple = ()):
+def build_function(kernel_obj, arch: str, extra_args: tuple = (), *, q_in_kernel: bool = False):
     """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
-    fn, seconds, cubin = compile_for_arch(kernel_obj, arch, fake_args(extra=extra_args),
-                                          keep="--keep-cubin")
+    fn, seconds, cubin = compile_for_arch(
+        kernel_obj, arch, fake_args(extra=extra_args, q_in_kernel=q_in_kernel),
+        keep="--keep-cubin")
     return fn, cubin, seconds
 
 
@@ -249,7 +250,8 @@ class CompiledKernel:
         feature_major, permuted = self._v_layout()
         return quantize_inputs(q, k, v, pad_to=self.config.pad_to(), permute_keys=permuted,
                                softmax_scale=softmax_scale, validate=validate,
-                               v_feature_major=feature_major)
+                               v_feature_major=feature_major,
+                               q_in_kernel=self.config.q_in_kernel)
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
         """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /
@@ -257,6 +259,10 @@ class CompiledKernel:
         variants.prepare.fp8_inputs."""
         from variants.prepare import fp8_inputs
 
+        if self.config.q_in_kernel:
+            raise ValueError(f"{self.config.short()} quantizes a bf16 q itself; FP8 inputs run "
+                             "on config.for_q_dtype('float8_e4m3fn') (tuner.attention_fp8 "
+                             "does so)")
         feature_major, permuted = self._v_layout()
         return fp8_inputs(q, k, v, descales, pad_to=self.config.pad_to(), permute_keys=permuted,
                           softmax_scale=softmax_scale, v_feature_major=feature_major)
@@ -271,7 +277,9 @@ class CompiledKernel:
             from variants.launch import FastLaunch
 
             extra = self._extra_args(device)
-            hit = self._launchers[device] = (FastLaunch(self._fn, slots(len(extra))), extra)
+            hit = self._launchers[device] = (
+                FastLaunch(self._fn, slots(len(extra), q_in_kernel=self.config.q_in_kernel)),
+                extra)
         return hit
 
     def run(self, prepared, out=None, lse=None):
@@ -284,6 +292,10 @@ class CompiledKernel:
         if (prepared.v_feature_major, prepared.key_permuted) != self._v_layout():
             raise ValueError("prepared inputs have the wrong V layout or key order for this "
                              "config: use this kernel's prepare()")
+        if prepared.q_in_kernel != self.config.q_in_kernel:
+            got, want = ("bf16", "e4m3 codes") if prepared.q_in_kernel else ("e4m3 codes", "bf16")
+            raise ValueError(f"prepared q is {got}, this kernel reads {want}: use this "
+                             "kernel's prepare()")
         for padded in (prepared.padded_len, prepared.padded_len_kv):
             if padded % self.config.pad_to():
                 raise ValueError(f"padded length {padded} is not a multiple of "
@@ -338,7 +350,8 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
 
 def _build_and_save(family: str, key: str, src_dir: Path, cfg, head_dim: int, arch: str,
                     make_kernel: Callable[[], Any], smem_bytes: int, example_extra: tuple):
-    fn, cubin, seconds = build_function(make_kernel(), arch, example_extra)
+    fn, cubin, seconds = build_function(make_kernel(), arch, example_extra,
+                                        q_in_kernel=cfg.q_in_kernel)
     resources = cubin_resources(cubin, smem_bytes)
     disk = cache_root() / family / key
     disk.mkdir(parents=True, exist_ok=True)

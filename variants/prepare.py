@@ -39,24 +39,36 @@ __all__ = ["Fp8Inputs", "check_qkv", "inverse_key_order", "key_slot", "quantize_
 class Fp8Inputs:
     """Quantized inputs in the layouts the kernels read."""
 
-    q: torch.Tensor  # (batch, padded_len, heads, head_dim) float8_e4m3fn
+    # (batch, padded_len, heads, head_dim) float8_e4m3fn; or, for a kernel that quantizes Q
+    # itself (q_in_kernel), the caller's bf16 (batch, seq_len, heads, head_dim), contiguous.
+    q: torch.Tensor
     k: torch.Tensor  # (batch, padded_len_kv, kv_heads, head_dim) float8_e4m3fn
     # v_feature_major: (batch, kv_heads, head_dim, padded_len_kv), keys permuted if
     # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order.
     v: torch.Tensor
     # The descales (variants/block_scales.py: q's per token and head, k's and v's per 64 keys of
     # a KV head) packed in the kernels' layout (block_scales.PackedLayout), the one buffer the
-    # kernels read; `scales` views it.
+    # kernels read; `scales` views it. q_in_kernel: q's part is left unwritten (the kernel
+    # computes q's scales itself and reads none of it).
     packed: torch.Tensor
     seq_len: int  # q's real length; rows at or past it are padding (zeros)
     key_permuted: bool
     softmax_scale: float
     v_feature_major: bool = True
     seq_len_kv: int | None = None  # k's and v's real length (None: seq_len); keys past: zeros
+    # The padded length of q's tiles (None: q's own length, the codes are padded); set when q is
+    # the caller's bf16, which the kernel reads unpadded.
+    q_padded_len: int | None = None
 
     def __post_init__(self) -> None:
         if self.seq_len_kv is None:
             self.seq_len_kv = self.seq_len
+
+    @property
+    def q_in_kernel(self) -> bool:
+        """q is bf16 for a kernel that quantizes it (block_scales.quantize_rows' formula per
+        row); its part of `packed` is left unwritten."""
+        return self.q.dtype != torch.float8_e4m3fn
 
     @property
     def scale_layout(self) -> PackedLayout:
@@ -68,8 +80,20 @@ class Fp8Inputs:
         """The descales as (batch, heads, seq_len) and (batch, kv_heads, blocks) views of
         `packed`, made on first use only (the launch needs the buffer alone, and every view
         costs host time on each call)."""
-        return BlockScales.from_packed(self.packed, self.scale_layout, self.seq_len,
-                                       self.seq_len_kv)
+        scales = BlockScales.from_packed(self.packed, self.scale_layout, self.seq_len,
+                                         self.seq_len_kv)
+        if self.q_in_kernel:  # the kernel computes q's, by this formula
+            scales.q = self.q_codes_and_descales()[1]
+        return scales
+
+    def q_codes_and_descales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """q's e4m3 codes (batch, seq_len, heads, head_dim) and descales (batch, heads, seq_len)
+        as the kernel reads them: the stored codes, or for q_in_kernel the block-scale formula
+        the kernel applies (for the reference and the gate; the launch needs neither)."""
+        if self.q_in_kernel:
+            codes, descale = block_scales.quantize_rows(self.q)
+            return codes, descale.permute(0, 2, 1)
+        return self.q[:, :self.seq_len], self.scales.q
 
     @property
     def group(self) -> int:
@@ -86,7 +110,7 @@ class Fp8Inputs:
 
     @property
     def padded_len(self) -> int:
-        return self.q.shape[1]
+        return self.q.shape[1] if self.q_padded_len is None else self.q_padded_len
 
     @property
     def padded_len_kv(self) -> int:
@@ -100,6 +124,7 @@ class Fp8Inputs:
         v = self.v.float()
         v_pad = v[:, skv:] if not self.v_feature_major else \
             v[..., self.natural_key_slots()[skv:]]
+        # A bf16 q is unpadded: the kernel reads no row past seq_len.
         return self.q[:, s:].float(), self.k[:, skv:].float(), v_pad
 
     def natural_key_slots(self) -> torch.Tensor:
@@ -114,10 +139,11 @@ class Fp8Inputs:
         """fp32 q (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads,
         head_dim) exactly as the kernel sees them."""
         s, skv = self.seq_len, self.seq_len_kv
-        dq = self.scales.q[..., :s].permute(0, 2, 1)[..., None]  # (batch, seq_len, heads, 1)
+        q_codes, q_descale = self.q_codes_and_descales()
+        dq = q_descale[..., :s].permute(0, 2, 1)[..., None]  # (batch, seq_len, heads, 1)
         dk, dv = (self.scales.per_key(n)[:, :skv] for n in ("k", "v"))
         # In place after one fp32 copy each: at B=1 H=56 S=30272 a temporary is 0.9 GB.
-        q = self.q[:, :s].float().mul_(dq)
+        q = q_codes.float().mul_(dq)
         k = self.k[:, :skv].float().mul_(dk)
         if not self.v_feature_major:
             return q, k, self.v[:, :skv].float().mul_(dv)
@@ -357,7 +383,8 @@ def _layout_copies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
 
 
 def _block_quant_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
-                        padded_kv: int, *, v_feature_major: bool, permute_keys: bool):
+                        padded_kv: int, *, v_feature_major: bool, permute_keys: bool,
+                        with_q: bool = True):
     """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
     where it does not apply (_gpu_kernels_apply). Inside a CUDA-graph capture only if compiled
     already (compiling loads a module, which a capture must not see); the torch formula gives
@@ -368,15 +395,18 @@ def _block_quant_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padde
         from variants import block_quantize_kernel
     except ImportError:  # no CuTe DSL in this environment: torch ops
         return None
-    return block_quantize_kernel.compiled("quant", q.dtype, q.shape[-1], q.device,
+    return block_quantize_kernel.compiled("quant" if with_q else "quant_kv", k.dtype,
+                                          q.shape[-1], q.device,
                                           v_feature_major=v_feature_major,
                                           permute_keys=permute_keys,
                                           compile_now=not _capturing())
 
 
-def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool):
+def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool,
+                           with_q: bool = True):
     """(codes of q, k, v in the kernel's layouts, packed scales): one launch, three outputs
-    and one scale buffer allocated (each allocation costs host time)."""
+    and one scale buffer allocated (each allocation costs host time). with_q=False (a launcher
+    without q's CTAs): q is returned as it came, and q's part of the scales is not written."""
     from variants.launch import current_stream_handle
 
     batch, seq_len, heads, head_dim = q.shape
@@ -386,7 +416,9 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
     natural_kv = (batch, layout.padded_len_kv, kv_heads, head_dim)
     v_shape = (batch, kv_heads, head_dim, layout.padded_len_kv) if v_feature_major \
         else natural_kv
-    if natural == natural_kv:
+    if not with_q:
+        q8, k8 = q, torch.empty(natural_kv, dtype=torch.float8_e4m3fn, device=device)
+    elif natural == natural_kv:
         q8, k8 = torch.empty((2, *natural), dtype=torch.float8_e4m3fn, device=device).unbind(0)
     else:
         q8, k8 = (torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
@@ -413,6 +445,7 @@ def quantize_inputs(
     softmax_scale: float | None = None,
     validate: bool = True,
     v_feature_major: bool = True,
+    q_in_kernel: bool = False,
 ) -> Fp8Inputs:
     """Quantize and lay out q, k, v for the FP8 kernels, on the device the inputs live on.
 
@@ -423,6 +456,8 @@ def quantize_inputs(
     permute_keys: store V's keys in register_p_key_order (pad_to must then be a multiple of 16).
     v_feature_major: V as (batch, kv_heads, head_dim, padded_kv); False keeps (batch, padded_kv,
     kv_heads, head_dim) for a kernel that transposes V itself (no key permutation then).
+    q_in_kernel: for a kernel that quantizes Q itself: q (bf16) is passed on as it is
+    (contiguous), and only k and v are quantized.
     """
     if validate:
         check_qkv(q, k, v)
@@ -438,14 +473,26 @@ def quantize_inputs(
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
 
     layout = PackedLayout(batch, heads, padded, k.shape[2], padded_kv)
+    q_padded_len = None
+    if q_in_kernel:
+        if q.dtype != torch.bfloat16:
+            raise ValueError(f"q_in_kernel: the kernel reads bf16 q, got {q.dtype}; run the "
+                             "config's for_q_dtype() twin, which quantizes q here")
+        if not (q.is_contiguous() and q.data_ptr() % 16 == 0):
+            q = q.contiguous()  # the kernel reads (batch, seq_len, heads, head_dim) rows
+        q_padded_len = padded
     launch = _block_quant_kernel(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
-                                 permute_keys=permute_keys)
+                                 permute_keys=permute_keys, with_q=not q_in_kernel)
     if launch is not None:
-        q8, k8, v8, packed = _block_quantize_on_gpu(launch, q, k, v, layout, v_feature_major)
+        q8, k8, v8, packed = _block_quantize_on_gpu(launch, q, k, v, layout, v_feature_major,
+                                                    with_q=not q_in_kernel)
         return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, seq_len=seq_len,
                          key_permuted=permute_keys, softmax_scale=float(softmax_scale),
-                         v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)
+                         v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
+                         q_padded_len=q_padded_len)
     # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
+    # (q_in_kernel: q's codes are computed too, and dropped; only its descales' place in the
+    # packed buffer is used, with q's, which the kernel does not read.)
     codes, scales = block_scales.quantize(q, k, v)
     out = []
     for index, x8 in enumerate(codes):
@@ -457,6 +504,8 @@ def quantize_inputs(
         out.append(_lay_out(natural, length, feature_major=is_v and v_feature_major,
                             permute_keys=is_v and permute_keys))
     q8, k8, v8 = out
+    if q_in_kernel:
+        q8 = q
     return Fp8Inputs(
         q=q8,
         k=k8,
@@ -467,6 +516,7 @@ def quantize_inputs(
         softmax_scale=float(softmax_scale),
         v_feature_major=v_feature_major,
         seq_len_kv=seq_len_kv,
+        q_padded_len=q_padded_len,
     )
 
 

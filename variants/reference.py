@@ -223,8 +223,12 @@ def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
 def _scales_mismatch(prepared, ref: ReferenceInputs) -> str | None:
     """The packed buffer, what the kernels read, against the gate's descales: q's, k's and v's
     exactly, V's inverse exactly and its log2 within 2 ulp (torch's log2f and the DSL's may
-    round apart), the padding neutral (1; log2 0)."""
-    (batch, padded, heads, _), (_, padded_kv, kv_heads, _) = prepared.q.shape, prepared.k.shape
+    round apart), the padding neutral (1; log2 0). A kernel that quantizes Q itself
+    (prepared.q_in_kernel) reads no q scale, and prepare writes none: q's part is not checked
+    (its codes and scales are, by the kernel's output against the reference)."""
+    batch, _, heads, _ = prepared.q.shape
+    padded = prepared.padded_len
+    _, padded_kv, kv_heads, _ = prepared.k.shape
     layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
     if prepared.packed.numel() != layout.size:
         return (f"the packed scales hold {prepared.packed.numel()} values, the layout of these "
@@ -234,7 +238,9 @@ def _scales_mismatch(prepared, ref: ReferenceInputs) -> str | None:
     if layout.blocks < blocks:
         return f"the packed scales hold {layout.blocks} blocks of keys, the inputs {blocks}"
     sv = ref.scales.v
-    for name, got, want, dims in (("q descale", q[..., :s], ref.scales.q, "batch head token"),
+    checked_q = () if prepared.q_in_kernel else (
+        ("q descale", q[..., :s], ref.scales.q, "batch head token"),)
+    for name, got, want, dims in (*checked_q,
                                   ("k descale", k[..., :blocks], ref.scales.k, "batch head block"),
                                   ("v descale", v[..., :blocks], sv, "batch head block"),
                                   ("1 / v descale", inv_v[..., :blocks], sv.reciprocal(),
@@ -246,7 +252,8 @@ def _scales_mismatch(prepared, ref: ReferenceInputs) -> str | None:
     far = ~((log2_v[..., :blocks] - log2_sv).abs() <= 2.5e-7 * log2_sv.abs().clamp_min(1.0))
     if bool(far.any()):
         return f"log2 of v's descale is off at {int(far.sum())} blocks of the packed scales"
-    for name, part, neutral in (("q", q[..., s:], 1.0), ("k", k[..., blocks:], 1.0),
+    padding_q = () if prepared.q_in_kernel else (("q", q[..., s:], 1.0),)
+    for name, part, neutral in (*padding_q, ("k", k[..., blocks:], 1.0),
                                 ("log2 v", log2_v[..., blocks:], 0.0),
                                 ("1 / v", inv_v[..., blocks:], 1.0),
                                 ("v", v[..., blocks:], 1.0)):

@@ -44,10 +44,18 @@ def test_attention_matches_the_reference(seq):
     assert out.shape == q.shape and out.dtype == torch.bfloat16 and lse.shape == (1, 56, seq)
 
 
-def tuner_attention(q, k, v):
+def tuner_attention(q, k, v, config=None):
     import tuner
 
-    return tuner.attention(q, k, v, return_lse=True)
+    return tuner.attention(q, k, v, return_lse=True, config=config)
+
+
+def _q_in_kernel_config():
+    import dataclasses
+
+    from variants import wgmma
+
+    return dataclasses.replace(wgmma.default("sm_90a"), q_quant="kernel")
 
 
 def test_second_call_does_not_compile(monkeypatch):
@@ -76,17 +84,19 @@ def test_second_call_does_not_compile(monkeypatch):
     assert calls == []
 
 
-def test_cuda_graph_capture_and_replay_match_eager():
+@pytest.mark.parametrize("q_in_kernel", [False, True], ids=["looked-up", "q-quant-kernel"])
+def test_cuda_graph_capture_and_replay_match_eager(q_in_kernel):
+    config = _q_in_kernel_config() if q_in_kernel else None
     q, k, v = qkv(1000, seed=7)
-    eager, eager_lse = tuner_attention(q, k, v)  # first call: compile outside the capture
+    eager, eager_lse = tuner_attention(q, k, v, config)  # first call: compile outside capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        tuner_attention(q, k, v)  # warm the allocator on the side stream, as torch advises
+        tuner_attention(q, k, v, config)  # warm the allocator on the side stream (torch advice)
         with torch.cuda.graph(graph, stream=stream):
-            captured, captured_lse = tuner_attention(q, k, v)
+            captured, captured_lse = tuner_attention(q, k, v, config)
     torch.cuda.current_stream().wait_stream(stream)
     captured.fill_(float("nan"))
     graph.replay()
@@ -97,4 +107,4 @@ def test_cuda_graph_capture_and_replay_match_eager():
     q.copy_(q2), k.copy_(k2), v.copy_(v2)
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(captured, tuner_attention(q2, k2, v2)[0])
+    assert torch.equal(captured, tuner_attention(q2, k2, v2, config)[0])

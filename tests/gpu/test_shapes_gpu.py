@@ -44,7 +44,11 @@ SHAPES = [
 CONFIGS = {
     "wgmma": [None, dict(v_layout="kernel", p_source="smem"),
               dict(intra_wg_overlap=False, pingpong=False, persistent=False),
-              dict(tile_order="per_head"), dict(tile_order="longest_first")],
+              dict(tile_order="per_head"), dict(tile_order="longest_first"),
+              # Q quantized in the kernel: rows past seq_len, GQA heads, both loops.
+              dict(q_quant="kernel"),
+              dict(q_quant="kernel", intra_wg_overlap=False, pingpong=False, persistent=False,
+                   p_source="smem")],
     "mma_sync": [None],
 }
 
@@ -65,8 +69,14 @@ def _gate_passes(family_name, problem, overrides=None):
     assert report.passed, f"seed={seed} {cfg.short()}: {report.reason}"
 
 
+def _config_id(family_name, overrides):
+    knobs = ",".join(f"{k}={v}" for k, v in (overrides or {}).items())
+    return f"{family_name}-{knobs or 'default'}"
+
+
 @pytest.mark.parametrize("family_name, overrides",
-                         [(f, o) for f, configs in CONFIGS.items() for o in configs])
+                         [pytest.param(f, o, id=_config_id(f, o))
+                          for f, configs in CONFIGS.items() for o in configs])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}".format(
     *s[:5], "causal" if s[5] else "full"))
 def test_the_gate_passes_the_kernels_on_every_shape(family_name, overrides, shape):
@@ -85,12 +95,15 @@ SHAPES_HEAD_DIM_64 = [
 ]
 
 
-@pytest.mark.parametrize("family_name", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("family_name, overrides",
+                         [pytest.param(f, o, id=_config_id(f, o)) for f, o in
+                          (("wgmma", None), ("mma_sync", None), ("wgmma", dict(q_quant="kernel")))])
 @pytest.mark.parametrize("shape", SHAPES_HEAD_DIM_64, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}"
                          .format(*s[:5], "causal" if s[5] else "full"))
-def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, shape):
+def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, overrides, shape):
     batch, heads, seq, seq_kv, kv_heads, causal = shape
-    _gate_passes(family_name, Problem(batch, heads, seq, 64, causal, seq_kv, kv_heads))
+    _gate_passes(family_name, Problem(batch, heads, seq, 64, causal, seq_kv, kv_heads),
+                 overrides)
 
 
 @pytest.mark.parametrize("causal", [False, True])

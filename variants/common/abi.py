@@ -28,16 +28,26 @@ SCALARS = (("batch", "Int32"), ("heads", "Int32"), ("seq_len", "Int32"),
            ("padded_len", "Int32"), ("softmax_scale", "Float32"), ("kv_heads", "Int32"),
            ("seq_len_kv", "Int32"), ("padded_len_kv", "Int32"))
 ABI_NAMES = tuple(n for n, _, _ in POINTERS) + tuple(n for n, _ in SCALARS)
+# q_ptr's element type when the kernel quantizes Q itself (Config.q_in_kernel): the caller's
+# bf16 (batch, seq_len, heads, head_dim), unpadded.
+Q_IN_KERNEL_DTYPE = "BFloat16"
 
 
-def _pointers(addresses):
+def _pointer_types(q_in_kernel: bool):
+    if not q_in_kernel:
+        return POINTERS
+    return (("q_ptr", Q_IN_KERNEL_DTYPE, 16), *POINTERS[1:])
+
+
+def _pointers(addresses, q_in_kernel: bool):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
     gmem = cute.AddressSpace.gmem
     return tuple(make_ptr(getattr(cutlass, dtype), address, gmem, assumed_align=align)
-                 for (_, dtype, align), address in zip(POINTERS, addresses, strict=True))
+                 for (_, dtype, align), address in zip(_pointer_types(q_in_kernel), addresses,
+                                                       strict=True))
 
 
 def _scalars(values):
@@ -47,26 +57,27 @@ def _scalars(values):
                  for (_, dtype), value in zip(SCALARS, values, strict=True))
 
 
-def fake_args(*, extra: tuple = ()) -> tuple:
+def fake_args(*, extra: tuple = (), q_in_kernel: bool = False) -> tuple:
     """Stand-ins for the launch arguments: only types and alignments reach code generation."""
     from cutlass.cute.runtime import make_fake_stream
 
-    return (*_pointers((0,) * len(POINTERS)), *_scalars((1, 1, 1, 256, 1.0, 1, 1, 256)),
-            *extra, make_fake_stream())
+    return (*_pointers((0,) * len(POINTERS), q_in_kernel),
+            *_scalars((1, 1, 1, 256, 1.0, 1, 1, 256)), *extra, make_fake_stream())
 
 
-def slots(extra: int = 0) -> tuple:
+def slots(extra: int = 0, *, q_in_kernel: bool = False) -> tuple:
     """The launch slots (variants.launch.Slot) of the ABI with `extra` Int32 scalars."""
     from variants.launch import STREAM, pointer, scalar
 
-    return (*(pointer(dtype, align) for _, dtype, align in POINTERS),
+    return (*(pointer(dtype, align) for _, dtype, align in _pointer_types(q_in_kernel)),
             *(scalar(dtype) for _, dtype in SCALARS), *(scalar("Int32"),) * extra, STREAM)
 
 
 def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tuple:
     """The raw values of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse,
     in the order of slots(): addresses, scalars, the family's extra ints, the stream handle."""
-    batch, padded, heads, _ = prepared.q.shape
+    batch, _, heads, _ = prepared.q.shape  # q is unpadded when the kernel quantizes it
+    padded = prepared.padded_len
     _, padded_kv, kv_heads, _ = prepared.k.shape
     return (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
             prepared.packed.data_ptr(), out.data_ptr(), lse.data_ptr(),

@@ -21,6 +21,11 @@ V_LAYOUTS = ("prepared", "kernel")
 # first and each persistent CTA gets tiles of falling length; without a mask every tile is as
 # long, and the order only changes which K/V the CTAs in flight share).
 TILE_ORDERS = ("per_head", "longest_first")
+# Where Q is quantized: prepare (its one launch writes e4m3 codes and per-token scales the kernel
+# TMA-loads) or kernel (TMA loads the caller's bf16 Q tile into a staging tile; the consumer
+# warpgroups take each row's amax and write its e4m3 codes into the Q tile themselves: prepare
+# then reads and writes only K and V, a third less of its traffic; issue 15).
+Q_QUANTS = ("prepare", "kernel")
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
 HEAD_DIMS = (64, 128)
@@ -62,6 +67,8 @@ class Config(ConfigMixin):
     # TILE_ORDERS; per_head is the kernel built before this knob existed (and the default
     # without a causal mask).
     tile_order: str = "per_head"
+    # Q_QUANTS; prepare is the kernel built before this knob existed.
+    q_quant: str = "prepare"
 
     @property
     def block_m(self) -> int:
@@ -88,6 +95,20 @@ class Config(ConfigMixin):
     def v_key_permuted(self) -> bool:
         # With v_layout=kernel the register-P key order is applied by the in-smem transpose.
         return self.register_p and not self.v_in_kernel
+
+    @property
+    def q_in_kernel(self) -> bool:
+        """Q arrives as the caller's bf16 (batch, seq_len, heads, head_dim), quantized per row
+        by the consumer warpgroups (the block-scale formula of variants/block_scales.py)."""
+        return self.q_quant == "kernel"
+
+    def for_q_dtype(self, dtype_name: str) -> Config:
+        """The config that reads a q of this torch dtype ("bfloat16", "float16",
+        "float8_e4m3fn"): an in-kernel quantization reads bf16 only, so fp16 and FP8 callers
+        get the same kernel with Q quantized (or laid out) by prepare."""
+        if self.q_in_kernel and dtype_name != "bfloat16":
+            return dataclasses.replace(self, q_quant="prepare")
+        return self
 
     def pad_to(self) -> int:
         """Sequence padding prepare applies so every Q tile and K/V strip load is in bounds."""
@@ -117,7 +138,18 @@ def default(arch: str, problem=None) -> Config:
         # longest_first 1.13x / 1.19x / 1.04x per_head at S = 4096 / 8192 / 16384; a causal
         # search (16 trials a length) kept this config at all five causal problems it ran.
         cfg = dataclasses.replace(cfg, tile_order="longest_first")
+    if problem is not None and problem.head_dim == 128 and problem.seq_len_kv <= Q_IN_KERNEL_UP_TO:
+        cfg = dataclasses.replace(cfg, q_quant="kernel")
     return cfg
+
+
+# Keys up to which the default quantizes Q in the kernel (head_dim 128). Prepare + kernel, the
+# head_dim-128 recipe with each Q placement, one run on the H200 (benchmarks/e2e_h200.py,
+# 2026-12-01, eleventh session; ms, q_quant=kernel vs prepare): B=4 S=1024 H=32 GPU time 0.154
+# vs 0.164, S=4096 H=56 0.698 vs 0.715 end to end, B=2 S=4608 H=24 0.770 vs 0.788; at S=8192
+# even (2.577 vs 2.572); longer, the kernel's 1.4-3% more time outweighs the third of the
+# quantization saved (S=16384 10.55 vs 10.01, 30272 34.38 vs 33.46, 75600 H=40 151.0 vs 147.9).
+Q_IN_KERNEL_UP_TO = 4608
 
 
 # head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)
@@ -141,6 +173,8 @@ def smem_bytes(cfg: Config, head_dim: int) -> int:
         fields.append(cfg.block_m * cfg.block_n)            # P tile
     if cfg.v_in_kernel:
         fields.append(cfg.kv_stages * cfg.block_n * head_dim)  # V staging ring, as loaded
+    if cfg.q_in_kernel:
+        fields.append(2 * cfg.block_m * head_dim)  # Q's bf16 staging tile
     return SMEM_BARRIER_BYTES + sum(-(-f // SMEM_ALIGN) * SMEM_ALIGN for f in fields)
 
 
@@ -198,6 +232,8 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
                        f"run on the FMA pipe, 0..{FMA_EXP2_GROUP}")
     if cfg.tile_order not in TILE_ORDERS:
         return False, f"tile_order={cfg.tile_order!r} unknown; one of {TILE_ORDERS}"
+    if cfg.q_quant not in Q_QUANTS:
+        return False, f"q_quant={cfg.q_quant!r} unknown; one of {Q_QUANTS}"
     if cfg.kv_stages not in (2, 3, 4):
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:

@@ -70,7 +70,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from variants.block_scales import KV_BLOCK
+from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
 from variants.common.abi import block_scale_views, output_views
 from variants.common.masking import (
     causal_offset,
@@ -80,7 +80,7 @@ from variants.common.masking import (
     strips_needed,
 )
 from variants.common.softmax import LOG2_E, block_exp2_argument, lse_natural, rescale_factor
-from variants.wgmma.barriers import p_store_barrier, sched_barrier
+from variants.wgmma.barriers import p_store_barrier, q_store_barrier, sched_barrier
 from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
 from variants.wgmma.ptx import _exp2_polynomial
 from variants.wgmma.v_transpose import TRANSPOSE_WARPS, VTransposeMixin
@@ -109,22 +109,23 @@ class WgmmaAttention(VTransposeMixin):
         self.v_in_kernel = cfg.v_in_kernel
         self.fma_exp2 = cfg.fma_exp2
         self.longest_first = cfg.tile_order == "longest_first"
+        self.q_in_kernel = cfg.q_in_kernel
         self.consumer_regs, self.producer_regs = register_split(cfg)
 
     # ----------------------------------------------------------------------------------------
     # host side
     # ----------------------------------------------------------------------------------------
     @staticmethod
-    def _smem_layout(rows: int, cols: int, stages: int | None):
-        """K-major (cols contiguous) fp8 tile with the widest wgmma swizzle `cols` allows."""
-        fp8 = cutlass.Float8E4M3FN
+    def _smem_layout(rows: int, cols: int, stages: int | None, dtype=cutlass.Float8E4M3FN):
+        """K-major (cols contiguous) tile with the widest wgmma swizzle `cols` allows (fp8; bf16
+        for the staged Q of q_quant=kernel)."""
         atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, fp8, cols), fp8)
+            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
         if stages is None:
             return cute.tile_to_shape(atom, (rows, cols), (0, 1))
         return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
 
-    def _shared_storage(self, sQ_layout, sK_layout, sV_layout, sP_layout):
+    def _shared_storage(self, sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout):
         """The CTA's shared memory as a cute.struct. v_layout=kernel adds the V staging ring and
         its barriers; the prepared layout's fields stay exactly as they were (its kernels are
         validated as built). Built from a field dict because this module's annotations are
@@ -148,6 +149,9 @@ class WgmmaAttention(VTransposeMixin):
         if self.v_in_kernel:
             fields["vraw"] = buffer(cute.cosize(sK_layout))
         fields["p"] = buffer(1 if self.register_p else cute.cosize(sP_layout))
+        if self.q_in_kernel:  # the caller's bf16 Q tile, as TMA loads it
+            fields["qraw"] = cute.struct.Align[
+                cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sQraw_layout)], 1024]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     @cute.jit
@@ -177,7 +181,11 @@ class WgmmaAttention(VTransposeMixin):
         padded_kv = cute.assume(padded_len_kv, divby=math.lcm(bm, bn))
         # TMA views, (seq, head_dim, heads, batch) and V (head_dim, seq, heads, batch); K and V
         # at their own length and KV head count.
-        q_layout = cute.make_ordered_layout((batch, padded, heads, d), order=(3, 2, 1, 0))
+        # Q's TMA view, (seq, head_dim, heads, batch): the e4m3 codes at the padded length, or
+        # (q_quant=kernel) the caller's bf16 q at its own length (TMA fills rows past it with
+        # zeros).
+        q_rows = seq_len if cutlass.const_expr(self.q_in_kernel) else padded
+        q_layout = cute.make_ordered_layout((batch, q_rows, heads, d), order=(3, 2, 1, 0))
         mQ = cute.make_tensor(q_ptr, cute.select(q_layout, mode=[1, 3, 2, 0]))
         kv_layout = cute.make_ordered_layout((batch, padded_kv, kv_heads, d), order=(3, 2, 1, 0))
         kv_layout = cute.select(kv_layout, mode=[1, 3, 2, 0])
@@ -196,6 +204,7 @@ class WgmmaAttention(VTransposeMixin):
         sK_layout = self._smem_layout(bn, d, self.stages)
         sV_layout = self._smem_layout(d, bn, self.stages)
         sP_layout = self._smem_layout(bm, bn, None)
+        sQraw_layout = self._smem_layout(bm, d, None, cutlass.BFloat16)
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
@@ -206,9 +215,11 @@ class WgmmaAttention(VTransposeMixin):
             warpgroup.OperandSource.RMEM if self.register_p else warpgroup.OperandSource.SMEM)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
-        tma_q, tma_mQ = cpasync.make_tiled_tma_atom(g2s, mQ, sQ_layout, (bm, d))
         tma_k, tma_mK = cpasync.make_tiled_tma_atom(
             g2s, mK, cute.select(sK_layout, mode=[0, 1]), (bn, d))
+        tma_q, tma_mQ = cpasync.make_tiled_tma_atom(
+            g2s, mQ, sQraw_layout if cutlass.const_expr(self.q_in_kernel) else sQ_layout,
+            (bm, d))
         if cutlass.const_expr(self.v_in_kernel):
             # Loaded like K into a staging ring of K's layout; the producer transposes it.
             tma_v, tma_mV = cpasync.make_tiled_tma_atom(
@@ -217,7 +228,8 @@ class WgmmaAttention(VTransposeMixin):
             tma_v, tma_mV = cpasync.make_tiled_tma_atom(
                 g2s, mV, cute.select(sV_layout, mode=[0, 1]), (d, bn))
 
-        SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout, sP_layout)
+        SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout, sP_layout,
+                                             sQraw_layout)
 
         m_blocks = cute.ceil_div(seq_len, bm)
         total_tiles = m_blocks * heads * batch
@@ -228,8 +240,8 @@ class WgmmaAttention(VTransposeMixin):
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales, mO, mLSE,
             seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E, seq_len_kv,
             heads // kv_heads, causal_offset(seq_len, seq_len_kv),
-            sQ_layout, sK_layout, sV_layout, sP_layout, tiled_mma_qk, tiled_mma_pv,
-            SharedStorage,
+            sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout, tiled_mma_qk,
+            tiled_mma_pv, SharedStorage,
         ).launch(grid=(grid_x, 1, 1), block=[self.threads, 1, 1],
                  smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1, stream=stream)
 
@@ -260,6 +272,7 @@ class WgmmaAttention(VTransposeMixin):
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
         sP_layout: cute.ComposedLayout,
+        sQraw_layout: cute.ComposedLayout,
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
@@ -283,9 +296,16 @@ class WgmmaAttention(VTransposeMixin):
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread, 1)
         # One arrive per consumer warp (lane 0 signals the empty barrier).
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 4 * self.wgs)
+        # q_quant=kernel: TMA fills the bf16 staging tile, which the consumers release as soon
+        # as they hold its values, so the next tile's Q loads while this one runs.
+        sQ_load = sQ
+        q_bytes = bm * d
+        if cutlass.const_expr(self.q_in_kernel):
+            sQ_load = storage.qraw.get_tensor(sQraw_layout.outer, swizzle=sQraw_layout.inner)
+            q_bytes = bm * d * 2
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=1, producer_group=producer,
-            consumer_group=consumers, tx_count=bm * d, defer_sync=True)
+            consumer_group=consumers, tx_count=q_bytes, defer_sync=True)
         pipe_k = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.stages,
             producer_group=producer, consumer_group=consumers, tx_count=bn * d,
@@ -325,7 +345,7 @@ class WgmmaAttention(VTransposeMixin):
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
-                self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV_load, pipe_q, pipe_k,
+                self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ_load, sK, sV_load, pipe_q, pipe_k,
                           pipe_vload, bid, grid, total_tiles, strips)
             if cutlass.const_expr(self.v_in_kernel):
                 if warp_idx > 0:
@@ -340,8 +360,8 @@ class WgmmaAttention(VTransposeMixin):
             if cutlass.const_expr(not self.register_p):
                 sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                         mScales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS, wg_idx - 1,
-                         bid, grid, total_tiles, strips, seq_len_kv)
+                         sQ_load, mScales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS,
+                         wg_idx - 1, bid, grid, total_tiles, strips, seq_len_kv)
 
     @cute.jit
     def _tile_strips(self, tile: cutlass.Int32, strips):
@@ -371,8 +391,6 @@ class WgmmaAttention(VTransposeMixin):
         tile = bid
         while tile < total_tiles:
             m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
-            gQ = cute.local_tile(mQ[None, None, head, batch], (self.block_m, self.head_dim),
-                                 (m_block, 0))
             gK = cute.local_tile(mK[None, None, kv_head, batch], (self.block_n, self.head_dim),
                                  (None, 0))
             if cutlass.const_expr(self.v_in_kernel):
@@ -381,8 +399,6 @@ class WgmmaAttention(VTransposeMixin):
             else:
                 gV = cute.local_tile(mV[None, None, kv_head, batch],
                                      (self.head_dim, self.block_n), (0, None))
-            tQsQ, tQgQ = cpasync.tma_partition(
-                tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             tKsK, tKgK = cpasync.tma_partition(
                 tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
             tVsV, tVgV = cpasync.tma_partition(
@@ -394,6 +410,12 @@ class WgmmaAttention(VTransposeMixin):
             pipe_k.producer_acquire(kv_state)
             cute.copy(tma_k, tKgK[None, last], tKsK[None, kv_state.index],
                       tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+            # Q: e4m3 codes into the tile the QK^T wgmma reads, or (q_quant=kernel) bf16 into
+            # the staging tile the consumers quantize from.
+            gQ = cute.local_tile(mQ[None, None, head, batch], (self.block_m, self.head_dim),
+                                 (m_block, 0))
+            tQsQ, tQgQ = cpasync.tma_partition(
+                tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
             q_state.advance()
@@ -580,8 +602,60 @@ class WgmmaAttention(VTransposeMixin):
                               number_of_threads=WG_THREADS)
 
     @cute.jit
+    def _quantize_q(self, sQraw, sQ, q_coef, s_rows, scale_log2, pipe_q, q_state, wg):
+        """q_quant=kernel: the warpgroup's 64 rows of the bf16 tile TMA staged (rows past
+        seq_len zero) into sQ as e4m3 codes, one scale a row (block_scales.quantize_rows'
+        formula, as block_quantize_kernel computes it): q_coef[r] = descale * softmax_scale *
+        log2(e). The staging tile is released as soon as its values are in registers.
+
+        Each thread takes the two rows its softmax owns (16w + l/4 and + 8 of its warp) and a
+        quarter of their features (quad lane t: features t * head_dim/4 ...), so the row's amax
+        is reduced over the quad like the softmax's row max, and the scale lands in the thread
+        that multiplies by it. 16-byte shared loads and stores, whole units of both swizzles.
+        """
+        cols = self.head_dim // 4  # features a thread takes of each row
+        vec = 8  # bf16 a 16-byte load
+        chunk = 16  # e4m3 a 16-byte store
+        t = cute.arch.lane_idx() % 4
+        values = cute.make_rmem_tensor(cute.make_layout((2, cols), stride=(cols, 1)),
+                                       cutlass.Float32)
+        for r in cutlass.range_constexpr(2):
+            row = s_rows[r, 0][0]
+            loads = cute.zipped_divide(values[r, None], (vec,))
+            for c in cutlass.range_constexpr(cols // vec):
+                src = cute.local_tile(sQraw[row, None], (vec,), (t * (cols // vec) + c,))
+                loads[None, c].store(src.load().to(cutlass.Float32))
+        # One barrier for two orders: every warp of the warpgroup has its values (so the staging
+        # tile can be released to the next tile's TMA), and every wgmma that read the previous
+        # tile's codes has completed in all four warps (each waited before its softmax) before
+        # any overwrites them.
+        cute.arch.barrier(barrier_id=q_store_barrier(wg, self.wgs),
+                          number_of_threads=WG_THREADS)
+        pipe_q.consumer_release(q_state)
+        for r in cutlass.range_constexpr(2):
+            m = cutlass.Float32(0.0)
+            for j in cutlass.range_constexpr(cols):
+                m = cute.arch.fmax(m, abs(values[r, j]), nan=True)
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1), nan=True)
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2), nan=True)
+            amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
+            q_coef[r] = amax * DESCALE_PER_AMAX * scale_log2
+            inv = (1.0 / amax) * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare's formula
+            stores = cute.zipped_divide(values[r, None], (chunk,))
+            for c in cutlass.range_constexpr(cols // chunk):
+                dst = cute.local_tile(sQ[s_rows[r, 0][0], None], (chunk,),
+                                      (t * (cols // chunk) + c,))
+                # f32 -> e4m3 is cvt.rn.satfinite, as prepare's cast.
+                dst.store((stores[None, c].load() * inv).to(cutlass.Float8E4M3FN))
+        # Generic-proxy smem writes must be visible to the async proxy (wgmma) reads, in all
+        # four warps of the warpgroup before any issues its first QK^T.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=q_store_barrier(wg, self.wgs),
+                          number_of_threads=WG_THREADS)
+
+    @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                mScales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
+                sQraw, mScales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
                 strips, seq_len_kv):
         d, bm, bn = self.head_dim, self.block_m, self.block_n
         fp8 = cutlass.Float8E4M3FN
@@ -628,8 +702,13 @@ class WgmmaAttention(VTransposeMixin):
             first_masked = first_masked_strip(row_base, bn, offset)
             # Q's scale of each of the thread's two rows, times softmax_scale * log2(e).
             q_coef = cute.make_rmem_tensor((2,), cutlass.Float32)
-            for r in cutlass.range_constexpr(2):
-                q_coef[r] = mScales[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
+            if cutlass.const_expr(self.q_in_kernel):
+                pipe_q.consumer_wait(q_state)
+                self._quantize_q(sQraw, sQ, q_coef, s_rows, scale_log2, pipe_q, q_state, wg)
+                q_state.advance()
+            else:
+                for r in cutlass.range_constexpr(2):
+                    q_coef[r] = mScales[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
             row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_max.fill(-cutlass.Float32.inf)
@@ -637,7 +716,8 @@ class WgmmaAttention(VTransposeMixin):
             acc_O.fill(0.0)
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), cutlass.Float32)
             last = n_blocks - 1
-            pipe_q.consumer_wait(q_state)
+            if cutlass.const_expr(not self.q_in_kernel):
+                pipe_q.consumer_wait(q_state)
 
             # The strips' scales are loaded one strip ahead of their use, each load issued just
             # after a named-barrier arrive: a barrier orders the memory accesses before it, so a
@@ -680,7 +760,8 @@ class WgmmaAttention(VTransposeMixin):
                     pipe_v.consumer_release(v_state)
                     self._store_p(acc_S, tOrP, tPrP, tPsP, wg)
                     self._rescale(acc_O, alpha)
-                pipe_q.consumer_release(q_state)
+                if cutlass.const_expr(not self.q_in_kernel):
+                    pipe_q.consumer_release(q_state)
                 pipe_v.consumer_wait(kv_state)
                 self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, kv_state.index)
                 warpgroup.wait_group(0)
@@ -709,9 +790,11 @@ class WgmmaAttention(VTransposeMixin):
                     warpgroup.wait_group(0)
                     pipe_v.consumer_release(kv_state)
                     kv_state.advance()
-                pipe_q.consumer_release(q_state)
+                if cutlass.const_expr(not self.q_in_kernel):
+                    pipe_q.consumer_release(q_state)
                 self._sched_arrive(wg)
-            q_state.advance()
+            if cutlass.const_expr(not self.q_in_kernel):
+                q_state.advance()
 
             # ---- epilogue: O * dv / l as bf16, LSE; rows >= seq_len are not stored ----------
             o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))

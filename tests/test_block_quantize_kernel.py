@@ -85,3 +85,14 @@ def test_head_scale_expansion_compiles(arch, tmp_path):
     ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
     assert ptx.count(".entry ") == 1
     assert ptx.count("rcp.rn.f32") == 1 and "approx" not in ptx  # 1 / dv, correctly rounded
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_the_launch_without_q_compiles_and_a_bad_name_is_refused(arch, tmp_path):
+    """quant_kv (for a kernel that quantizes Q itself) is the same code with no q CTAs in its
+    grid, which is host code: its codes on a GPU are checked by tests/test_prepare.py."""
+    fn, slots = compile_kernel("quant_kv", torch.bfloat16, 128, arch)
+    assert fn is not None and len(slots) == len(compile_kernel("quant", torch.bfloat16, 128,
+                                                               arch)[1])
+    with pytest.raises(ValueError, match="unknown kernel 'quant_q'"):
+        compile_kernel("quant_q", torch.bfloat16, 128, arch)

@@ -195,6 +195,10 @@ def test_tpe_search_on_a_large_space_stays_feasible_and_within_budget(tmp_path, 
     assert len(done) == 10
     assert done[0]["role"] == "default" or any(
         r["role"] == "default" and r["optuna_number"] == 0 for r in done)
+    # The family's seed (the default swizzled) is measured second, before TPE's proposals.
+    (second,) = [r for r in done if r["optuna_number"] == 1]
+    assert json.loads(second["config_json"]) == {"tile": 64, "stages": 2, "warps": 4,
+                                                 "swizzle": True}
     for c in compiled_configs(log):
         cfg = fake_family_large.Config(c["tile"], c["stages"], 4, False)
         assert fake_family.can_implement(cfg, PROBLEM, None)[0]
@@ -504,3 +508,19 @@ def test_decisions_of_several_problems_share_one_gpu_worker(tmp_path):
             [p.key() for p in problems]
     finally:
         store.close()
+
+
+def test_the_wgmma_space_seeds_the_defaults_other_q_placement():
+    """Every wgmma search measures the default with Q quantized in the other place right
+    after the default (which placement wins moves with the length)."""
+    import dataclasses
+
+    from tuner.gpus import PROFILES
+    from tuner.search.proposal import Space
+    from variants import wgmma
+
+    for seq, want in ((4096, "prepare"), (16384, "kernel")):
+        problem = Problem(1, 8, seq, 128)
+        space = Space.build({"wgmma": wgmma}, problem, PROFILES["h200"], exhaustive_up_to=64)
+        default = wgmma.default("sm_90a", problem)
+        assert space.seeds == [("wgmma", dataclasses.replace(default, q_quant=want).to_dict())]

@@ -10,6 +10,9 @@ A family module provides:
 A family whose kernels run on the CPU (the test doubles in tests/doubles/) also declares
   DEVICE = "cpu"                          the tuner needs no GPU for it (tuner/search/target.py)
 and may provide
+  seeds(arch, problem) -> list[Config]    configs every search measures right after the default
+                                          (its neighbours along knobs whose best value moves with
+                                          the shape), whatever the sampler proposes
   time_launch(kernel, call) -> float      runs call() once (a kernel.run or a kernel.prepare)
                                           and returns the ms it counts for (a modelled cost);
                                           without it perf_counter times the call.

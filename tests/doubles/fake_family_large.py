@@ -39,6 +39,11 @@ def default(arch: str, problem) -> Config:
     return Config(tile=64, stages=2, warps=4, swizzle=False)
 
 
+def seeds(arch: str, problem) -> list[Config]:
+    """The default swizzled: every search measures it second (tests/test_search.py)."""
+    return [Config(tile=64, stages=2, warps=4, swizzle=True)]
+
+
 def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
     ok, reason = _base.can_implement(cfg, problem, gpu)
     if ok and cfg.warps * 16 > cfg.tile * 4:

@@ -13,7 +13,7 @@ only configs that pass can_implement reach a compiler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import optuna
 from optuna.trial import TrialState
@@ -67,6 +67,9 @@ class Space:
     feasible: list[tuple[str, dict]]
     default: tuple[str, dict]
     mode: str
+    # Measured right after the default, whatever the sampler: each family's `seeds` (the
+    # default's neighbours along knobs whose best value moves with the shape), feasible ones.
+    seeds: list[tuple[str, dict]] = field(default_factory=list)
 
     @classmethod
     def build(cls, modules: dict, problem: Problem, gpu, exhaustive_up_to: int) -> Space:
@@ -74,8 +77,13 @@ class Space:
         feasible = feasible_configs(modules, problem, gpu)
         default = (families[0], modules[families[0]].default(gpu.arch, problem).to_dict())
         mode = "exhaustive" if len(feasible) <= exhaustive_up_to else "tpe"
+        feasible_hashes = {config_hash(f, c) for f, c in feasible}
+        seeds = [(name, cfg.to_dict()) for name, module in modules.items()
+                 for cfg in (getattr(module, "seeds", None) or (lambda arch, problem: []))(
+                     gpu.arch, problem)]
+        seeds = [s for s in seeds if config_hash(*s) in feasible_hashes - {config_hash(*default)}]
         return cls(families, modules, {n: m.space(gpu.arch) for n, m in modules.items()},
-                   feasible, default, mode)
+                   feasible, default, mode, seeds)
 
     @property
     def default_hash(self) -> str:
@@ -142,12 +150,13 @@ class Proposer:
 
     def _enqueue_next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> None:
         """Put the next config nobody has measured or claimed in the study's queue: the
-        default first (so that the tuned result is never worse than it), then, in exhaustive
-        mode, every feasible config in turn. Two processes may race and enqueue one config
-        twice; the later trial backs off (Claims.held_by_earlier)."""
+        default first (so that the tuned result is never worse than it), then the families'
+        seeds, then, in exhaustive mode, every feasible config in turn. Two processes may race
+        and enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
         space = self.space
         taken = set(stored) | in_flight | self.claims.claimed()
-        order = [space.default] + (space.feasible if space.mode == "exhaustive" else [])
+        order = [space.default, *space.seeds,
+                 *(space.feasible if space.mode == "exhaustive" else [])]
         for family, config in order:
             digest = config_hash(family, config)
             if digest not in taken:

@@ -143,6 +143,14 @@ def default(arch: str, problem=None) -> Config:
     return cfg
 
 
+def seeds(arch: str, problem=None) -> list[Config]:
+    """Measured by every search right after the default: the default with Q quantized in the
+    other place, since which placement wins moves with the length (Q_IN_KERNEL_UP_TO)."""
+    cfg = default(arch, problem)
+    other = "prepare" if cfg.q_in_kernel else "kernel"
+    return [dataclasses.replace(cfg, q_quant=other)]
+
+
 # Keys up to which the default quantizes Q in the kernel (head_dim 128). Prepare + kernel, the
 # head_dim-128 recipe with each Q placement, one run on the H200 (benchmarks/e2e_h200.py,
 # 2026-12-01, eleventh session; ms, q_quant=kernel vs prepare): B=4 S=1024 H=32 GPU time 0.154

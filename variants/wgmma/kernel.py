@@ -51,6 +51,13 @@ the kernel on the H200; prepare writes V's layout inside its cast, so little is 
 tests/test_wgmma_v_transpose.py checks its addressing on the CPU. With v_layout=prepared the
 kernel is byte for byte the one built before this option existed.
 
+q_quant=kernel: Q arrives as the caller's bf16 (batch, seq, heads, head_dim), unpadded. The
+loader TMA-loads each tile of it into a bf16 staging tile (rows past seq_len zero-filled); each
+consumer warpgroup quantizes its 64 rows into the e4m3 Q tile at the tile's start, one scale a
+row, and releases the staging tile at once, so the next tile's Q loads during this one
+(_quantize_q). With q_quant=prepare the SASS is the one built before this option existed (the
+default's, compared line by line: one UMOV one slot apart).
+
 Constraints (config.can_implement states them for the tuner): sm_90a; head_dim 64 or 128;
 block_n a multiple of 32 up to 256; q, k (batch, padded, heads, head_dim), v (batch, heads,
 head_dim, padded) (v_layout=kernel: like k) fp8 e4m3, padded a multiple of lcm(block_m,

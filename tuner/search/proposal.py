@@ -21,7 +21,7 @@ from optuna.trial import TrialState
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult
-from tuner.search.claims import RUNNING, Claims, owner
+from tuner.search.claims import HELD, RUNNING, Claims, owner
 from tuner.search.cost import record_cost
 from tuner.search.interrupts import sigint_deferred
 from tuner.search.records import Candidate, Records
@@ -154,7 +154,10 @@ class Proposer:
         seeds, then, in exhaustive mode, every feasible config in turn. Two processes may race
         and enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
         space = self.space
-        taken = set(stored) | in_flight | self.claims.claimed()
+        # Completed trials count too: another process may have measured a config (a seed, say)
+        # after this one last read the Store, and re-enqueueing it would only be backed off
+        # (held_by_earlier) on every ask until the sampler is declared barren.
+        taken = set(stored) | in_flight | self.claims.claimed((*HELD, TrialState.COMPLETE))
         order = [space.default, *space.seeds,
                  *(space.feasible if space.mode == "exhaustive" else [])]
         for family, config in order:

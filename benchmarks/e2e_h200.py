@@ -132,21 +132,18 @@ def _inputs_and_kernel(shape):
     return (q, k, v), best, kernel
 
 
-def q_in_kernel_twin(kernel, shape):
-    """The tuned config's q_quant=kernel twin and its kernel (None: the family has no such knob,
-    or the config has it already)."""
+def q_in_kernel_twin(kernel):
+    """The tuned config's q_quant=kernel twin and its kernel for the same problem (None: the
+    family has no such knob, or the config has it already)."""
     import dataclasses
 
     from tuner import runtime
-    from tuner.problem import Problem
 
     cfg = kernel.config
     if not hasattr(cfg, "q_quant") or cfg.q_in_kernel:
         return None, None
     twin = dataclasses.replace(cfg, q_quant="kernel")
-    batch, seq, heads, dim = shape
-    return twin, runtime._kernel_for(runtime.family_of(twin), twin, Problem(batch, heads, seq, dim),
-                                     "auto")
+    return twin, runtime._kernel_for(runtime.family_of(twin), twin, kernel.problem, "auto")
 
 
 def measure_shape(shape, bandwidth: float, fa3_call) -> dict:
@@ -174,7 +171,7 @@ def measure_shape(shape, bandwidth: float, fa3_call) -> dict:
     t["ours fp8-in"] = median_ms(fp8_in)
     rows = sampled_rows(seq, q.device)
     res["rel_rms"] = {"ours e2e": rel_rms(e2e(), q, k, v, rows)}
-    twin, twin_kernel = q_in_kernel_twin(kernel, shape)
+    twin, twin_kernel = q_in_kernel_twin(kernel)
     if twin is not None:
         twin_prepared = twin_kernel.prepare(q, k, v)
         twin_e2e = lambda: tuner.attention(q, k, v, config=twin)  # noqa: E731
@@ -219,7 +216,7 @@ def profile_shape(shape, res: dict) -> None:
 
     (q, k, v), _, kernel = _inputs_and_kernel(shape)
     res["ms"]["ours quant"] = kernel_time_per_call(lambda: kernel.prepare(q, k, v, validate=False))
-    _, twin_kernel = q_in_kernel_twin(kernel, shape)
+    _, twin_kernel = q_in_kernel_twin(kernel)
     if twin_kernel is not None:
         res["ms"]["q-in-kernel quant"] = kernel_time_per_call(
             lambda: twin_kernel.prepare(q, k, v, validate=False))

@@ -77,11 +77,11 @@ class Space:
         feasible = feasible_configs(modules, problem, gpu)
         default = (families[0], modules[families[0]].default(gpu.arch, problem).to_dict())
         mode = "exhaustive" if len(feasible) <= exhaustive_up_to else "tpe"
-        feasible_hashes = {config_hash(f, c) for f, c in feasible}
+        # Seeds that can run and are not the default itself.
+        wanted = {config_hash(f, c) for f, c in feasible} - {config_hash(*default)}
         seeds = [(name, cfg.to_dict()) for name, module in modules.items()
-                 for cfg in (getattr(module, "seeds", None) or (lambda arch, problem: []))(
-                     gpu.arch, problem)]
-        seeds = [s for s in seeds if config_hash(*s) in feasible_hashes - {config_hash(*default)}]
+                 for cfg in getattr(module, "seeds", lambda arch, problem: [])(gpu.arch, problem)]
+        seeds = [seed for seed in seeds if config_hash(*seed) in wanted]
         return cls(families, modules, {n: m.space(gpu.arch) for n, m in modules.items()},
                    feasible, default, mode, seeds)
 

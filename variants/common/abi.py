@@ -103,6 +103,20 @@ def block_scale_views(scales_ptr, batch, heads, padded_len, kv_heads, padded_len
     return (m_q, *kv)
 
 
+def kv_block_scales_view(scales_ptr, batch, heads, padded_len, kv_heads, padded_len_kv):
+    """K's, log2 of V's and 1 / V's block scales of the packed buffer as one (3, batch, kv_heads,
+    blocks) tensor (the three views of block_scale_views stacked), so that a thread can pick
+    which of the three it loads at run time. Called at trace time from a kernel's @cute.jit
+    entry point."""
+    import cutlass.cute as cute
+
+    blocks = (padded_len_kv + 63) // 64
+    kv_size = batch * kv_heads * blocks
+    layout = cute.make_layout((3, batch, kv_heads, blocks),
+                              stride=(kv_size, kv_heads * blocks, blocks, 1))
+    return cute.make_tensor(scales_ptr + batch * heads * padded_len, layout)
+
+
 def output_views(o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:
     """The kernels' views of the output buffers, in the layouts CompiledKernel.run gives them:
     O (batch, seq_len, heads, head_dim) bf16, LSE (batch, heads, seq_len) fp32. Called at trace

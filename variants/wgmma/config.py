@@ -172,18 +172,36 @@ _DEFAULT_HEAD_DIM_64 = Config(consumer_wgs=3, block_n=128, kv_stages=4, p_source
                               v_layout="prepared")
 
 
+def smem_header_bytes(cfg: Config) -> int:
+    """The fields below the first 1024-aligned buffer: the mbarriers and the block scales the
+    loader stages for the consumers (a strip's K/V scales per stage, a tile's Q row scales),
+    rounded up to the alignment (one SMEM_BARRIER_BYTES block for every config of the space but
+    the largest tiles with the most stages)."""
+    stages = cfg.kv_stages
+    mbarriers = 2 + 2 * stages + 2 * stages + 2 * stages  # q, k, v, the K/V scales
+    scale_values = 3 * max(1, cfg.block_n // KV_BLOCK) * stages
+    if cfg.v_in_kernel:
+        mbarriers += 2 * stages
+    if not cfg.q_in_kernel:
+        mbarriers += 2
+        scale_values += cfg.block_m
+    used = 8 * mbarriers + 4 * scale_values
+    return max(SMEM_BARRIER_BYTES, -(-used // SMEM_ALIGN) * SMEM_ALIGN)
+
+
 def smem_bytes(cfg: Config, head_dim: int) -> int:
     """Shared memory per CTA from the buffers the kernel allocates (fp8: one byte an element)."""
     fields = [cfg.block_m * head_dim,                       # Q tile
               cfg.kv_stages * cfg.block_n * head_dim,       # K ring
               cfg.kv_stages * head_dim * cfg.block_n]       # V ring (keys contiguous)
-    if not cfg.register_p:
-        fields.append(cfg.block_m * cfg.block_n)            # P tile
+    # P tile; with P in registers the kernel still allocates a one-byte field, aligned like
+    # every buffer (so one SMEM_ALIGN block).
+    fields.append(1 if cfg.register_p else cfg.block_m * cfg.block_n)
     if cfg.v_in_kernel:
         fields.append(cfg.kv_stages * cfg.block_n * head_dim)  # V staging ring, as loaded
     if cfg.q_in_kernel:
         fields.append(2 * cfg.block_m * head_dim)  # Q's bf16 staging tile
-    return SMEM_BARRIER_BYTES + sum(-(-f // SMEM_ALIGN) * SMEM_ALIGN for f in fields)
+    return smem_header_bytes(cfg) + sum(-(-f // SMEM_ALIGN) * SMEM_ALIGN for f in fields)
 
 
 def register_estimate(cfg: Config, head_dim: int) -> int:

@@ -34,6 +34,15 @@ integer pipes (_exp2_polynomial) instead of MUFU ex2, which at 16 a clock per SM
 busy as the FP8 tensor cores; it pays at head_dim 64 (7% on the H200), not at 128, where the
 softmax's issue slots and latency bind instead (RESULTS.md).
 
+Block scales (variants/block_scales.py) reach the consumers through shared memory: the loader
+warp reads each strip's K and V scales (3 per 64-key block) and each tile's Q row scales from
+global memory into registers before it waits for the stage, stores them beside the stage it
+fills and arrives on a full-only mbarrier per stage (pipe_scales, pipe_q_scales); the K stage's
+and the Q tile's own empty barriers guard their reuse, as the consumers read them before they
+release those. A consumer reads them with shared loads, so no global load is in flight in the
+main loop: a named barrier waits for the loads issued before it, and the pingpong turn barrier
+then waited an L2 round trip every strip (20-25% of the kernel on the H200, RESULTS.md).
+
 Epilogue: O * dv / l stored as bf16 straight from registers (rows >= seq_len skipped), and
 LSE = ln 2 * (m - 8 + log2 l).
 
@@ -78,7 +87,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
-from variants.common.abi import block_scale_views, output_views
+from variants.common.abi import block_scale_views, kv_block_scales_view, output_views
 from variants.common.masking import (
     causal_offset,
     first_masked_strip,
@@ -88,7 +97,14 @@ from variants.common.masking import (
 )
 from variants.common.softmax import LOG2_E, block_exp2_argument, lse_natural, rescale_factor
 from variants.wgmma.barriers import p_store_barrier, q_store_barrier, sched_barrier
-from variants.wgmma.config import FMA_EXP2_GROUP, ROWS_PER_WG, WG_THREADS, Config, register_split
+from variants.wgmma.config import (
+    FMA_EXP2_GROUP,
+    ROWS_PER_WG,
+    WG_THREADS,
+    Config,
+    register_split,
+    smem_bytes,
+)
 from variants.wgmma.ptx import _exp2_polynomial
 from variants.wgmma.v_transpose import TRANSPOSE_WARPS, VTransposeMixin
 
@@ -118,6 +134,8 @@ class WgmmaAttention(VTransposeMixin):
         self.longest_first = cfg.tile_order == "longest_first"
         self.q_in_kernel = cfg.q_in_kernel
         self.consumer_regs, self.producer_regs = register_split(cfg)
+        # 64-key scale blocks a strip spans (a 32-key strip lies inside one).
+        self.scale_blocks = cfg.block_n // min(cfg.block_n, KV_BLOCK)
 
     # ----------------------------------------------------------------------------------------
     # host side
@@ -150,6 +168,14 @@ class WgmmaAttention(VTransposeMixin):
         }
         if self.v_in_kernel:
             fields["mbar_vraw"] = cute.struct.MemRange[cutlass.Int64, 2 * stages]
+        # Each strip's K/V block scales beside its stage, each tile's Q row scales (smem_bytes
+        # counts them in the header below the first 1024-aligned buffer).
+        fields["mbar_scales"] = cute.struct.MemRange[cutlass.Int64, 2 * stages]
+        if not self.q_in_kernel:
+            fields["mbar_q_scales"] = cute.struct.MemRange[cutlass.Int64, 2]
+        fields["kv_scales"] = cute.struct.MemRange[cutlass.Float32, 3 * self.scale_blocks * stages]
+        if not self.q_in_kernel:
+            fields["q_scales"] = cute.struct.MemRange[cutlass.Float32, self.block_m]
         fields["q"] = buffer(cute.cosize(sQ_layout))
         fields["k"] = buffer(cute.cosize(sK_layout))
         fields["v"] = buffer(cute.cosize(sV_layout))
@@ -160,6 +186,14 @@ class WgmmaAttention(VTransposeMixin):
             fields["qraw"] = cute.struct.Align[
                 cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sQraw_layout)], 1024]
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def _check_smem_estimate(self, storage_type) -> None:
+        """At trace time: the direct launch path (variants/launch.py) and can_implement use
+        config.smem_bytes, which must cover what this kernel allocates."""
+        size, estimate = storage_type.size_in_bytes(), smem_bytes(self.cfg, self.head_dim)
+        if size > estimate:
+            raise AssertionError(f"shared storage of {size} bytes, config.smem_bytes says "
+                                 f"{estimate}: count the new fields there")
 
     @cute.jit
     def __call__(
@@ -206,6 +240,7 @@ class WgmmaAttention(VTransposeMixin):
             mV = cute.make_tensor(v_ptr, cute.select(v_layout, mode=[2, 3, 1, 0]))
         mO, mLSE = output_views(o_ptr, lse_ptr, batch, heads, seq_len, d)
         mScales = block_scale_views(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
+        mKVScales = kv_block_scales_view(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
 
         sQ_layout = self._smem_layout(bm, d, None)
         sK_layout = self._smem_layout(bn, d, self.stages)
@@ -237,6 +272,7 @@ class WgmmaAttention(VTransposeMixin):
 
         SharedStorage = self._shared_storage(sQ_layout, sK_layout, sV_layout, sP_layout,
                                              sQraw_layout)
+        self._check_smem_estimate(SharedStorage)
 
         m_blocks = cute.ceil_div(seq_len, bm)
         total_tiles = m_blocks * heads * batch
@@ -244,7 +280,7 @@ class WgmmaAttention(VTransposeMixin):
         if cutlass.const_expr(self.persistent):
             grid_x = cutlass.min(total_tiles, max_ctas)
         self.kernel(
-            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales, mO, mLSE,
+            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales[0], mKVScales, mO, mLSE,
             seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E, seq_len_kv,
             heads // kv_heads, causal_offset(seq_len, seq_len_kv),
             sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout, tiled_mma_qk,
@@ -264,7 +300,8 @@ class WgmmaAttention(VTransposeMixin):
         mK: cute.Tensor,
         tma_v: cute.CopyAtom,
         mV: cute.Tensor,
-        mScales: tuple,
+        mQScales: cute.Tensor,
+        mKVScales: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         seq_len: cutlass.Int32,
@@ -340,6 +377,22 @@ class WgmmaAttention(VTransposeMixin):
                 producer_group=producer, consumer_group=consumers, tx_count=bn * d,
                 defer_sync=True)
             sV_load, pipe_vload = sV, pipe_v  # TMA fills the ring the wgmma reads
+        # The scales' full barriers: the loader warp's 32 threads arrive after their stores;
+        # the consumers never release these (the K stage's and Q tile's empty barriers do).
+        loader = pipeline.CooperativeGroup(pipeline.Agent.Thread, 32)
+        all_consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, WG_THREADS * self.wgs)
+        pipe_scales = pipeline.PipelineAsync.create(
+            barrier_storage=storage.mbar_scales.data_ptr(), num_stages=self.stages,
+            producer_group=loader, consumer_group=all_consumers, defer_sync=True)
+        sKVScales = storage.kv_scales.get_tensor(
+            cute.make_layout((3 * self.scale_blocks, self.stages)))
+        pipe_q_scales, sQScales = None, None
+        if cutlass.const_expr(not self.q_in_kernel):
+            pipe_q_scales = pipeline.PipelineAsync.create(
+                barrier_storage=storage.mbar_q_scales.data_ptr(), num_stages=1,
+                producer_group=loader, consumer_group=all_consumers, defer_sync=True)
+            sQScales = storage.q_scales.get_tensor(cute.make_layout(self.block_m))
+        scales = (mQScales, mKVScales, sQScales, sKVScales, pipe_q_scales, pipe_scales)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
@@ -353,7 +406,7 @@ class WgmmaAttention(VTransposeMixin):
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ_load, sK, sV_load, pipe_q, pipe_k,
-                          pipe_vload, bid, grid, total_tiles, strips)
+                          pipe_vload, scales, bid, grid, total_tiles, strips)
             if cutlass.const_expr(self.v_in_kernel):
                 if warp_idx > 0:
                     # Views with the swizzle in the layout, not in the pointer: the copy adds
@@ -367,7 +420,7 @@ class WgmmaAttention(VTransposeMixin):
             if cutlass.const_expr(not self.register_p):
                 sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                         sQ_load, mScales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS,
+                         sQ_load, scales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS,
                          wg_idx - 1, bid, grid, total_tiles, strips, seq_len_kv)
 
     @cute.jit
@@ -389,12 +442,37 @@ class WgmmaAttention(VTransposeMixin):
                                offset, self.causal)
         return m_block, head, head // group, rest // heads, n_tile
 
+    # ---- producer ----------------------------------------------------------------------------
+    @cute.jit
+    def _fetch_strip_scales(self, mKVScales, batch, kv_head, strip, lane):
+        """This lane's one block scale of a strip (lane 3 * scale_blocks and above: none): K's,
+        log2 of V's, then 1 / V's, each for the strip's 64-key blocks in order. A global load,
+        issued before the loader waits for the stage, so that the wait hides its latency."""
+        nb = self.scale_blocks
+        value = cutlass.Float32(1.0)
+        if lane < 3 * nb:
+            value = mKVScales[lane // nb, batch, kv_head,
+                              strip * self.block_n // KV_BLOCK + lane % nb]
+        return value
+
+    @cute.jit
+    def _stage_strip_scales(self, value, sKVScales, pipe_scales, state, lane):
+        """The fetched scales into the stage's slot (the K stage just acquired: its consumers
+        have read the slot's previous scales), then every loader thread arrives."""
+        if lane < 3 * self.scale_blocks:
+            sKVScales[lane, state.index] = value
+        pipe_scales.producer_commit(state)
+
     @cute.jit
     def load(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-             bid, grid, total_tiles, strips):
+             scales, bid, grid, total_tiles, strips):
+        mQScales, mKVScales, sQScales, sKVScales, pipe_q_scales, pipe_scales = scales
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         one = cute.make_layout(1)
+        lane = cute.arch.lane_idx()
+        q_rows_per_lane = self.block_m // 32
+        q_values = cute.make_rmem_tensor((q_rows_per_lane,), cutlass.Float32)
         tile = bid
         while tile < total_tiles:
             m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
@@ -414,17 +492,28 @@ class WgmmaAttention(VTransposeMixin):
             # Strips from the last (ragged) to the first; with intra-WG overlap K runs one strip
             # ahead of V, in the order the consumers issue QK^T(j+1) beside PV(j).
             last = n_blocks - 1
+            value = self._fetch_strip_scales(mKVScales, batch, kv_head, last, lane)
             pipe_k.producer_acquire(kv_state)
             cute.copy(tma_k, tKgK[None, last], tKsK[None, kv_state.index],
                       tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+            self._stage_strip_scales(value, sKVScales, pipe_scales, kv_state, lane)
             # Q: e4m3 codes into the tile the QK^T wgmma reads, or (q_quant=kernel) bf16 into
             # the staging tile the consumers quantize from.
             gQ = cute.local_tile(mQ[None, None, head, batch], (self.block_m, self.head_dim),
                                  (m_block, 0))
             tQsQ, tQgQ = cpasync.tma_partition(
                 tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
+            if cutlass.const_expr(not self.q_in_kernel):
+                # Row r of the tile: lane r % 32's value r // 32.
+                for j in cutlass.range_constexpr(q_rows_per_lane):
+                    q_values[j] = mQScales[batch, head, m_block * self.block_m + 32 * j + lane]
             pipe_q.producer_acquire(q_state)
             cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+            if cutlass.const_expr(not self.q_in_kernel):
+                # The Q tile's slot is free: its consumers read the scales before releasing Q.
+                for j in cutlass.range_constexpr(q_rows_per_lane):
+                    sQScales[32 * j + lane] = q_values[j]
+                pipe_q_scales.producer_commit(q_state)
             q_state.advance()
             if cutlass.const_expr(not self.overlap):
                 pipe_v.producer_acquire(kv_state)
@@ -433,9 +522,11 @@ class WgmmaAttention(VTransposeMixin):
                 kv_state.advance()
                 for i in cutlass.range(n_blocks - 1, unroll=1):
                     n = last - 1 - i
+                    value = self._fetch_strip_scales(mKVScales, batch, kv_head, n, lane)
                     pipe_k.producer_acquire(kv_state)
                     cute.copy(tma_k, tKgK[None, n], tKsK[None, kv_state.index],
                               tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    self._stage_strip_scales(value, sKVScales, pipe_scales, kv_state, lane)
                     pipe_v.producer_acquire(kv_state)
                     cute.copy(tma_v, tVgV[None, n], tVsV[None, kv_state.index],
                               tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
@@ -445,9 +536,11 @@ class WgmmaAttention(VTransposeMixin):
                     n = last - 1 - i
                     prev = kv_state.clone()
                     kv_state.advance()
+                    value = self._fetch_strip_scales(mKVScales, batch, kv_head, n, lane)
                     pipe_k.producer_acquire(kv_state)
                     cute.copy(tma_k, tKgK[None, n], tKsK[None, kv_state.index],
                               tma_bar_ptr=pipe_k.producer_get_barrier(kv_state))
+                    self._stage_strip_scales(value, sKVScales, pipe_scales, kv_state, lane)
                     pipe_v.producer_acquire(prev)
                     cute.copy(tma_v, tVgV[None, n + 1], tVsV[None, prev.index],
                               tma_bar_ptr=pipe_v.producer_get_barrier(prev))
@@ -560,24 +653,20 @@ class WgmmaAttention(VTransposeMixin):
 
     def _scale_registers(self) -> tuple:
         """Registers for K's scale, log2 of V's and 1 / V's of each 64-key block of a strip."""
-        nb = self.block_n // min(self.block_n, KV_BLOCK)
-        return tuple(cute.make_rmem_tensor((nb,), cutlass.Float32) for _ in range(3))
+        return tuple(cute.make_rmem_tensor((self.scale_blocks,), cutlass.Float32)
+                     for _ in range(3))
 
     @cute.jit
-    def _load_strip_scales(self, dst, mScales, batch, kv_head, strip):
-        """K's scale, log2 of V's and 1 / V's of each 64-key block of a strip, into dst."""
-        nb = self.block_n // min(self.block_n, KV_BLOCK)
-        for b in cutlass.range_constexpr(nb):
-            block = strip * self.block_n // KV_BLOCK + b
-            for i in cutlass.range_constexpr(3):
-                dst[i][b] = mScales[1 + i][batch, kv_head, block]
-
-    @cute.jit
-    def _take_prefetched(self, cur, nxt):
-        """cur = nxt, element by element (register moves)."""
+    def _read_strip_scales(self, dst, sKVScales, pipe_scales, state):
+        """The strip's block scales from the slot the loader filled beside its K stage. Call
+        before releasing that K stage: the release lets the loader overwrite the slot (the warp
+        sync orders every lane's read before lane 0's release)."""
+        pipe_scales.consumer_wait(state)
+        nb = self.scale_blocks
         for i in cutlass.range_constexpr(3):
-            for b in cutlass.range_constexpr(cute.size(cur[i])):
-                cur[i][b] = nxt[i][b]
+            for b in cutlass.range_constexpr(nb):
+                dst[i][b] = sKVScales[i * nb + b, state.index]
+        cute.arch.sync_warp()
 
     @cute.jit
     def _rescale(self, acc_O, alpha):
@@ -662,8 +751,9 @@ class WgmmaAttention(VTransposeMixin):
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                sQraw, mScales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
+                sQraw, scales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
                 strips, seq_len_kv):
+        _, _, sQScales, sKVScales, pipe_q_scales, pipe_scales = scales
         d, bm, bn = self.head_dim, self.block_m, self.block_n
         fp8 = cutlass.Float8E4M3FN
         wg_slice = cute.make_layout(self.wgs, stride=WG_THREADS)
@@ -714,8 +804,9 @@ class WgmmaAttention(VTransposeMixin):
                 self._quantize_q(sQraw, sQ, q_coef, s_rows, scale_log2, pipe_q, q_state, wg)
                 q_state.advance()
             else:
+                pipe_q_scales.consumer_wait(q_state)
                 for r in cutlass.range_constexpr(2):
-                    q_coef[r] = mScales[0][batch, head, row_base + s_rows[r, 0][0]] * scale_log2
+                    q_coef[r] = sQScales[s_rows[r, 0][0]] * scale_log2
             row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
             row_max.fill(-cutlass.Float32.inf)
@@ -726,18 +817,14 @@ class WgmmaAttention(VTransposeMixin):
             if cutlass.const_expr(not self.q_in_kernel):
                 pipe_q.consumer_wait(q_state)
 
-            # The strips' scales are loaded one strip ahead of their use, each load issued just
-            # after a named-barrier arrive: a barrier orders the memory accesses before it, so a
-            # load issued before the scheduling barrier made that barrier wait for it (~9% of
-            # the kernel at S=30272 H=56 on the H200, against a probe that skipped the loads).
+            # The strip's block scales, read from shared memory after the arrive that follows
+            # its GEMMs (the loader stored them beside the K stage; see the module docstring).
             cur = self._scale_registers()
-            nxt = self._scale_registers()
-            self._load_strip_scales(cur, mScales, batch, kv_head, last)
             if cutlass.const_expr(self.overlap):
                 # First strip alone: S, mask, softmax, P.
                 pipe_k.consumer_wait(kv_state)
                 self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
-                self._load_strip_scales(nxt, mScales, batch, kv_head, cutlass.max(last - 1, 0))
+                self._read_strip_scales(cur, sKVScales, pipe_scales, kv_state)
                 warpgroup.wait_group(0)
                 pipe_k.consumer_release(kv_state)
                 if strip_needs_mask(last, n_total, ragged, first_masked, self.causal):
@@ -748,15 +835,13 @@ class WgmmaAttention(VTransposeMixin):
                     v_state = kv_state.clone()
                     kv_state.advance()
                     strip = last - 1 - step
-                    self._take_prefetched(cur, nxt)
                     pipe_k.consumer_wait(kv_state)
                     self._sched_sync(wg)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
                     pipe_v.consumer_wait(v_state)
                     self._pv(tiled_mma_pv, acc_O, tOrP, tOrV, v_state.index)
                     self._sched_arrive(wg)
-                    self._load_strip_scales(nxt, mScales, batch, kv_head,
-                                            cutlass.max(strip - 1, 0))
+                    self._read_strip_scales(cur, sKVScales, pipe_scales, kv_state)
                     warpgroup.wait_group(1)
                     pipe_k.consumer_release(kv_state)
                     if cutlass.const_expr(self.causal):  # the diagonal's other strips
@@ -777,13 +862,10 @@ class WgmmaAttention(VTransposeMixin):
             else:
                 self._sched_sync(wg)
                 for i in cutlass.range(n_blocks, unroll=1):
-                    if i > 0:
-                        self._take_prefetched(cur, nxt)
                     pipe_k.consumer_wait(kv_state)
                     self._qk(tiled_mma_qk, acc_S, tSrQ, tSrK, kv_state.index)
                     self._sched_arrive(wg)
-                    self._load_strip_scales(nxt, mScales, batch, kv_head,
-                                            cutlass.max(last - i - 1, 0))
+                    self._read_strip_scales(cur, sKVScales, pipe_scales, kv_state)
                     warpgroup.wait_group(0)
                     pipe_k.consumer_release(kv_state)
                     if strip_needs_mask(last - i, n_total, ragged, first_masked, self.causal):

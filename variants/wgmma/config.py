@@ -152,12 +152,14 @@ def seeds(arch: str, problem=None) -> list[Config]:
 
 
 # Keys up to which the default quantizes Q in the kernel (head_dim 128). Prepare + kernel, the
-# head_dim-128 recipe with each Q placement, one run on the H200 (benchmarks/e2e_h200.py,
-# 2026-12-01, eleventh session; ms, q_quant=kernel vs prepare): B=4 S=1024 H=32 GPU time 0.154
-# vs 0.164, S=4096 H=56 0.698 vs 0.715 end to end, B=2 S=4608 H=24 0.770 vs 0.788; at S=8192
-# even (2.577 vs 2.572); longer, the kernel's 1.4-3% more time outweighs the third of the
-# quantization saved (S=16384 10.55 vs 10.01, 30272 34.38 vs 33.46, 75600 H=40 151.0 vs 147.9).
-Q_IN_KERNEL_UP_TO = 4608
+# head_dim-128 recipe with each Q placement, one run on the H200 after the block scales moved to
+# shared memory (benchmarks/e2e_h200.py, 2026-12-02, twelfth session; ms, q_quant=kernel vs
+# prepare, GPU time of quantization + kernel): B=4 S=1024 H=32 0.138 vs 0.142; S=4096 H=56
+# 0.623 vs 0.627 (end to end 0.623 vs 0.615), B=2 S=4608 H=24 0.689 vs 0.675, S=8192 2.375 vs
+# 2.302: the q_quant=kernel kernel is 3.5-6% slower than the prepare one now that the latter
+# reads no scale from global memory in its main loop, which outweighs the third of the
+# quantization it saves from 4096 keys on. (Before that change, eleventh session: 4608.)
+Q_IN_KERNEL_UP_TO = 1024
 
 
 # head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)
@@ -212,8 +214,8 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     overlap it lives beside the next strip's S, without it only while S is converted. The rest
     (row max/sum, descriptors, addressing, loop state) is a fixed overhead. The block scales
     (variants/block_scales.py) add Q's scale of each of the thread's two rows and, per 64-key
-    block of the strip, K's scale, log2 of V's and 1 / V's (the next strip's, loaded ahead,
-    fit in the overhead's slack: tests/test_wgmma_compile.py checks for spills).
+    block of the strip, K's scale, log2 of V's and 1 / V's (read from shared memory for the
+    strip being computed; tests/test_wgmma_compile.py checks for spills).
     """
     live = cfg.block_n // 2 + head_dim // 2
     if cfg.register_p or cfg.intra_wg_overlap:

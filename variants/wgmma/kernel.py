@@ -41,7 +41,7 @@ fills and arrives on a full-only mbarrier per stage (pipe_scales, pipe_q_scales)
 and the Q tile's own empty barriers guard their reuse, as the consumers read them before they
 release those. A consumer reads them with shared loads, so no global load is in flight in the
 main loop: a named barrier waits for the loads issued before it, and the pingpong turn barrier
-then waited an L2 round trip every strip (20-25% of the kernel on the H200, RESULTS.md).
+then waited an L2 round trip every strip (the kernel 12-18% slower on the H200, RESULTS.md).
 
 Epilogue: O * dv / l stored as bf16 straight from registers (rows >= seq_len skipped), and
 LSE = ln 2 * (m - 8 + log2 l).
@@ -57,15 +57,15 @@ shared memory, 8 consumer registers (232/32 split with two consumer warpgroups: 
 copy's state) and producer instructions that share issue slots with the consumers: 5-11% of
 the kernel on the H200; prepare writes V's layout inside its cast, so little is saved there
 (RESULTS.md).
-tests/test_wgmma_v_transpose.py checks its addressing on the CPU. With v_layout=prepared the
-kernel is byte for byte the one built before this option existed.
+tests/test_wgmma_v_transpose.py checks its addressing on the CPU. (When this option was added,
+the v_layout=prepared kernel stayed byte for byte the one built before it.)
 
 q_quant=kernel: Q arrives as the caller's bf16 (batch, seq, heads, head_dim), unpadded. The
 loader TMA-loads each tile of it into a bf16 staging tile (rows past seq_len zero-filled); each
 consumer warpgroup quantizes its 64 rows into the e4m3 Q tile at the tile's start, one scale a
 row, and releases the staging tile at once, so the next tile's Q loads during this one
-(_quantize_q). With q_quant=prepare the SASS is the one built before this option existed (the
-default's, compared line by line: one UMOV one slot apart).
+(_quantize_q). (When this option was added, the q_quant=prepare SASS stayed the one built before
+it: the default's, compared line by line, one UMOV one slot apart.)
 
 Constraints (config.can_implement states them for the tuner): sm_90a; head_dim 64 or 128;
 block_n a multiple of 32 up to 256; q, k (batch, padded, heads, head_dim), v (batch, heads,

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The H200 runs behind RESULTS.md "Twelfth session: the block scales through shared memory"
+# (issue 19), in device calls made back to back (../shared/device/README.md):
+#   bash benchmarks/h200_scales_smem.sh tests   # carry [".device"]: three kernel trees timed side
+#       by side (ab/per-head = git archive 3099e4a, ab/global = git archive 41e056e, each
+#       `variants tuner benchmarks/profile_wgmma.py`; this tree), two planted mutations of the
+#       scale slots, the shapes and planted-bug GPU tests, a sample of the wgmma space
+#   bash benchmarks/h200_scales_smem.sh bench   # carry [".device-fa3"] right after: tuner bench
+#       at issue 19's eight shapes beside FA3 FP8 and cuDNN FP8
+#   bash benchmarks/h200_scales_smem.sh final   # carry [".device"]: the caller path's GPU tests
+# Few files under $OUT (the device returns a limited number).
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export TUNER_HOME=/tmp/tuner TUNER_CACHE_DIR=/tmp/tuner-cache
+DEADLINE=$(( $(date +%s) + ${BUDGET_S:-560} ))
+capped() { local cap=$1; shift; local left=$(( DEADLINE - $(date +%s) ))
+  (( left < cap )) && cap=$left; (( cap < 5 )) && { echo "skipped (no time left): $*"; return 124; }
+  timeout "$cap" "$@"; }
+PYTEST="python3 -m pytest -m gpu -q -p no:cacheprovider -rfE"
+
+# A copy of the tree with one edit to the kernel; the gate must reject it.
+mutant() {
+  local name=$1 expr=$2; rm -rf "/tmp/mut-$name"; mkdir -p "/tmp/mut-$name"
+  tar --exclude=./.device --exclude=./.device-fa3 --exclude=./ab -cf - . | tar -xf - -C "/tmp/mut-$name"
+  sed -i "$expr" "/tmp/mut-$name/variants/wgmma/kernel.py"
+  if cmp -s variants/wgmma/kernel.py "/tmp/mut-$name/variants/wgmma/kernel.py"; then
+    echo "mutant $name: the edit matched nothing"; return 1; fi
+  local t=tests/gpu/test_shapes_gpu.py::test_the_gate_passes_the_kernels_on_every_shape
+  (cd "/tmp/mut-$name" && PYTHONPATH="/tmp/mut-$name:${PYTHONPATH:-}" \
+    TUNER_CACHE_DIR="/tmp/cache-mut-$name" capped 90 $PYTEST \
+    "$t[b1-h8-s1000-kv1000-kvh2-causal-wgmma-q_quant=prepare]" \
+    "$t[b1-h8-s4097-kv4097-kvh1-full-wgmma-q_quant=prepare]" \
+    2>&1 | grep -E "passed|failed|slope|worst|error" | cut -c1-300 | head -n 8)
+}
+
+case "${1:?tests, bench or final}" in
+tests)
+  source .device/env.sh
+  nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,temperature.gpu \
+    --format=csv > "$OUT/gpu.txt"
+  for round in 1 2; do
+    for tree in ${TREES:-ab/per-head ab/global .}; do
+      label=${tree#ab/}; [[ $tree == . ]] && label=smem
+      TUNER_CACHE_DIR=/tmp/cache-$label capped 90 python3 benchmarks/ab_trees.py --root "$tree" \
+        --label "$label" --seq-lens 4096,8192,30272 $([[ $label == smem && $round == 1 ]] && echo --peer cudnn-fp8)
+    done
+  done > "$OUT/ab.jsonl" 2> "$OUT/ab.err"; cat "$OUT/ab.jsonl"; tail -n 3 "$OUT/ab.err"
+  {
+    echo "== mutant: each strip reads the other stage's slot"
+    mutant stage 's/dst\[i\]\[b\] = sKVScales\[i \* nb + b, state.index\]/dst[i][b] = sKVScales[i * nb + b, (state.index + 1) % self.stages]/'
+    echo "== mutant: each Q row's scale stored one lane over"
+    mutant qrow 's/sQScales\[32 \* j + lane\] = q_values\[j\]/sQScales[32 * j + (lane + 1) % 32] = q_values[j]/'
+  } > "$OUT/mutants.log" 2>&1; cat "$OUT/mutants.log"
+  capped 200 $PYTEST tests/gpu/test_shapes_gpu.py tests/gpu/test_gate_gpu.py > "$OUT/tests.log" 2>&1
+  echo "shapes + planted rc=$?"; tail -n 4 "$OUT/tests.log"
+  $PYTEST --collect-only tests/gpu/test_wgmma_gpu.py 2>/dev/null | grep "feasible_space" \
+    | awk "NR % 120 == 1" > /tmp/sample.txt
+  capped 120 $PYTEST $(cat /tmp/sample.txt) >> "$OUT/tests.log" 2>&1
+  echo "space sample ($(wc -l < /tmp/sample.txt) configs) rc=$?"; tail -n 2 "$OUT/tests.log"
+  ;;
+bench)
+  source .device-fa3/env.sh
+  for shape in "1 56 128 4096,8192,16384,30272" "2 24 128 4608" "1 40 128 75600" \
+               "1 56 64 30272" "4 32 128 1024"; do
+    set -- $shape
+    capped 150 python3 -m tuner bench --gpu h200 --batch "$1" --heads "$2" --head-dim "$3" \
+      --seq-lens "$4" --against default,fa3-fp8,cudnn-fp8
+  done > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; grep -E '^\|' "$OUT/bench.log" | tail -n 30
+  ;;
+final)
+  source .device/env.sh
+  capped 400 $PYTEST tests/gpu/test_e2e_gpu.py tests/gpu/test_runtime_gpu.py \
+    tests/gpu/test_foundation_gpu.py tests/test_prepare.py > "$OUT/final.log" 2>&1
+  echo "caller path rc=$?"; tail -n 4 "$OUT/final.log"
+  capped 120 $PYTEST tests/gpu/test_wgmma_gpu.py -k "not feasible_space" >> "$OUT/final.log" 2>&1
+  echo "wgmma family's other tests rc=$?"; tail -n 2 "$OUT/final.log"
+  ;;
+esac

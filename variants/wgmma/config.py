@@ -177,8 +177,9 @@ _DEFAULT_HEAD_DIM_64 = Config(consumer_wgs=3, block_n=128, kv_stages=4, p_source
 def smem_header_bytes(cfg: Config) -> int:
     """The fields below the first 1024-aligned buffer: the mbarriers and the block scales the
     loader stages for the consumers (a strip's K/V scales per stage, a tile's Q row scales),
-    rounded up to the alignment (one SMEM_BARRIER_BYTES block for every config of the space but
-    the largest tiles with the most stages)."""
+    rounded up to the alignment: one SMEM_BARRIER_BYTES block, two for three consumer
+    warpgroups with V transposed in the kernel and 3-4 stages (288 of the 5616 feasible configs
+    at head_dim 128). The kernel checks this estimate against its shared storage at trace time."""
     stages = cfg.kv_stages
     mbarriers = 2 + 2 * stages + 2 * stages + 2 * stages  # q, k, v, the K/V scales
     scale_values = 3 * max(1, cfg.block_n // KV_BLOCK) * stages

@@ -8,29 +8,7 @@
 #                                              # power per system, then e2e_h200.py (FA3 beside)
 #   bash benchmarks/h200_q_in_kernel.sh final   # carry [".device"]: the GPU tests after the last
 #                                              # edit
-# Few files under $OUT (the device returns a limited number).
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export TUNER_HOME=/tmp/tuner TUNER_CACHE_DIR=/tmp/tuner-cache
-DEADLINE=$(( $(date +%s) + ${BUDGET_S:-560} ))
-capped() { local cap=$1; shift; local left=$(( DEADLINE - $(date +%s) ))
-  (( left < cap )) && cap=$left; (( cap < 5 )) && { echo "skipped (no time left): $*"; return 124; }
-  timeout "$cap" "$@"; }
-PYTEST="python3 -m pytest -m gpu -q -p no:cacheprovider -rfE"
-
-# A copy of the tree with one edit to the in-kernel quantization; the gate must reject it.
-mutant() {
-  local name=$1 expr=$2; rm -rf "/tmp/mut-$name"; mkdir -p "/tmp/mut-$name"
-  tar --exclude=./.device --exclude=./.device-fa3 -cf - . | tar -xf - -C "/tmp/mut-$name"
-  sed -i "$expr" "/tmp/mut-$name/variants/wgmma/kernel.py"
-  if cmp -s variants/wgmma/kernel.py "/tmp/mut-$name/variants/wgmma/kernel.py"; then
-    echo "mutant $name: the edit matched nothing"; return 1; fi
-  local t=tests/gpu/test_shapes_gpu.py::test_the_gate_passes_the_kernels_on_every_shape
-  (cd "/tmp/mut-$name" && PYTHONPATH="/tmp/mut-$name:${PYTHONPATH:-}" capped 80 $PYTEST \
-    "$t[b1-h8-s1000-kv77-kvh2-full-wgmma-q_quant=kernel]" \
-    "$t[b2-h4-s300-kv300-kvh2-causal-wgmma-q_quant=kernel]" \
-    2>&1 | grep -E "passed|failed|seed=" | cut -c1-400 | head -n 6)
-}
+source "$(dirname "$0")/device_steps.sh"
 
 case "${1:?tests, bench or final}" in
 final)
@@ -60,9 +38,11 @@ tests)
     > "$OUT/tests.log" 2>&1; echo "q tests rc=$?"; tail -n 5 "$OUT/tests.log"
   {
     echo "== mutant: every row's scale 5% high"
-    mutant scale 's/q_coef\[r\] = amax \* DESCALE_PER_AMAX \* scale_log2/q_coef[r] = amax * DESCALE_PER_AMAX * scale_log2 * 1.05/'
+    gate_mutant scale 's/q_coef\[r\] = amax \* DESCALE_PER_AMAX \* scale_log2/q_coef[r] = amax * DESCALE_PER_AMAX * scale_log2 * 1.05/' \
+      "b1-h8-s1000-kv77-kvh2-full-wgmma-q_quant=kernel" "b2-h4-s300-kv300-kvh2-causal-wgmma-q_quant=kernel"
     echo "== mutant: each thread's two rows' codes swapped"
-    mutant rows 's/dst = cute.local_tile(sQ\[s_rows\[r, 0\]\[0\], None\]/dst = cute.local_tile(sQ[s_rows[1 - r, 0][0], None]/'
+    gate_mutant rows 's/dst = cute.local_tile(sQ\[s_rows\[r, 0\]\[0\], None\]/dst = cute.local_tile(sQ[s_rows[1 - r, 0][0], None]/' \
+      "b1-h8-s1000-kv77-kvh2-full-wgmma-q_quant=kernel" "b2-h4-s300-kv300-kvh2-causal-wgmma-q_quant=kernel"
   } > "$OUT/mutants.log" 2>&1; cat "$OUT/mutants.log"
   # Every 80th q_quant=kernel config of the space at S = 1, 77, 4097 through the gate.
   $PYTEST --collect-only tests/gpu/test_wgmma_gpu.py 2>/dev/null | grep "feasible_space" \

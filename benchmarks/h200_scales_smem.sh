@@ -8,30 +8,7 @@
 #   bash benchmarks/h200_scales_smem.sh bench   # carry [".device-fa3"] right after: tuner bench
 #       at issue 19's eight shapes beside FA3 FP8 and cuDNN FP8
 #   bash benchmarks/h200_scales_smem.sh final   # carry [".device"]: the caller path's GPU tests
-# Few files under $OUT (the device returns a limited number).
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export TUNER_HOME=/tmp/tuner TUNER_CACHE_DIR=/tmp/tuner-cache
-DEADLINE=$(( $(date +%s) + ${BUDGET_S:-560} ))
-capped() { local cap=$1; shift; local left=$(( DEADLINE - $(date +%s) ))
-  (( left < cap )) && cap=$left; (( cap < 5 )) && { echo "skipped (no time left): $*"; return 124; }
-  timeout "$cap" "$@"; }
-PYTEST="python3 -m pytest -m gpu -q -p no:cacheprovider -rfE"
-
-# A copy of the tree with one edit to the kernel; the gate must reject it.
-mutant() {
-  local name=$1 expr=$2; rm -rf "/tmp/mut-$name"; mkdir -p "/tmp/mut-$name"
-  tar --exclude=./.device --exclude=./.device-fa3 --exclude=./ab -cf - . | tar -xf - -C "/tmp/mut-$name"
-  sed -i "$expr" "/tmp/mut-$name/variants/wgmma/kernel.py"
-  if cmp -s variants/wgmma/kernel.py "/tmp/mut-$name/variants/wgmma/kernel.py"; then
-    echo "mutant $name: the edit matched nothing"; return 1; fi
-  local t=tests/gpu/test_shapes_gpu.py::test_the_gate_passes_the_kernels_on_every_shape
-  (cd "/tmp/mut-$name" && PYTHONPATH="/tmp/mut-$name:${PYTHONPATH:-}" \
-    TUNER_CACHE_DIR="/tmp/cache-mut-$name" capped 90 $PYTEST \
-    "$t[b1-h8-s1000-kv1000-kvh2-causal-wgmma-q_quant=prepare]" \
-    "$t[b1-h8-s4097-kv4097-kvh1-full-wgmma-q_quant=prepare]" \
-    2>&1 | grep -E "passed|failed|slope|worst|error" | cut -c1-300 | head -n 8)
-}
+source "$(dirname "$0")/device_steps.sh"
 
 case "${1:?tests, bench or final}" in
 tests)
@@ -47,9 +24,11 @@ tests)
   done > "$OUT/ab.jsonl" 2> "$OUT/ab.err"; cat "$OUT/ab.jsonl"; tail -n 3 "$OUT/ab.err"
   {
     echo "== mutant: each strip reads the other stage's slot"
-    mutant stage 's/dst\[i\]\[b\] = sKVScales\[i \* nb + b, state.index\]/dst[i][b] = sKVScales[i * nb + b, (state.index + 1) % self.stages]/'
+    gate_mutant stage 's/dst\[i\]\[b\] = sKVScales\[i \* nb + b, state.index\]/dst[i][b] = sKVScales[i * nb + b, (state.index + 1) % self.stages]/' \
+      "b1-h8-s1000-kv1000-kvh2-causal-wgmma-q_quant=prepare" "b1-h8-s4097-kv4097-kvh1-full-wgmma-q_quant=prepare"
     echo "== mutant: each Q row's scale stored one lane over"
-    mutant qrow 's/sQScales\[32 \* j + lane\] = q_values\[j\]/sQScales[32 * j + (lane + 1) % 32] = q_values[j]/'
+    gate_mutant qrow 's/sQScales\[32 \* j + lane\] = q_values\[j\]/sQScales[32 * j + (lane + 1) % 32] = q_values[j]/' \
+      "b1-h8-s1000-kv1000-kvh2-causal-wgmma-q_quant=prepare" "b1-h8-s4097-kv4097-kvh1-full-wgmma-q_quant=prepare"
   } > "$OUT/mutants.log" 2>&1; cat "$OUT/mutants.log"
   capped 200 $PYTEST tests/gpu/test_shapes_gpu.py tests/gpu/test_gate_gpu.py > "$OUT/tests.log" 2>&1
   echo "shapes + planted rc=$?"; tail -n 4 "$OUT/tests.log"

@@ -519,7 +519,7 @@ def test_the_wgmma_space_seeds_the_defaults_other_q_placement():
     from tuner.search.proposal import Space
     from variants import wgmma
 
-    for seq, want in ((4096, "prepare"), (16384, "kernel")):
+    for seq, want in ((1024, "prepare"), (16384, "kernel")):
         problem = Problem(1, 8, seq, 128)
         space = Space.build({"wgmma": wgmma}, problem, PROFILES["h200"], exhaustive_up_to=64)
         default = wgmma.default("sm_90a", problem)

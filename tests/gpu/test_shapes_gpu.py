@@ -45,8 +45,8 @@ CONFIGS = {
     "wgmma": [None, dict(v_layout="kernel", p_source="smem"),
               dict(intra_wg_overlap=False, pingpong=False, persistent=False),
               dict(tile_order="per_head"), dict(tile_order="longest_first"),
-              # Both Q placements pinned (the default quantizes Q in the kernel up to 4608 keys,
-              # so on every shape here): rows past seq_len, GQA heads, both loops.
+              # Both Q placements pinned (the default picks one by the key length,
+              # config.Q_IN_KERNEL_UP_TO): rows past seq_len, GQA heads, both loops.
               dict(q_quant="prepare"), dict(q_quant="kernel"),
               dict(q_quant="kernel", intra_wg_overlap=False, pingpong=False, persistent=False,
                    p_source="smem")],

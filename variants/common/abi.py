@@ -93,9 +93,7 @@ def block_scale_views(scales_ptr, batch, heads, padded_len, kv_heads, padded_len
     read it). Called at trace time from a kernel's @cute.jit entry point."""
     import cutlass.cute as cute
 
-    blocks = (padded_len_kv + 63) // 64
-    q_size = batch * heads * padded_len
-    kv_size = batch * kv_heads * blocks
+    q_size, blocks, kv_size = _packed_sizes(batch, heads, padded_len, kv_heads, padded_len_kv)
     m_q = cute.make_tensor(
         scales_ptr, cute.make_ordered_layout((batch, heads, padded_len), order=(2, 1, 0)))
     kv_layout = cute.make_ordered_layout((batch, kv_heads, blocks), order=(2, 1, 0))
@@ -110,11 +108,17 @@ def kv_block_scales_view(scales_ptr, batch, heads, padded_len, kv_heads, padded_
     entry point."""
     import cutlass.cute as cute
 
-    blocks = (padded_len_kv + 63) // 64
-    kv_size = batch * kv_heads * blocks
+    q_size, blocks, kv_size = _packed_sizes(batch, heads, padded_len, kv_heads, padded_len_kv)
     layout = cute.make_layout((3, batch, kv_heads, blocks),
                               stride=(kv_size, kv_heads * blocks, blocks, 1))
-    return cute.make_tensor(scales_ptr + batch * heads * padded_len, layout)
+    return cute.make_tensor(scales_ptr + q_size, layout)
+
+
+def _packed_sizes(batch, heads, padded_len, kv_heads, padded_len_kv) -> tuple:
+    """(q's values, 64-key blocks per KV head, each K/V part's values) of the packed scales,
+    block_scales.PackedLayout's arithmetic on the kernels' run-time values."""
+    blocks = (padded_len_kv + 63) // 64
+    return batch * heads * padded_len, blocks, batch * kv_heads * blocks
 
 
 def output_views(o_ptr, lse_ptr, batch, heads, seq_len, head_dim: int) -> tuple:

@@ -79,6 +79,12 @@ class Config(ConfigMixin):
         return WG_THREADS * (self.consumer_wgs + 1)
 
     @property
+    def scale_blocks(self) -> int:
+        """64-key K/V scale blocks a strip spans (variants/block_scales.py; a 32-key strip lies
+        inside one)."""
+        return self.block_n // min(self.block_n, KV_BLOCK)
+
+    @property
     def register_p(self) -> bool:
         return self.p_source == "registers"
 
@@ -182,7 +188,7 @@ def smem_header_bytes(cfg: Config) -> int:
     at head_dim 128). The kernel checks this estimate against its shared storage at trace time."""
     stages = cfg.kv_stages
     mbarriers = 2 + 2 * stages + 2 * stages + 2 * stages  # q, k, v, the K/V scales
-    scale_values = 3 * max(1, cfg.block_n // KV_BLOCK) * stages
+    scale_values = 3 * cfg.scale_blocks * stages
     if cfg.v_in_kernel:
         mbarriers += 2 * stages
     if not cfg.q_in_kernel:
@@ -221,8 +227,7 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     live = cfg.block_n // 2 + head_dim // 2
     if cfg.register_p or cfg.intra_wg_overlap:
         live += cfg.block_n // 8
-    scale_blocks = max(1, cfg.block_n // KV_BLOCK)
-    return live + 2 + 3 * scale_blocks + _REGISTER_OVERHEAD
+    return live + 2 + 3 * cfg.scale_blocks + _REGISTER_OVERHEAD
 
 
 # Softmax state, wgmma descriptors, pipeline state and addressing (FA3 fits 128 x 224 FP8 tiles

@@ -134,8 +134,7 @@ class WgmmaAttention(VTransposeMixin):
         self.longest_first = cfg.tile_order == "longest_first"
         self.q_in_kernel = cfg.q_in_kernel
         self.consumer_regs, self.producer_regs = register_split(cfg)
-        # 64-key scale blocks a strip spans (a 32-key strip lies inside one).
-        self.scale_blocks = cfg.block_n // min(cfg.block_n, KV_BLOCK)
+        self.scale_blocks = cfg.scale_blocks
 
     # ----------------------------------------------------------------------------------------
     # host side
@@ -151,10 +150,11 @@ class WgmmaAttention(VTransposeMixin):
         return cute.tile_to_shape(atom, (rows, cols, stages), (0, 1, 2))
 
     def _shared_storage(self, sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout):
-        """The CTA's shared memory as a cute.struct. v_layout=kernel adds the V staging ring and
-        its barriers; the prepared layout's fields stay exactly as they were (its kernels are
-        validated as built). Built from a field dict because this module's annotations are
-        strings (`from __future__ import annotations`), which cute.struct does not evaluate."""
+        """The CTA's shared memory as a cute.struct: barriers and the block scales' slots, then
+        the tiles; v_layout=kernel adds the V staging ring and its barriers, q_quant=kernel the
+        bf16 Q staging tile (config.smem_bytes counts the same fields). Built from a field dict
+        because this module's annotations are strings (`from __future__ import annotations`),
+        which cute.struct does not evaluate."""
         fp8 = cutlass.Float8E4M3FN
         stages = self.stages
 
@@ -605,9 +605,8 @@ class WgmmaAttention(VTransposeMixin):
         A thread's values of a row are 8j + 2t + e of its quad lane t: block b is values
         16b .. 16b + 15 of the row in register order (keys 64b .. 64b + 63).
         """
-        keys_per_scale = min(self.block_n, KV_BLOCK)  # a 32-key strip lies inside one block
-        nb = self.block_n // keys_per_scale
-        per_block = keys_per_scale // 4
+        nb = self.scale_blocks
+        per_block = self.block_n // nb // 4  # a thread's values of a row in one scale block
         s_mn = cute.make_tensor(acc_S.iterator, _acc_mn_layout(acc_S.layout))
         alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
         for r in cutlass.range_constexpr(2):

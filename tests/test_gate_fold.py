@@ -23,7 +23,7 @@ class _FoldedKernel:
     def __init__(self, problem: Problem, block_n: int) -> None:
         self.problem, self.block_n = problem, block_n
 
-    def prepare(self, q, k, v, softmax_scale=None):
+    def prepare(self, q, k, v, softmax_scale=None, validate=True):
         return quantize_inputs(q, k, v, pad_to=128, softmax_scale=softmax_scale,
                                v_feature_major=False)
 

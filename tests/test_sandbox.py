@@ -103,6 +103,33 @@ def test_a_cpu_family_without_a_clock_of_its_own_is_timed_with_perf_counter():
                     cpu_clock=lambda launch: 1.0)
 
 
+def test_prepare_is_timed_as_the_runtime_calls_it_without_the_input_checks():
+    """The checks' finiteness scan syncs the device: timed per call it measured a host round
+    trip, 10x the GPU work at B=4 S=1024 on the H200, and picked a slower kernel there."""
+    import torch
+
+    from tuner.measure import time_kernel
+    from tuner.problem import Problem
+
+    problem = Problem(**PROBLEM)
+    inner = fake_family.compile(fake_family.Config(64, 3), problem, "sm_90a")
+    calls = []
+
+    class Recording:
+        def prepare(self, q, k, v, softmax_scale=None, *, validate=True):
+            calls.append(validate)
+            return inner.prepare(q, k, v, softmax_scale)
+
+        def run(self, prepared, out=None, lse=None):
+            return inner.run(prepared, out=out, lse=lse)
+
+    timing = time_kernel(Recording(), problem, torch.device("cpu"), seed=1, l2_bytes=0,
+                         repeats=10, warmup=1)
+    assert timing.prepare_ms > 0
+    # The input set is made once with the checks; every timed call skips them.
+    assert calls[0] is True and calls[1:] == [False] * 10
+
+
 def test_guarded_types_candidate_errors():
     def boom():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

@@ -44,7 +44,9 @@ class SdpaPeer:
         self._causal = causal
         self._gqa = gqa
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None) -> _SdpaInputs:
+    def prepare(self, q, k, v, softmax_scale: float | None = None, *,
+                validate: bool = True) -> _SdpaInputs:
+        # validate: the Kernel protocol's; a peer makes no input checks of its own.
         # SDPA wants (batch, heads, seq, dim); the layout change is prepare's cost, not the peer's.
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
         return _SdpaInputs(*(x.transpose(1, 2).contiguous() for x in (q, k, v)), scale=scale)

@@ -79,7 +79,9 @@ class CudnnFp8Peer:
         self._graphs[key] = (graph, q, k, v, scalars, o, amax_s, amax_o)
         return self._graphs[key]
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None) -> _CudnnInputs:
+    def prepare(self, q, k, v, softmax_scale: float | None = None, *,
+                validate: bool = True) -> _CudnnInputs:
+        # validate: the Kernel protocol's; a peer makes no input checks of its own.
         import torch
 
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale

@@ -37,7 +37,9 @@ class Fa3Fp8Peer:
             "module fa3_fwd_interface, e.g. from the fa3-fwd wheel; on the lent H200 carry "
             ".device-fa3 and source .device-fa3/env.sh)").flash_attn_func
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None) -> _Fa3Inputs:
+    def prepare(self, q, k, v, softmax_scale: float | None = None, *,
+                validate: bool = True) -> _Fa3Inputs:
+        # validate: the Kernel protocol's; a peer makes no input checks of its own.
         import torch
 
         batch, _, heads, dim = q.shape

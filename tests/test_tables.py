@@ -274,3 +274,23 @@ def test_importing_the_same_table_twice_changes_nothing(tmp_path, capsys):
     assert once["tuner_best"] == shipped_entry_count()
     assert main(["import", str(SHIPPED), "--db", url, "--force"]) == 0
     assert _row_counts(url) == once
+
+
+def test_the_lookup_takes_the_fastest_of_a_problems_family_sets():
+    """A problem searched over wgmma alone and over both families has two winners in the table;
+    the runtime runs the fastest, as store.best_for does in a database."""
+    from collections import defaultdict
+
+    import yaml
+
+    from tuner.problem import Problem
+    from tuner.tables import load_table_entries
+
+    by_key = defaultdict(list)
+    for e in yaml.safe_load(SHIPPED.read_text())["entries"]:
+        by_key[Problem(**e["problem"]).key()].append(e)
+    assert any(len(entries) > 1 for entries in by_key.values())
+    loaded = {problem.key(): config for problem, _, config in load_table_entries(SHIPPED)}
+    assert len(loaded) == len(by_key)
+    for key, entries in by_key.items():
+        assert loaded[key] == min(entries, key=lambda e: e["median_ms"])["config"]

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The H200 runs behind RESULTS.md "Thirteenth session: the shipped table re-searched" (issue 19
+# item 4), two device calls made back to back (../shared/device/README.md):
+#   bash benchmarks/h200_table_search.sh a      # carry [".device"] (staged --with-cudnn --fa3):
+#       import the shipped table into the default database, search group A, export
+#   bash benchmarks/h200_table_search.sh b      # carry [".device-fa3"] at once: search group B,
+#       export, then tuner bench at issue 19's eight shapes beside FA3 FP8 and cuDNN FP8
+#   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
+#       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
+#       then the small shapes whose winners prepare's host-bound timing had decided searched again
+# Each search is the default budget (64 trials, patience 32) capped by a wall time per length;
+# the exported table comes back as $OUT/h200.yaml (copy it to db/tables/h200.yaml).
+source "$(dirname "$0")/device_steps.sh"
+
+# search SECONDS_PER_LENGTH ARGS...: one tuner search of the wgmma family (the only family that
+# is fast on sm_90), its log appended to $OUT/search.log.
+search() { local per=$1; shift
+  echo "== tuner search $*" >> "$OUT/search.log"
+  capped 600 python3 -m tuner search --gpu h200 --families wgmma --time-budget "$per" "$@" \
+    >> "$OUT/search.log" 2>&1; echo "rc=$? $*"; }
+export_table() {
+  python3 -m tuner export --gpu h200 --out "$OUT/h200.yaml" && echo "exported $(grep -c 'seq_len:' "$OUT/h200.yaml") seq_len lines"; }
+
+case "${1:?a or b}" in
+a)
+  source .device/env.sh
+  nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,temperature.gpu \
+    --format=csv > "$OUT/gpu.txt"
+  python3 -m tuner import db/tables/h200.yaml || { echo "import refused: forcing"; python3 -m tuner import --force db/tables/h200.yaml; }
+  search 150 --head-dim 64 --heads 56 --seq-lens 30272
+  search 90 --batch 2 --heads 24 --seq-lens 4608
+  search 90 --heads 56 --seq-lens 4096
+  search 60 --batch 4 --heads 32 --seq-lens 1024
+  search 60 --head-dim 64 --batch 2 --heads 24 --seq-lens 1024
+  export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 40
+  ;;
+b)
+  source .device-fa3/env.sh
+  search 80 --heads 56 --seq-lens 8192
+  search 60 --head-dim 64 --batch 4 --heads 32 --seq-lens 1024
+  export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 20
+  for shape in "1 56 128 4096,8192,16384,30272" "2 24 128 4608" "1 40 128 75600" \
+               "1 56 64 30272" "4 32 128 1024"; do
+    set -- $shape
+    capped 150 python3 -m tuner bench --gpu h200 --batch "$1" --heads "$2" --head-dim "$3" \
+      --seq-lens "$4" --against default,fa3-fp8,cudnn-fp8
+  done > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; grep -E '^\|' "$OUT/bench.log" | tail -n 30
+  ;;
+retime)
+  source .device/env.sh
+  python3 - <<'PY' 2>&1 | grep -v Warn | tee "$OUT/prepare_timing.txt"
+import torch
+from tuner.gpus import PROFILES
+from tuner.measure import time_kernel
+from tuner.problem import Problem
+from variants import wgmma
+for b, h, s in ((4, 32, 1024), (1, 56, 4096), (2, 24, 4608)):
+    p = Problem(b, h, s)
+    cfg = wgmma.default("sm_90a", p)
+    t = time_kernel(wgmma.compile(cfg, p, "sm_90a"), p, torch.device("cuda"), 1,
+                    PROFILES["h200"].l2_bytes)
+    print(f"B={b} H={h} S={s} q_quant={cfg.q_quant}: kernel {t.median_ms:.4f} ms, "
+          f"prepare {t.prepare_ms:.4f} ms")
+PY
+  python3 -m tuner import db/tables/h200.yaml || { echo "import refused: forcing"; python3 -m tuner import --force db/tables/h200.yaml; }
+  search 60 --batch 4 --heads 32 --seq-lens 1024
+  search 60 --head-dim 64 --batch 2 --heads 24 --seq-lens 1024
+  search 60 --head-dim 64 --batch 4 --heads 32 --seq-lens 1024
+  search 60 --batch 2 --heads 24 --seq-lens 1024
+  export_table; grep -E "^│" "$OUT/search.log" | tail -n 30
+  capped 60 python3 -m tuner bench --gpu h200 --batch 4 --heads 32 --seq-lens 1024 \
+    --against default,cudnn-fp8 > "$OUT/bench.log" 2>&1; grep -E '^\|' "$OUT/bench.log"
+  ;;
+esac

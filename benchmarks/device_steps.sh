@@ -26,3 +26,15 @@ gate_mutant() {
     TUNER_CACHE_DIR="/tmp/cache-mut-$name" capped 90 $PYTEST "${ids[@]}" \
     2>&1 | grep -E "passed|failed|slope|worst|error|seed=" | cut -c1-300 | head -n 8)
 }
+
+# bench_issue19_shapes: `tuner bench` beside FA3 FP8 and cuDNN FP8 at issue 19's eight shapes, in
+# a call that carries .device-fa3 (its log in $OUT/bench.log, the tables printed).
+bench_issue19_shapes() {
+  local shape
+  for shape in "1 56 128 4096,8192,16384,30272" "2 24 128 4608" "1 40 128 75600" \
+               "1 56 64 30272" "4 32 128 1024"; do
+    set -- $shape
+    capped 150 python3 -m tuner bench --gpu h200 --batch "$1" --heads "$2" --head-dim "$3" \
+      --seq-lens "$4" --against default,fa3-fp8,cudnn-fp8
+  done > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; grep -E '^\|' "$OUT/bench.log" | tail -n 30
+}

@@ -39,12 +39,7 @@ b)
   search 80 --heads 56 --seq-lens 8192
   search 60 --head-dim 64 --batch 4 --heads 32 --seq-lens 1024
   export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 20
-  for shape in "1 56 128 4096,8192,16384,30272" "2 24 128 4608" "1 40 128 75600" \
-               "1 56 64 30272" "4 32 128 1024"; do
-    set -- $shape
-    capped 150 python3 -m tuner bench --gpu h200 --batch "$1" --heads "$2" --head-dim "$3" \
-      --seq-lens "$4" --against default,fa3-fp8,cudnn-fp8
-  done > "$OUT/bench.log" 2>&1; echo "bench rc=$?"; grep -E '^\|' "$OUT/bench.log" | tail -n 30
+  bench_issue19_shapes
   ;;
 retime)
   source .device/env.sh

@@ -18,6 +18,11 @@ search() { local per=$1; shift
   echo "== tuner search $*" >> "$OUT/search.log"
   capped 600 python3 -m tuner search --gpu h200 --families wgmma --time-budget "$per" "$@" \
     >> "$OUT/search.log" 2>&1; echo "rc=$? $*"; }
+# import_table: the shipped table into the default database (forced, and said so, if the machine's
+# fingerprint differs from the table's).
+import_table() {
+  python3 -m tuner import db/tables/h200.yaml || { echo "import refused: forcing"
+    python3 -m tuner import --force db/tables/h200.yaml; }; }
 export_table() {
   python3 -m tuner export --gpu h200 --out "$OUT/h200.yaml" && echo "exported $(grep -c 'seq_len:' "$OUT/h200.yaml") seq_len lines"; }
 
@@ -26,7 +31,7 @@ a)
   source .device/env.sh
   nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,temperature.gpu \
     --format=csv > "$OUT/gpu.txt"
-  python3 -m tuner import db/tables/h200.yaml || { echo "import refused: forcing"; python3 -m tuner import --force db/tables/h200.yaml; }
+  import_table
   search 150 --head-dim 64 --heads 56 --seq-lens 30272
   search 90 --batch 2 --heads 24 --seq-lens 4608
   search 90 --heads 56 --seq-lens 4096
@@ -57,7 +62,7 @@ for b, h, s in ((4, 32, 1024), (1, 56, 4096), (2, 24, 4608)):
     print(f"B={b} H={h} S={s} q_quant={cfg.q_quant}: kernel {t.median_ms:.4f} ms, "
           f"prepare {t.prepare_ms:.4f} ms")
 PY
-  python3 -m tuner import db/tables/h200.yaml || { echo "import refused: forcing"; python3 -m tuner import --force db/tables/h200.yaml; }
+  import_table
   search 60 --batch 4 --heads 32 --seq-lens 1024
   search 60 --head-dim 64 --batch 2 --heads 24 --seq-lens 1024
   search 60 --head-dim 64 --batch 4 --heads 32 --seq-lens 1024

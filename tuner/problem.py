@@ -162,3 +162,21 @@ class Problem:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def fastest_per_problem(items, problem_key, median_ms) -> list:
+    """The fastest of each problem's items (by `median_ms(item)`, a missing time last), in the
+    order the problems first appear: the winner that runs where a problem holds winners of
+    several family sets (a search over wgmma alone beside one over both families).
+    `problem_key(item)` names the problem."""
+    fastest: dict = {}
+    for item in items:
+        key = problem_key(item)
+        if key not in fastest or _speed_rank(median_ms(item)) < _speed_rank(
+                median_ms(fastest[key])):
+            fastest[key] = item
+    return list(fastest.values())
+
+
+def _speed_rank(ms: float | None) -> tuple[bool, float]:
+    return ms is None, ms if ms is not None else 0.0

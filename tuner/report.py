@@ -6,7 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
+from tuner.problem import Problem, fastest_per_problem
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -46,14 +46,9 @@ def plot_winners(rows: list[dict], path: str, peers: list[dict] | None = None) -
     GPU and date in the title."""
     if not rows:
         raise TunerError("nothing to plot: no stored winners (run `tuner search` first)")
-    # A problem with winners of several family sets (a search over wgmma alone beside one over
-    # both families): the runtime runs the fastest (store.best_for), so the line shows that one.
-    fastest: dict[tuple, dict] = {}
-    for r in rows:
-        key = (r["device"], r["problem"])
-        if key not in fastest or (r["tflops"] or 0.0) > (fastest[key]["tflops"] or 0.0):
-            fastest[key] = r
-    rows = list(fastest.values())
+    # The winner that runs of each problem (several family sets may have one), as a line shows it.
+    rows = fastest_per_problem(rows, lambda r: (r["device"], r["problem"]),
+                               lambda r: r["median_ms"])
     shape = {r["problem"]: Problem.from_key(r["problem"]) for r in rows}
     shape.update({p["problem"]: Problem.from_key(p["problem"]) for p in peers or []})
     several_batches = len({p.batch for p in shape.values()}) > 1

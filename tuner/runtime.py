@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.problem import Problem
+from tuner.problem import Problem, fastest_per_problem
 
 log = logging.getLogger("tuner.runtime")
 
@@ -255,15 +255,9 @@ class _Resolver:
             winners = store.winners(device_id)
         finally:
             store.close()
-        # One per problem: the fastest over the family sets searched for it (store.best_for).
-        fastest: dict[str, object] = {}
-        for w in winners:
-            best = fastest.get(w.problem_key)
-            if best is None or (w.trial.median_ms is not None and (
-                    best.trial.median_ms is None or w.trial.median_ms < best.trial.median_ms)):
-                fastest[w.problem_key] = w
         return [(Problem.from_key(w.problem_key), w.family, w.config)
-                for w in fastest.values()]
+                for w in fastest_per_problem(winners, lambda w: w.problem_key,
+                                             lambda w: w.trial.median_ms)]
 
     @staticmethod
     def _table_entries(gpu) -> list[tuple[Problem, str, dict]]:

@@ -61,7 +61,7 @@ from sqlalchemy.pool import NullPool
 from tuner.dburl import connection_error, display_url, engine_url
 from tuner.errors import TunerError
 from tuner.outcomes import Outcome, Role
-from tuner.problem import Problem
+from tuner.problem import Problem, fastest_per_problem
 
 # Bump on any change to the tables below. A newer file, or an older one without a migration
 # below, is refused with a clear error instead of being half-read.
@@ -674,8 +674,8 @@ class Store:
             query = query.where(_Best.family_set == family_set)
         with self.session() as s:
             found = self._winners(s, query)
-        found.sort(key=lambda w: (w.trial.median_ms is None, w.trial.median_ms))
-        return found[0] if found else None
+        fastest = fastest_per_problem(found, lambda w: w.problem_key, lambda w: w.trial.median_ms)
+        return fastest[0] if fastest else None
 
     def winners(self, device_id: str | None = None) -> list[Winner]:
         """Every stored winner (optionally of one device), by problem key then family set."""

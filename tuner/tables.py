@@ -32,7 +32,7 @@ import yaml
 from tuner.dburl import display_url
 from tuner.errors import TunerError
 from tuner.outcomes import Outcome, Role
-from tuner.problem import Problem, check_dimension
+from tuner.problem import Problem, check_dimension, fastest_per_problem
 
 log = logging.getLogger("tuner.tables")
 
@@ -328,12 +328,9 @@ def load_table_entries(path: Path) -> list[tuple[Problem, str, dict]]:
     problem, the fastest where winners of several family sets were stored for it (a search over
     wgmma alone beside one over both families), as store.best_for picks in a database."""
     _, entries = read_table(path)
-    fastest: dict[str, TableEntry] = {}
-    for e in entries:
-        key = e.problem.key()
-        if key not in fastest or e.fields["median_ms"] < fastest[key].fields["median_ms"]:
-            fastest[key] = e
-    return [(e.problem, e.family, e.config.to_dict()) for e in fastest.values()]
+    fastest = fastest_per_problem(entries, lambda e: e.problem.key(),
+                                  lambda e: e.fields["median_ms"])
+    return [(e.problem, e.family, e.config.to_dict()) for e in fastest]
 
 
 # ---- export ------------------------------------------------------------------------------------

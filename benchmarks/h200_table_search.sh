@@ -5,6 +5,8 @@
 #       import the shipped table into the default database, search group A, export
 #   bash benchmarks/h200_table_search.sh b      # carry [".device-fa3"] at once: search group B,
 #       export, then tuner bench at issue 19's eight shapes beside FA3 FP8 and cuDNN FP8
+#   bash benchmarks/h200_table_search.sh c      # carry [".device"]: four rows not searched with
+#       this kernel before (H=56 D=128 at 1024 and 2048, D=64 at 4096 and 8192), export
 #   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
 #       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
 #       then the small shapes whose winners prepare's host-bound timing had decided searched again
@@ -45,6 +47,13 @@ b)
   search 60 --head-dim 64 --batch 4 --heads 32 --seq-lens 1024
   export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 20
   bench_issue19_shapes
+  ;;
+c)  # fourteenth session: rows not re-searched before, carry [".device"]
+  source .device/env.sh
+  import_table
+  search 60 --heads 56 --seq-lens 1024,2048
+  search 90 --head-dim 64 --heads 56 --seq-lens 4096,8192
+  export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 30
   ;;
 retime)
   source .device/env.sh

@@ -26,6 +26,8 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=56)
     ap.add_argument("--peer", default="", help="a tuner.peers name timed beside, e.g. cudnn-fp8")
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--knobs", default="", help="knob=value,... set on the default (strings; "
+                    "e.g. kv_scales=head), for a tree whose Config has them")
     args = ap.parse_args()
     sys.path.insert(0, args.root)
 
@@ -42,6 +44,8 @@ def main() -> None:
         cfg = wgmma.default("sm_90a", problem)
         if "q_quant" in cfg.to_dict():
             cfg = dataclasses.replace(cfg, q_quant="prepare")
+        if args.knobs:
+            cfg = dataclasses.replace(cfg, **dict(kv.split("=") for kv in args.knobs.split(",")))
         systems = [(args.label, wgmma.compile(cfg, problem, "sm_90a"))]
         if args.peer:
             from tuner.peers import make_peer

@@ -17,6 +17,8 @@ import dataclasses
 import json
 import sys
 
+import yaml
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
@@ -26,8 +28,9 @@ def main() -> None:
     ap.add_argument("--heads", type=int, default=56)
     ap.add_argument("--peer", default="", help="a tuner.peers name timed beside, e.g. cudnn-fp8")
     ap.add_argument("--repeats", type=int, default=30)
-    ap.add_argument("--knobs", default="", help="knob=value,... set on the default (strings; "
-                    "e.g. kv_scales=head), for a tree whose Config has them")
+    ap.add_argument("--knobs", default="", help="knob=value,... set on the default, each value "
+                    "read as YAML (e.g. kv_stages=3,tile_order=longest_first), for a tree whose "
+                    "Config has those knobs")
     args = ap.parse_args()
     sys.path.insert(0, args.root)
 
@@ -45,7 +48,8 @@ def main() -> None:
         if "q_quant" in cfg.to_dict():
             cfg = dataclasses.replace(cfg, q_quant="prepare")
         if args.knobs:
-            cfg = dataclasses.replace(cfg, **dict(kv.split("=") for kv in args.knobs.split(",")))
+            cfg = dataclasses.replace(cfg, **{k: yaml.safe_load(v) for k, v in
+                                              (kv.split("=") for kv in args.knobs.split(","))})
         systems = [(args.label, wgmma.compile(cfg, problem, "sm_90a"))]
         if args.peer:
             from tuner.peers import make_peer

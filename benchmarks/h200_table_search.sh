@@ -25,8 +25,11 @@ search() { local per=$1; shift
 import_table() {
   python3 -m tuner import db/tables/h200.yaml || { echo "import refused: forcing"
     python3 -m tuner import --force db/tables/h200.yaml; }; }
+# export_table [LINES]: the database's table to $OUT/h200.yaml, then the last LINES lines (none
+# by default) of the searches' verdicts and tables.
 export_table() {
-  python3 -m tuner export --gpu h200 --out "$OUT/h200.yaml" && echo "exported $(grep -c 'seq_len:' "$OUT/h200.yaml") seq_len lines"; }
+  python3 -m tuner export --gpu h200 --out "$OUT/h200.yaml" && echo "exported $(grep -c 'seq_len:' "$OUT/h200.yaml") seq_len lines"
+  grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n "${1:-0}"; }
 
 case "${1:?a or b}" in
 a)
@@ -39,13 +42,13 @@ a)
   search 90 --heads 56 --seq-lens 4096
   search 60 --batch 4 --heads 32 --seq-lens 1024
   search 60 --head-dim 64 --batch 2 --heads 24 --seq-lens 1024
-  export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 40
+  export_table 40
   ;;
 b)
   source .device-fa3/env.sh
   search 80 --heads 56 --seq-lens 8192
   search 60 --head-dim 64 --batch 4 --heads 32 --seq-lens 1024
-  export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 20
+  export_table 20
   bench_issue19_shapes
   ;;
 c)  # fourteenth session: rows not re-searched before, carry [".device"]
@@ -53,7 +56,7 @@ c)  # fourteenth session: rows not re-searched before, carry [".device"]
   import_table
   search 60 --heads 56 --seq-lens 1024,2048
   search 90 --head-dim 64 --heads 56 --seq-lens 4096,8192
-  export_table; grep -E "winner|speedup|default kept|^\|" "$OUT/search.log" | tail -n 30
+  export_table 30
   ;;
 retime)
   source .device/env.sh

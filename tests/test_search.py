@@ -37,11 +37,11 @@ PROBLEM = Problem(1, 2, 64, 64)
 # that the planted hang costs 2 s.
 BASE = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
         "--repeats", "10", "--timeout", "2", "--compile-jobs", "1", "--json"]
-# The candidate timeout of the TPE searches over the large fake space, whose planted hang costs
-# it once a trial samples it. Not 1 s: a candidate's modelled 2-40 ms a run, slept, takes more
-# than that on a slow 2-core CI machine, and then every candidate timed out and no winner was
-# stored (2026-12-02).
-SHORT_TIMEOUT = "4"
+# The TPE searches over the large fake space, with their own candidate timeout (the planted hang
+# costs it once a trial samples it). Not 1 s: a candidate's modelled 2-40 ms a run, slept, takes
+# more than that on a slow 2-core CI machine, and then every candidate timed out and no winner
+# was stored (2026-12-02).
+LARGE_SEARCH = ["--families", LARGE, "--timeout", "4"]
 
 
 def rows(db: Path | str) -> list:
@@ -192,8 +192,8 @@ def test_tpe_search_on_a_large_space_stays_feasible_and_within_budget(tmp_path, 
                                                                       compile_log):
     log = compile_log
     db = tmp_path / "db.sqlite"
-    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "10", "--seed", "3",
-                           "--timeout", SHORT_TIMEOUT, "--db", f"sqlite:///{db}"])
+    out = run_cli(capsys, [*BASE, *LARGE_SEARCH, "--trials", "10", "--seed", "3",
+                           "--db", f"sqlite:///{db}"])
     (result,) = out["results"]
     assert result["mode"] == "tpe"
     done = measured(db)
@@ -211,8 +211,8 @@ def test_tpe_search_on_a_large_space_stays_feasible_and_within_budget(tmp_path, 
     assert fake_family.PLANTED.get((result["winner"]["config"]["tile"],
                                     result["winner"]["config"]["stages"])) is None
     # A re-run of the finished study measures nothing new: the budget is per study.
-    again = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "10",
-                             "--timeout", SHORT_TIMEOUT, "--db", f"sqlite:///{db}", "--resume"])
+    again = run_cli(capsys, [*BASE, *LARGE_SEARCH, "--trials", "10", "--db", f"sqlite:///{db}",
+                             "--resume"])
     assert again["results"][0]["measured_here"] == 0
     assert again["results"][0]["seed"] == 3  # the recorded seed
     assert len(measured(db)) == 10
@@ -234,8 +234,8 @@ def test_the_default_stays_unless_beaten_by_more_than_the_spread():
 
 
 def test_patience_stops_a_search_without_improvement(tmp_path, capsys):
-    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "60", "--patience", "3",
-                           "--seed", "5", "--timeout", SHORT_TIMEOUT, "--db", f"sqlite:///{tmp_path}/p.db"])
+    out = run_cli(capsys, [*BASE, *LARGE_SEARCH, "--trials", "60", "--patience", "3",
+                           "--seed", "5", "--db", f"sqlite:///{tmp_path}/p.db"])
     (result,) = out["results"]
     assert result["stopped"] == "no improvement in 3 trials"
     assert 4 <= result["measured_here"] < 60
@@ -244,8 +244,8 @@ def test_patience_stops_a_search_without_improvement(tmp_path, capsys):
 
 def test_time_budget_stops_a_search_and_leaves_it_resumable(tmp_path, capsys):
     db = f"sqlite:///{tmp_path}/t.db"
-    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "60", "--time-budget", "3",
-                           "--patience", "0", "--timeout", SHORT_TIMEOUT, "--db", db])
+    out = run_cli(capsys, [*BASE, *LARGE_SEARCH, "--trials", "60", "--time-budget", "3",
+                           "--patience", "0", "--db", db])
     (result,) = out["results"]
     assert result["stopped"] == "time budget"
     assert result["measured_here"] < 60
@@ -406,8 +406,8 @@ def _check_shared_study(url: str, docs: list[dict]) -> list:
 
 
 def test_two_concurrent_searches_on_one_database_lose_nothing(db_url_any):
-    procs = [_spawn(_cli(db_url_any, "--families", LARGE, "--trials", "12", "--seed", str(seed),
-                         "--timeout", SHORT_TIMEOUT)) for seed in (1, 2)]
+    procs = [_spawn(_cli(db_url_any, *LARGE_SEARCH, "--trials", "12", "--seed", str(seed)))
+             for seed in (1, 2)]
     docs = [json.loads(_finish(p)[0]) for p in procs]
     done = _check_shared_study(db_url_any, docs)
     assert 12 <= len(done) <= 14  # the shared budget, give or take the other's in-flight one

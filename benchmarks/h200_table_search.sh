@@ -7,6 +7,10 @@
 #       export, then tuner bench at issue 19's eight shapes beside FA3 FP8 and cuDNN FP8
 #   bash benchmarks/h200_table_search.sh c      # carry [".device"]: four rows not searched with
 #       this kernel before (H=56 D=128 at 1024 and 2048, D=64 at 4096 and 8192), export
+#   bash benchmarks/h200_table_search.sh d      # carry [".device"]: the head_dim-64 default
+#       candidates side by side (benchmarks/default_hd64_h200.py), two head_dim-64 rows searched
+#   bash benchmarks/h200_table_search.sh e      # carry [".device"]: D=64 H=40 S=75600 and
+#       H=56 D=128 at 16384 and 30272 searched with the block-scale kernel
 #   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
 #       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
 #       then the small shapes whose winners prepare's host-bound timing had decided searched again
@@ -57,6 +61,26 @@ c)  # fourteenth session: rows not re-searched before, carry [".device"]
   search 60 --heads 56 --seq-lens 1024,2048
   search 90 --head-dim 64 --heads 56 --seq-lens 4096,8192
   export_table 30
+  ;;
+d)  # fifteenth session, carry [".device"]: the head_dim-64 default question
+  # (benchmarks/default_hd64_h200.py), then head_dim-64 rows the table lacks
+  source .device/env.sh
+  nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,temperature.gpu \
+    --format=csv > "$OUT/gpu.txt"
+  capped 330 python3 benchmarks/default_hd64_h200.py --out "$OUT" > "$OUT/default_hd64.log" 2>&1
+  echo "default_hd64 rc=$?"; grep -E "^gate|^\|" "$OUT/default_hd64.log"
+  import_table
+  search 60 --head-dim 64 --heads 56 --seq-lens 1024
+  search 90 --head-dim 64 --batch 2 --heads 24 --seq-lens 16384
+  export_table 30
+  ;;
+e)  # fifteenth session, carry [".device"]: long rows not searched with the block-scale kernel
+  source .device/env.sh
+  import_table
+  search 150 --head-dim 64 --heads 40 --seq-lens 75600
+  search 120 --heads 56 --seq-lens 16384
+  search 150 --heads 56 --seq-lens 30272
+  export_table 40
   ;;
 retime)
   source .device/env.sh

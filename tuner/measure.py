@@ -244,48 +244,89 @@ def _time_prepare(kernel, inputs, device, sync, repeats: int, cpu_clock=None) ->
     call outside prepare, and the checks' finiteness scan syncs the device, so timing them here
     measured a host round trip (0.45 ms against 0.044 ms of GPU work at B=4 S=1024 H=32 on the
     H200) whose noise outweighed whole kernels at small shapes. On a GPU the calls are also
-    queued behind a GPU sleep (_queue_ahead), so that the events time the GPU's work rather
-    than Python's launch overhead, which in a model overlaps the previous layer's kernels."""
+    queued ahead of the GPU (queued_event_samples), as the kernel's are."""
     def run(i: int) -> None:
         guarded("prepare", kernel.prepare, *inputs[i % len(inputs)], validate=False)
 
+    host_ms = 0.0
     if device.type == "cuda":
-        # A first, untimed round measures the host time that the sleep must cover.
+        # A first, untimed round measures the host time that the spin must cover (queueing
+        # alone: taken before the sync, so the GPU's work is not in it).
         t0 = time.perf_counter()
         for i in range(len(inputs)):
             run(i)
-        guarded("prepare", sync)
         host_ms = (time.perf_counter() - t0) * 1e3 / len(inputs)
-        _queue_ahead(device, 2.0 * host_ms * repeats + 1.0)
-    return statistics.median(_samples(run, repeats, device, sync, "prepare", cpu_clock))
+        guarded("prepare", sync)
+    return statistics.median(_samples(run, repeats, device, sync, "prepare", cpu_clock,
+                                      host_ms=host_ms))
 
 
 _SLEEP_CYCLES_PER_MS: dict[str, float] = {}
 
 
-def _queue_ahead(device, ms: float) -> None:
+def _queue_ahead(device, ms: float):
     """Keep the GPU busy for about `ms` (torch.cuda._sleep, a spin in a kernel) so that the
     host can queue the timed calls behind it: their events then measure the GPU's work alone.
-    The spin's cycles per ms are measured once per device."""
+    Returns an event recorded after the spin (done: the spin is over).
+
+    The spin's cycles per ms are measured once per device, after an untimed spin: the first
+    launch of the spin kernel loads its module on the host while the GPU waits between the
+    events, and a rate measured across that gap was many times too low, so every later spin
+    was that much too short (seen on the H200: prepare timed 0.05-0.06 ms at S=1024 H=56 D=64
+    against 0.014 ms of GPU work, the host's launch rate)."""
     import torch
 
     key = str(device)
     if key not in _SLEEP_CYCLES_PER_MS:
+        torch.cuda._sleep(1000)
+        torch.cuda.synchronize(device)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        probe = 1_000_000
+        probe = 10_000_000  # about 5 ms at 2 GHz: launch jitter is small beside it
         start.record()
         torch.cuda._sleep(probe)
         end.record()
         end.synchronize()
         _SLEEP_CYCLES_PER_MS[key] = probe / max(start.elapsed_time(end), 1e-3)
     torch.cuda._sleep(int(min(ms, 200.0) * _SLEEP_CYCLES_PER_MS[key]))
+    done = torch.cuda.Event()
+    done.record()
+    return done
 
 
-def _samples(fn, repeats: int, device, sync, stage: str, cpu_clock=None) -> list[float]:
-    """ms of fn(0) .. fn(repeats - 1): CUDA events on a GPU (a sync failure counts as `stage`'s),
-    else each call timed by cpu_clock, or perf_counter."""
+def queued_event_samples(fn: Callable[[int], Any], repeats: int, host_ms: float, device,
+                         sync: Callable[[], Any]) -> list[float]:
+    """cuda_event_samples of fn(0) .. fn(repeats - 1) queued behind a GPU spin long enough for
+    the host (host_ms a call) to queue them all, so that each sample is the GPU's time for the
+    call, not the host's launch overhead (which in a model overlaps the previous layer's
+    kernels). If the spin is over before the last call is queued (the host fell behind it),
+    the round is thrown away and run again behind a spin 4x longer, up to two more times."""
+    import torch
+
+    ahead_ms = 2.0 * host_ms * repeats + 1.0
+    for attempt in range(3):
+        done = _queue_ahead(device, ahead_ms)
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(repeats)]
+        for i, (start, end) in enumerate(events):
+            start.record()
+            fn(i)
+            end.record()
+        covered = not done.query()
+        sync()
+        if covered or attempt == 2:
+            return [start.elapsed_time(end) for start, end in events]
+        ahead_ms *= 4.0
+    raise AssertionError("unreachable")
+
+
+def _samples(fn, repeats: int, device, sync, stage: str, cpu_clock=None, *,
+             host_ms: float = 0.0) -> list[float]:
+    """ms of fn(0) .. fn(repeats - 1): on a GPU CUDA events, the calls queued ahead of the GPU
+    (queued_event_samples; host_ms: the host's time per call; a sync failure counts as
+    `stage`'s), else each call timed by cpu_clock, or perf_counter."""
     if device.type == "cuda":
-        return cuda_event_samples(fn, repeats, sync=lambda: guarded(stage, sync))
+        return queued_event_samples(fn, repeats, host_ms, device,
+                                    sync=lambda: guarded(stage, sync))
     timer = cpu_clock or perf_counter_ms
     return [timer(functools.partial(fn, i)) for i in range(repeats)]
 
@@ -320,9 +361,14 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
                      *_problem_outputs(problem, device)))
     prepare_ms = _time_prepare(kernel, inputs, device, sync, repeats, cpu_clock)
 
-    for i in range(max(warmup, n_sets)):
+    n_warm = max(warmup, n_sets)
+    t0 = time.perf_counter()
+    for i in range(n_warm):
         prepared, out, lse = sets[i % n_sets]
         guarded("run", kernel.run, prepared, out=out, lse=lse)
+    # The host's time to queue a launch (before the sync: the GPU's work is not in it), which
+    # the GPU spin ahead of the timed launches must cover.
+    host_ms = (time.perf_counter() - t0) * 1e3 / n_warm
     if sync:
         guarded("run", sync)
 
@@ -330,7 +376,7 @@ def time_kernel(kernel, problem, device, seed: int, l2_bytes: int, *, repeats: i
         prepared, out, lse = sets[i % n_sets]
         guarded("run", kernel.run, prepared, out=out, lse=lse)
 
-    samples = _samples(launch, repeats, device, sync, "run", cpu_clock)
+    samples = _samples(launch, repeats, device, sync, "run", cpu_clock, host_ms=host_ms)
     clock, temp = read_clocks(device)
     med, q1, q3, low = summarize(samples)
     return Timing(

@@ -86,8 +86,9 @@ def test_the_gate_passes_the_kernels_on_every_shape(family_name, overrides, shap
                                       causal=causal), overrides)
 
 
-# head_dim 64: the families' head_dim-64 defaults (wgmma: three consumer warpgroups, P through
-# shared memory) with the masks, grouped heads and another key/value length.
+# head_dim 64: the families' head_dim-64 defaults (wgmma: three consumer warpgroups, P in
+# registers; these lengths take the short-key default, so the long-key one and P through shared
+# memory are pinned too) with the masks, grouped heads and another key/value length.
 SHAPES_HEAD_DIM_64 = [
     (2, 8, 300, 300, 2, True),
     (1, 4, 300, 77, 4, True),     # rows that see no key
@@ -98,7 +99,11 @@ SHAPES_HEAD_DIM_64 = [
 
 @pytest.mark.parametrize("family_name, overrides",
                          [pytest.param(f, o, id=_config_id(f, o)) for f, o in
-                          (("wgmma", None), ("mma_sync", None), ("wgmma", dict(q_quant="kernel")))])
+                          (("wgmma", None), ("mma_sync", None), ("wgmma", dict(q_quant="kernel")),
+                           ("wgmma", dict(intra_wg_overlap=True, pingpong=False, kv_stages=3,
+                                          q_quant="prepare")),
+                           ("wgmma", dict(p_source="smem", intra_wg_overlap=True,
+                                          pingpong=False, kv_stages=4)))])
 @pytest.mark.parametrize("shape", SHAPES_HEAD_DIM_64, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}"
                          .format(*s[:5], "causal" if s[5] else "full"))
 def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, overrides, shape):

@@ -78,15 +78,21 @@ HEAD_DIM_64 = [dict(BEST[0], v_layout=layout, block_n=block_n)
                for layout in ("prepared", "kernel") for block_n in (128, 192)]
 
 
-# The head_dim-64 default (three consumer warpgroups, P through smem) and the 2-warpgroup recipe
-# with exponentials on the FMA pipe.
+# The head_dim-64 defaults (three consumer warpgroups, P in registers: short keys with Q
+# quantized in the kernel, long keys with intra-WG overlap), the earlier default (P through
+# smem, 4 stages) and the 2-warpgroup recipe with exponentials on the FMA pipe.
 HEAD_DIM_64 += [wgmma.default("sm_90a", Problem(1, 2, 77, head_dim=64)).to_dict(),
+                wgmma.default("sm_90a", Problem(1, 2, 8192, head_dim=64)).to_dict(),
+                dict(wgmma.default("sm_90a", Problem(1, 2, 8192, head_dim=64)).to_dict(),
+                     p_source="smem", kv_stages=4),
                 dict(BEST[0], fma_exp2=2)]
 
 
 @pytest.mark.parametrize("overrides", HEAD_DIM_64,
                          ids=lambda o: (f"{o['v_layout']}-wg{o['consumer_wgs']}-n{o['block_n']}"
-                                        f"-{o['p_source']}-e{o.get('fma_exp2', 0)}"))
+                                        f"-{o['p_source']}-e{o.get('fma_exp2', 0)}"
+                                        f"-kv{o['kv_stages']}-q{o.get('q_quant', 'prepare')}"
+                                        f"-ov{int(o['intra_wg_overlap'])}"))
 def test_head_dim_64(overrides):
     cfg = wgmma.Config.from_dict(overrides)
     for problem in (Problem(1, 2, 77, head_dim=64), Problem(2, 3, 4096, head_dim=64)):

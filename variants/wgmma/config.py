@@ -135,7 +135,8 @@ def default(arch: str, problem=None) -> Config:
     # FA3's FP8 recipe (2 consumer WGs, RS P, intra-WG overlap, pingpong) wins here too; 128 keys
     # beat FA3's 224.
     if problem is not None and problem.head_dim == 64:
-        cfg = _DEFAULT_HEAD_DIM_64
+        cfg = (_DEFAULT_HEAD_DIM_64_SHORT if problem.seq_len_kv <= HEAD_DIM_64_SHORT_UP_TO
+               else _DEFAULT_HEAD_DIM_64)
     else:
         cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                      intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
@@ -169,15 +170,26 @@ Q_IN_KERNEL_UP_TO = 1024
 
 
 # head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)
-# fit with 128-key strips. `tuner search --head-dim 64` on the H200 (2026-12-01, H=56, 24 trials
-# a length, benchmarks/h200_next.sh K) picked this config at S = 4096, 8192 and 16384 and had it
-# within 0.5% of the winner at 30272: re-timed 0.441 / 1.542 / 5.974 / 20.10 ms against
-# 0.447 / 1.711 / 6.664 / 22.47 for the head_dim-128 recipe with 2 of 8 exponentials on the FMA
-# pipe (itself 7% faster than with none, 1.712 vs 1.844 ms at 8192), and cuDNN FP8 at 0.443 /
-# 1.644 / 6.507 / 25.65 ms in the bench run after it.
-_DEFAULT_HEAD_DIM_64 = Config(consumer_wgs=3, block_n=128, kv_stages=4, p_source="smem",
+# fit with 128-key strips, and P stays in registers. The default is the faster of two searched
+# winners by the key length: benchmarks/default_hd64_h200.py on the H200 (2026-12-02, fifteenth
+# session, nine shapes from B=1 S=1024 H=56 to S=75600 H=40, each config gated, then timed as a
+# search times it). Against the earlier default (P through smem, 4 stages; the block scales had
+# made it 19-23% slower than the fifth session measured it) prepare + kernel ran 1.12-1.27x
+# faster with the long-key config and 1.19-1.29x with the short-key one. Kernel alone, the long
+# one is the fastest of five configs at every shape from 8192 keys (1.511 ms at S=8192 H=56,
+# 19.48 at 30272, 86.0 at S=75600 H=40; cuDNN FP8 1.629 / 25.52 / 115.2) and within 3% below;
+# up to 4608 keys the short one's in-kernel Q quantization saves more than that (prepare +
+# kernel 0.460 vs 0.474 ms at S=4096 H=56, 0.461 vs 0.481 at B=2 S=4608 H=24, 0.098 vs 0.108
+# at B=4 S=1024 H=32), at 8192 no longer (1.608 vs 1.586).
+_DEFAULT_HEAD_DIM_64 = Config(consumer_wgs=3, block_n=128, kv_stages=3, p_source="registers",
                               intra_wg_overlap=True, pingpong=False, persistent=True,
-                              v_layout="prepared")
+                              v_layout="prepared", q_quant="prepare")
+_DEFAULT_HEAD_DIM_64_SHORT = Config(consumer_wgs=3, block_n=128, kv_stages=2,
+                                    p_source="registers", intra_wg_overlap=False, pingpong=True,
+                                    persistent=True, v_layout="prepared", q_quant="kernel")
+# Keys up to which head_dim 64 takes the short-key default (the longest shape measured where it
+# won; between 4608 and 8192 the crossover was not measured).
+HEAD_DIM_64_SHORT_UP_TO = 4608
 
 
 def smem_header_bytes(cfg: Config) -> int:

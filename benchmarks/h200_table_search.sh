@@ -11,6 +11,8 @@
 #       candidates side by side (benchmarks/default_hd64_h200.py), two head_dim-64 rows searched
 #   bash benchmarks/h200_table_search.sh e      # carry [".device"]: D=64 H=40 S=75600 and
 #       H=56 D=128 at 16384 and 30272 searched with the block-scale kernel
+#   bash benchmarks/h200_table_search.sh f      # carry [".device"]: D=64 H=56 S=16384 searched
+#       again (its one row was the old default's config), then the GPU tests that time kernels
 #   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
 #       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
 #       then the small shapes whose winners prepare's host-bound timing had decided searched again
@@ -81,6 +83,15 @@ e)  # fifteenth session, carry [".device"]: long rows not searched with the bloc
   search 120 --heads 56 --seq-lens 16384
   search 150 --heads 56 --seq-lens 30272
   export_table 40
+  ;;
+f)  # fifteenth session, carry [".device"]: the one head_dim-64 row whose only winner (the old
+  # default's config) the new default beats, searched again; then the GPU tests that time
+  source .device/env.sh
+  import_table
+  search 90 --head-dim 64 --heads 56 --seq-lens 16384
+  export_table 12
+  capped 300 $PYTEST tests/gpu/test_bench_gpu.py tests/gpu/test_search_gpu.py \
+    tests/gpu/test_runtime_gpu.py tests/gpu/test_measure_gpu.py 2>&1 | tail -n 4
   ;;
 retime)
   source .device/env.sh

@@ -310,10 +310,11 @@ def _cli(db: Path | str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tuner", *BASE, "--db", url, *extra]
 
 
-def _spawn(args: list[str]) -> subprocess.Popen:
+def _spawn(args: list[str], env: dict | None = None) -> subprocess.Popen:
     # A session of its own, so the test can kill the search with all its workers at once.
     return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True,
+                            env=None if env is None else {**os.environ, **env})
 
 
 def _wait_for(predicate, timeout_s: float = 90.0) -> None:
@@ -336,7 +337,10 @@ def _finish(proc: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]
 def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path):
     db = tmp_path / "db.sqlite"
     args = _cli(db, "--families", SMALL, "--trials", "20", "--seed", "11")
-    first = _spawn(args)
+    # 20 ms more a fake run (about 0.3 s a trial): on a fast machine the resumed search had
+    # finished its last trials before the SIGINT reached it (CI, 2026-12-02: exit 0, not 130).
+    slow = {"FAKE_FAMILY_EXTRA_RUN_MS": "20"}
+    first = _spawn(args, slow)
     _wait_for(lambda: len(measured(db)) >= 4 or first.poll() is not None)
     assert first.poll() is None, f"the search ended before the kill: {first.communicate()[1]}"
     os.killpg(first.pid, signal.SIGKILL)
@@ -347,8 +351,10 @@ def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path
     assert 4 <= measured_before < 14
 
     # Then Ctrl-C (SIGINT to the whole group, as a terminal sends it) during the resumed run.
-    second = _spawn(args + ["--resume"])
+    second = _spawn(args + ["--resume"], slow)
     _wait_for(lambda: len(measured(db)) >= measured_before + 2 or second.poll() is not None)
+    assert second.poll() is None, ("the resumed search ended before the SIGINT: "
+                                   + second.communicate()[1][-2000:])
     os.killpg(second.pid, signal.SIGINT)
     _, err = second.communicate(timeout=60)
     assert second.returncode == 130, err[-2000:]

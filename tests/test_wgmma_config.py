@@ -211,8 +211,8 @@ def test_for_q_dtype_gives_fp16_and_fp8_callers_the_prepare_twin():
     assert _cfg().for_q_dtype("float16") == _cfg()
 
 
-def test_the_default_quantizes_q_in_the_kernel_up_to_1024_keys_at_head_dim_128():
-    from variants.wgmma.config import Q_IN_KERNEL_UP_TO
+def test_the_default_quantizes_q_in_the_kernel_up_to_1024_keys_at_128_and_4608_at_64():
+    from variants.wgmma.config import HEAD_DIM_64_SHORT_UP_TO, Q_IN_KERNEL_UP_TO
 
     for seq, kv, causal, head_dim, want in ((1024, 1024, False, 128, "kernel"),
                                             (77, 77, True, 128, "kernel"),
@@ -221,10 +221,13 @@ def test_the_default_quantizes_q_in_the_kernel_up_to_1024_keys_at_head_dim_128()
                                             (4608, 4608, True, 128, "prepare"),
                                             (4096, 8192, False, 128, "prepare"),
                                             (30272, 30272, False, 128, "prepare"),
-                                            (1024, 1024, False, 64, "prepare")):
+                                            (1024, 1024, False, 64, "kernel"),
+                                            (8192, 4608, True, 64, "kernel"),  # by keys
+                                            (4608, 4609, False, 64, "prepare"),
+                                            (30272, 30272, False, 64, "prepare")):
         problem = Problem(1, 8, seq, head_dim, causal, seq_len_kv=kv)
         cfg = wgmma.default("sm_90a", problem)
         assert cfg.q_quant == want, (seq, kv, head_dim)
         assert wgmma.can_implement(cfg, problem, H200) == (True, None)
-    assert Q_IN_KERNEL_UP_TO == 1024
+    assert Q_IN_KERNEL_UP_TO == 1024 and HEAD_DIM_64_SHORT_UP_TO == 4608
     assert wgmma.default("sm_90a").q_quant == "prepare"  # no problem: the recipe as measured

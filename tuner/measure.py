@@ -269,11 +269,12 @@ def _queue_ahead(device, ms: float):
     host can queue the timed calls behind it: their events then measure the GPU's work alone.
     Returns an event recorded after the spin (done: the spin is over).
 
-    The spin's cycles per ms are measured once per device, after an untimed spin: the first
-    launch of the spin kernel loads its module on the host while the GPU waits between the
-    events, and a rate measured across that gap was many times too low, so every later spin
-    was that much too short (seen on the H200: prepare timed 0.05-0.06 ms at S=1024 H=56 D=64
-    against 0.014 ms of GPU work, the host's launch rate)."""
+    The spin's cycles per ms are measured once per device, after an untimed spin (a first
+    launch can load the spin kernel's module on the host inside the timed interval, and a rate
+    measured across that gap is too low), over 5 ms. A rate can still be off (the clocks move),
+    so queued_event_samples checks the returned event instead of trusting the length. On the
+    H200 an unchecked spin once let prepare read 0.05-0.09 ms at S=1024..8192 H=56 D=64, the
+    host's launch rate, against 0.014-0.076 ms of GPU work. The spin is capped at 200 ms."""
     import torch
 
     key = str(device)

@@ -13,6 +13,8 @@
 #       H=56 D=128 at 16384 and 30272 searched with the block-scale kernel
 #   bash benchmarks/h200_table_search.sh f      # carry [".device"]: D=64 H=56 S=16384 searched
 #       again (its one row was the old default's config), then the GPU tests that time kernels
+#   bash benchmarks/h200_table_search.sh g      # carry [".device"]: D=64 B=2 S=4608 H=24 and
+#       S=4096 H=40 searched against the new short-key head_dim-64 default
 #   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
 #       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
 #       then the small shapes whose winners prepare's host-bound timing had decided searched again
@@ -92,6 +94,14 @@ f)  # fifteenth session, carry [".device"]: the one head_dim-64 row whose only w
   export_table 12
   capped 300 $PYTEST tests/gpu/test_bench_gpu.py tests/gpu/test_search_gpu.py \
     tests/gpu/test_runtime_gpu.py tests/gpu/test_measure_gpu.py 2>&1 | tail -n 4
+  ;;
+g)  # fifteenth session, carry [".device"]: two short head_dim-64 rows searched against the new
+  # short-key default (their rows quantize Q in prepare, which that default saves)
+  source .device/env.sh
+  import_table
+  search 60 --head-dim 64 --batch 2 --heads 24 --seq-lens 4608
+  search 60 --head-dim 64 --heads 40 --seq-lens 4096
+  export_table 12
   ;;
 retime)
   source .device/env.sh

@@ -337,9 +337,10 @@ def _finish(proc: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]
 def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path):
     db = tmp_path / "db.sqlite"
     args = _cli(db, "--families", SMALL, "--trials", "20", "--seed", "11")
-    # 20 ms more a fake run (about 0.3 s a trial): on a fast machine the resumed search had
-    # finished its last trials before the SIGINT reached it (CI, 2026-12-02: exit 0, not 130).
-    slow = {"FAKE_FAMILY_EXTRA_RUN_MS": "20"}
+    # 50 ms more a fake run (about 0.7 s a trial): in CI (2026-12-02, twice) the resumed search
+    # exited 0 with nothing on stderr after the SIGINT, i.e. it had finished its trials and was
+    # exiting when the signal came.
+    slow = {"FAKE_FAMILY_EXTRA_RUN_MS": "50"}
     first = _spawn(args, slow)
     _wait_for(lambda: len(measured(db)) >= 4 or first.poll() is not None)
     assert first.poll() is None, f"the search ended before the kill: {first.communicate()[1]}"
@@ -352,12 +353,15 @@ def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path
 
     # Then Ctrl-C (SIGINT to the whole group, as a terminal sends it) during the resumed run.
     second = _spawn(args + ["--resume"], slow)
-    _wait_for(lambda: len(measured(db)) >= measured_before + 2 or second.poll() is not None)
+    _wait_for(lambda: len(measured(db)) >= measured_before + 1 or second.poll() is not None)
+    at_sigint = len(measured(db))
     assert second.poll() is None, ("the resumed search ended before the SIGINT: "
                                    + second.communicate()[1][-2000:])
     os.killpg(second.pid, signal.SIGINT)
     _, err = second.communicate(timeout=60)
-    assert second.returncode == 130, err[-2000:]
+    assert second.returncode == 130, (f"measured: {measured_before} before the resume, "
+                                      f"{at_sigint} at the SIGINT, {len(measured(db))} after; "
+                                      + err[-2000:])
     assert "interrupted" in err
     middle = [tuple(r) for r in rows(db)]
     assert middle[: len(before)] == before

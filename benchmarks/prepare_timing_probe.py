@@ -4,8 +4,8 @@ prepare timed 0.041 and 0.091 ms in one run. This probe times one config's prepa
 
   measure      tuner.measure._time_prepare, as time_kernel calls it (three times)
   long sleep   the same event loop queued behind a 100 ms GPU sleep (the host cannot catch up)
-  host ms      the host time of one prepare call while the GPU sleeps: if prepare synchronizes
-               the device, this is the sleep's length, not the launch cost
+  host ms      the host time to queue one prepare call while the GPU sleeps: if prepare
+               synchronized the device, this would be the sleep's length, not the launch cost
   per launch   host ms of the same calls with the GPU idle (the launch cost itself)
 
     python3 benchmarks/prepare_timing_probe.py [--shapes B,S,H,D;...]
@@ -45,10 +45,11 @@ def probe(shape) -> dict:
 
     torch.cuda._sleep(200_000_000)  # about 100 ms at 1.98 GHz
     t0 = time.perf_counter()
-    samples = measure.cuda_event_samples(run, 20)
-    row["long sleep"] = round(statistics.median(samples), 4)
+    events = measure.queue_between_events(run, 20)
+    # Queueing alone: taken before the sync, which waits for the spin.
     row["host ms, GPU asleep"] = round((time.perf_counter() - t0) * 1e3 / 20, 4)
     torch.cuda.synchronize()
+    row["long sleep"] = round(statistics.median(s.elapsed_time(e) for s, e in events), 4)
     t0 = time.perf_counter()
     for i in range(20):
         run(i)

@@ -218,14 +218,23 @@ def cuda_event_samples(fn: Callable[[int], Any], repeats: int, sync: Callable[[]
     all queued back to back and read after one synchronization (sync, else the device's)."""
     import torch
 
+    events = queue_between_events(fn, repeats)
+    (sync or torch.cuda.synchronize)()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def queue_between_events(fn: Callable[[int], Any], repeats: int) -> list:
+    """fn(0) .. fn(repeats - 1) queued back to back, each between two timing events on the
+    current stream; returns the (start, end) pairs, to be read after a synchronization."""
+    import torch
+
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
               for _ in range(repeats)]
     for i, (start, end) in enumerate(events):
         start.record()
         fn(i)
         end.record()
-    (sync or torch.cuda.synchronize)()
-    return [start.elapsed_time(end) for start, end in events]
+    return events
 
 
 def perf_counter_ms(launch: Callable[[], Any]) -> float:
@@ -301,23 +310,16 @@ def queued_event_samples(fn: Callable[[int], Any], repeats: int, host_ms: float,
     call, not the host's launch overhead (which in a model overlaps the previous layer's
     kernels). If the spin is over before the last call is queued (the host fell behind it),
     the round is thrown away and run again behind a spin 4x longer, up to two more times."""
-    import torch
-
     ahead_ms = 2.0 * host_ms * repeats + 1.0
-    for attempt in range(3):
+    for _ in range(3):  # the first round, then up to two behind longer spins
         done = _queue_ahead(device, ahead_ms)
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(repeats)]
-        for i, (start, end) in enumerate(events):
-            start.record()
-            fn(i)
-            end.record()
+        events = queue_between_events(fn, repeats)
         covered = not done.query()
         sync()
-        if covered or attempt == 2:
-            return [start.elapsed_time(end) for start, end in events]
+        if covered:
+            break
         ahead_ms *= 4.0
-    raise AssertionError("unreachable")
+    return [start.elapsed_time(end) for start, end in events]
 
 
 def _samples(fn, repeats: int, device, sync, stage: str, cpu_clock=None, *,

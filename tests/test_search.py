@@ -310,11 +310,13 @@ def _cli(db: Path | str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "tuner", *BASE, "--db", url, *extra]
 
 
-def _spawn(args: list[str], env: dict | None = None) -> subprocess.Popen:
-    # A session of its own, so the test can kill the search with all its workers at once.
+def _spawn(args: list[str]) -> subprocess.Popen:
+    # A session of its own, so the test can kill the search with all its workers at once; and
+    # SIGINT at its default in it, as under a terminal: a test run started in the background
+    # by a shell ignores SIGINT, and its children would inherit that.
     return subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True,
-                            env=None if env is None else {**os.environ, **env})
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_for(predicate, timeout_s: float = 90.0) -> None:
@@ -337,11 +339,7 @@ def _finish(proc: subprocess.Popen, timeout_s: float = 120.0) -> tuple[str, str]
 def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path):
     db = tmp_path / "db.sqlite"
     args = _cli(db, "--families", SMALL, "--trials", "20", "--seed", "11")
-    # 50 ms more a fake run (about 0.7 s a trial): in CI (2026-12-02, twice) the resumed search
-    # exited 0 with nothing on stderr after the SIGINT, i.e. it had finished its trials and was
-    # exiting when the signal came.
-    slow = {"FAKE_FAMILY_EXTRA_RUN_MS": "50"}
-    first = _spawn(args, slow)
+    first = _spawn(args)
     _wait_for(lambda: len(measured(db)) >= 4 or first.poll() is not None)
     assert first.poll() is None, f"the search ended before the kill: {first.communicate()[1]}"
     os.killpg(first.pid, signal.SIGKILL)
@@ -352,7 +350,7 @@ def test_kill_and_ctrl_c_mid_search_then_resume_loses_no_finished_trial(tmp_path
     assert 4 <= measured_before < 14
 
     # Then Ctrl-C (SIGINT to the whole group, as a terminal sends it) during the resumed run.
-    second = _spawn(args + ["--resume"], slow)
+    second = _spawn(args + ["--resume"])
     _wait_for(lambda: len(measured(db)) >= measured_before + 1 or second.poll() is not None)
     at_sigint = len(measured(db))
     assert second.poll() is None, ("the resumed search ended before the SIGINT: "

@@ -80,12 +80,6 @@ def cost_ms(cfg) -> float:
 PREPARE_MS = 0.25
 
 
-def _extra_run_s() -> float:
-    """FAKE_FAMILY_EXTRA_RUN_MS more wall time a run (not in the modelled cost): for a test that
-    must interrupt a search mid-way, so that a fast machine cannot finish it first."""
-    return float(os.environ.get("FAKE_FAMILY_EXTRA_RUN_MS", "0")) / 1e3
-
-
 def _planted(cfg) -> str | None:
     return PLANTED.get((cfg.tile, cfg.stages))
 
@@ -154,7 +148,7 @@ class FakeKernel:
         # time_launch reports this; the sleep only makes the search take wall time like a real
         # one (its length is not what the search compares).
         self.last_ms = self.cost(self.config)
-        time.sleep(self.last_ms / 1e3 + _extra_run_s())
+        time.sleep(self.last_ms / 1e3)
         return out, lse
 
 

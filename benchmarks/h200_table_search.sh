@@ -15,6 +15,8 @@
 #       again (its one row was the old default's config), then the GPU tests that time kernels
 #   bash benchmarks/h200_table_search.sh g      # carry [".device"]: D=64 B=2 S=4608 H=24 and
 #       S=4096 H=40 searched against the new short-key head_dim-64 default
+#   bash benchmarks/h200_table_search.sh h      # carry [".device"]: the causal rows (searched in
+#       the ninth session with the per-head kernel) searched again with the block-scale kernel
 #   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
 #       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
 #       then the small shapes whose winners prepare's host-bound timing had decided searched again
@@ -102,6 +104,17 @@ g)  # fifteenth session, carry [".device"]: two short head_dim-64 rows searched 
   search 60 --head-dim 64 --batch 2 --heads 24 --seq-lens 4608
   search 60 --head-dim 64 --heads 40 --seq-lens 4096
   export_table 12
+  ;;
+h)  # sixteenth session, carry [".device"]: the causal rows, last searched (16 trials each) with
+  # the ninth session's per-head kernel
+  source .device/env.sh
+  import_table
+  search 60 --causal --heads 56 --seq-lens 4096
+  search 90 --causal --heads 56 --seq-lens 8192
+  search 110 --causal --heads 56 --seq-lens 16384
+  search 80 --causal --heads 32 --kv-heads 8 --seq-lens 8192
+  search 110 --causal --heads 32 --kv-heads 8 --seq-lens 16384
+  export_table 40
   ;;
 retime)
   source .device/env.sh

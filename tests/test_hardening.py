@@ -238,7 +238,7 @@ def test_json_keys_of_show(imported_db):
     assert set(rows[0]) == {"device", "device_id", "problem", "seq_len", "heads", "seq_len_kv",
                             "kv_heads", "causal", "family_set", "family", "config", "median_ms",
                             "iqr_ms", "tflops", "default_ms", "default_tflops",
-                            "speedup_over_default", "rel_rms", "decided_at"}
+                            "speedup_over_default", "rel_rms", "decided_at", "code_version"}
 
 
 def test_json_keys_of_show_trials(imported_db):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import asdict, dataclass
 
@@ -164,18 +165,46 @@ class Problem:
         return asdict(self)
 
 
-def fastest_per_problem(items, problem_key, median_ms) -> list:
-    """The fastest of each problem's items (by `median_ms(item)`, a missing time last), in the
-    order the problems first appear: the winner that runs where a problem holds winners of
-    several family sets (a search over wgmma alone beside one over both families).
-    `problem_key(item)` names the problem."""
-    fastest: dict = {}
+@dataclass(frozen=True)
+class StoredTime:
+    """What ranks one problem's winners of several family sets against each other: the winner's
+    time, when its search decided, and the code that measured it (records.code_version: a hash
+    of the family's source and the measuring code; None where nothing recorded it)."""
+
+    median_ms: float | None
+    decided_at: dt.datetime | None = None
+    code_version: str | None = None
+
+
+def preferred_per_problem(items, problem_key, stored_time) -> list:
+    """The winner that runs of each problem, in the order the problems first appear, where a
+    problem holds winners of several family sets (a search over wgmma alone beside one over both
+    families). `problem_key(item)` names the problem, `stored_time(item)` is its StoredTime.
+
+    Times of two searches are compared only where the same code measured both: a kernel edited
+    since an earlier search runs at another speed than the time stored for it. So the newest
+    decision's code version ranks: the fastest winner measured by that code (a missing time
+    last); a winner measured by other code is not ranked by a time that code no longer gives.
+    Where the newest decision records no code version (a table exported before the field), only
+    winners decided at the same moment are compared with it, and undated ones with each other."""
+    groups: dict = {}
     for item in items:
-        key = problem_key(item)
-        if key not in fastest or _speed_rank(median_ms(item)) < _speed_rank(
-                median_ms(fastest[key])):
-            fastest[key] = item
-    return list(fastest.values())
+        groups.setdefault(problem_key(item), []).append(item)
+    preferred = []
+    for group in groups.values():
+        times = [stored_time(item) for item in group]
+        newest = max(times, key=lambda t: _date_rank(t.decided_at))
+        comparable = [
+            item for item, t in zip(group, times, strict=True)
+            if (t.code_version == newest.code_version if newest.code_version is not None
+                else t.decided_at == newest.decided_at)
+        ]
+        preferred.append(min(comparable, key=lambda item: _speed_rank(stored_time(item).median_ms)))
+    return preferred
+
+
+def _date_rank(decided_at: dt.datetime | None) -> tuple[bool, dt.datetime]:
+    return decided_at is not None, decided_at or dt.datetime.min
 
 
 def _speed_rank(ms: float | None) -> tuple[bool, float]:

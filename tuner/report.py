@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from collections import defaultdict
 from pathlib import Path
 
 from tuner.errors import TunerError
-from tuner.problem import Problem, fastest_per_problem
+from tuner.problem import Problem, StoredTime, preferred_per_problem
 
 Series = dict[str, list[tuple[int, float]]]
 
@@ -38,6 +39,12 @@ def _plot_tflops(series: Series, path: str, title: str) -> Path:
     return out
 
 
+def _row_time(row: dict) -> StoredTime:
+    decided = row.get("decided_at")
+    return StoredTime(row["median_ms"], dt.datetime.fromisoformat(decided) if decided else None,
+                      row.get("code_version"))
+
+
 def plot_winners(rows: list[dict], path: str, peers: list[dict] | None = None) -> Path:
     """Stored winners: one line per (device, batch, heads, KV heads and length, head_dim, mask)
     for the tuned config and one for the family default; `peers` (stored by `tuner bench`) add a
@@ -47,8 +54,7 @@ def plot_winners(rows: list[dict], path: str, peers: list[dict] | None = None) -
     if not rows:
         raise TunerError("nothing to plot: no stored winners (run `tuner search` first)")
     # The winner that runs of each problem (several family sets may have one), as a line shows it.
-    rows = fastest_per_problem(rows, lambda r: (r["device"], r["problem"]),
-                               lambda r: r["median_ms"])
+    rows = preferred_per_problem(rows, lambda r: (r["device"], r["problem"]), _row_time)
     shape = {r["problem"]: Problem.from_key(r["problem"]) for r in rows}
     shape.update({p["problem"]: Problem.from_key(p["problem"]) for p in peers or []})
     several_batches = len({p.batch for p in shape.values()}) > 1

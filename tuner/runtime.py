@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
-from tuner.problem import Problem, fastest_per_problem
+from tuner.problem import Problem, preferred_per_problem
 
 log = logging.getLogger("tuner.runtime")
 
@@ -256,8 +256,8 @@ class _Resolver:
         finally:
             store.close()
         return [(Problem.from_key(w.problem_key), w.family, w.config)
-                for w in fastest_per_problem(winners, lambda w: w.problem_key,
-                                             lambda w: w.trial.median_ms)]
+                for w in preferred_per_problem(winners, lambda w: w.problem_key,
+                                               lambda w: w.stored_time)]
 
     @staticmethod
     def _table_entries(gpu) -> list[tuple[Problem, str, dict]]:

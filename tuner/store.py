@@ -61,7 +61,7 @@ from sqlalchemy.pool import NullPool
 from tuner.dburl import connection_error, display_url, engine_url
 from tuner.errors import TunerError
 from tuner.outcomes import Outcome, Role
-from tuner.problem import Problem, fastest_per_problem
+from tuner.problem import Problem, StoredTime, preferred_per_problem
 
 # Bump on any change to the tables below. A newer file, or an older one without a migration
 # below, is refused with a clear error instead of being half-read.
@@ -250,6 +250,11 @@ class Winner:
     @property
     def family(self) -> str:
         return self.trial.family
+
+    @property
+    def stored_time(self) -> StoredTime:
+        """What ranks it beside the problem's winners of other family sets."""
+        return StoredTime(self.trial.median_ms, self.decided_at, self.trial.code_version)
 
     @property
     def config(self) -> dict:
@@ -587,7 +592,7 @@ class Store:
                     config_hash=config_hash(e.family, config),
                     message="imported from a tuning table", median_ms=f.get("median_ms"),
                     iqr_ms=f.get("iqr_ms"), tflops=f.get("tflops"), rel_rms=f.get("rel_rms"),
-                    **common))
+                    code_version=f.get("code_version"), **common))
                 default = None
                 if f.get("default_median_ms") is not None:
                     ms = f["default_median_ms"]
@@ -667,15 +672,17 @@ class Store:
 
     def best_for(self, device_id: str, problem: Problem,
                  family_set: str | None = None) -> Winner | None:
-        """The winner for an exact problem on a device. Without `family_set`, the fastest winner
-        over every family set searched for it (each was re-timed against its own default)."""
+        """The winner for an exact problem on a device. Without `family_set`, the one that runs
+        of every family set searched for it (problem.preferred_per_problem: the fastest that the
+        newest decision's code measured)."""
         query = select(_Best).where(_Best.device_id == device_id, _Problem.key == problem.key())
         if family_set is not None:
             query = query.where(_Best.family_set == family_set)
         with self.session() as s:
             found = self._winners(s, query)
-        fastest = fastest_per_problem(found, lambda w: w.problem_key, lambda w: w.trial.median_ms)
-        return fastest[0] if fastest else None
+        preferred = preferred_per_problem(found, lambda w: w.problem_key,
+                                          lambda w: w.stored_time)
+        return preferred[0] if preferred else None
 
     def winners(self, device_id: str | None = None) -> list[Winner]:
         """Every stored winner (optionally of one device), by problem key then family set."""

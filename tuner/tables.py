@@ -10,7 +10,9 @@ never lands in a database; a version-1 table (written before the checksum) is st
 with a warning that nothing proves it whole. Version 3 gave each entry's problem the key/value
 length and head count (`seq_len_kv`, `kv_heads`, written always); a version-1 or 2 problem has
 neither and reads as self-attention over all heads (its `causal` was always false), so tables of
-every readable version give the same winners. A table of a version this tuner does not know, a
+every readable version give the same winners. Version 4 gave each entry the `code_version` that
+measured it (the runtime compares the times of one problem's entries only where the same code
+measured them); older entries have none. A table of a version this tuner does not know, a
 newer one included, is refused before anything is written. A file over MAX_TABLE_BYTES is refused
 before it is parsed. Export is deterministic (sorted, dates from the data, not from the clock),
 so export -> import -> export gives the same bytes.
@@ -32,14 +34,15 @@ import yaml
 from tuner.dburl import display_url
 from tuner.errors import TunerError
 from tuner.outcomes import Outcome, Role
-from tuner.problem import Problem, check_dimension, fastest_per_problem
+from tuner.problem import Problem, StoredTime, check_dimension, preferred_per_problem
 
 log = logging.getLogger("tuner.tables")
 
 # 2 added entry_count and entries_sha256; version 1 tables are read without them.
 # 3 added the problem's seq_len_kv and kv_heads; older tables are read without them.
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# 4 added each entry's code_version; older entries have none.
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 # The fields of an entry's problem, by the first version that has them.
 PROBLEM_FIELDS = {"batch": 1, "heads": 1, "seq_len": 1, "head_dim": 1, "causal": 1,
                   "seq_len_kv": 3, "kv_heads": 3}
@@ -62,7 +65,12 @@ ENTRY_FIELDS = {
     "rel_rms",
     "trials",
     "decided_at",
+    "code_version",
 }
+# Entry fields by the first version that has them (the others: every version).
+ENTRY_FIELDS_SINCE = {"code_version": 4}
+# records.code_version is 12 hex digits; the column holds 64.
+MAX_CODE_VERSION_CHARS = 64
 REQUIRED_ENTRY_FIELDS = {"problem", "family", "config", "median_ms"}
 # Optional numbers of an entry: null or a finite number (`trials`: a count).
 OPTIONAL_NUMBERS = ("iqr_ms", "tflops", "speedup_over_default", "default_median_ms", "rel_rms")
@@ -194,6 +202,10 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
             fail(at, f"missing field {field!r}")
         for field in sorted(set(entry) - ENTRY_FIELDS):
             fail((*at, field), f"unknown field; known: {', '.join(sorted(ENTRY_FIELDS))}")
+        for field, since in ENTRY_FIELDS_SINCE.items():
+            if field in entry and version < since:
+                fail((*at, field), f"{field} needs schema_version >= {since}, this is a "
+                     f"version-{version} table: re-export it with `tuner export`")
         if not isinstance(entry["problem"], dict):
             fail((*at, "problem"), f"must be a mapping ({', '.join(PROBLEM_FIELDS)})")
         for field, value in entry["problem"].items():
@@ -248,6 +260,11 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
         for field in OPTIONAL_NUMBERS:
             if entry.get(field) is not None and not _number(entry[field]):
                 fail((*at, field), f"must be a number or null, got {entry[field]!r}")
+        code = entry.get("code_version")
+        if code is not None and not (isinstance(code, str) and 0 < len(code)
+                                     <= MAX_CODE_VERSION_CHARS):
+            fail((*at, "code_version"), f"must be the text export wrote (at most "
+                 f"{MAX_CODE_VERSION_CHARS} characters) or null, got {code!r}")
         trials = entry.get("trials")
         if trials is not None and (type(trials) is not int or not 0 <= trials <= MAX_TRIALS):
             fail((*at, "trials"), f"must be a count (0 to {MAX_TRIALS}) or null, got {trials!r}")
@@ -325,12 +342,17 @@ def read_table(path: Path, gpu=None) -> tuple[dict, list[TableEntry]]:
 
 def load_table_entries(path: Path) -> list[tuple[Problem, str, dict]]:
     """(problem, family, config dict) of a shipped table, for the runtime lookup: one per
-    problem, the fastest where winners of several family sets were stored for it (a search over
-    wgmma alone beside one over both families), as store.best_for picks in a database."""
+    problem, where winners of several family sets were stored for it (a search over wgmma alone
+    beside one over both families) the one store.best_for picks in a database
+    (problem.preferred_per_problem)."""
     _, entries = read_table(path)
-    fastest = fastest_per_problem(entries, lambda e: e.problem.key(),
-                                  lambda e: e.fields["median_ms"])
-    return [(e.problem, e.family, e.config.to_dict()) for e in fastest]
+    preferred = preferred_per_problem(entries, lambda e: e.problem.key(), entry_time)
+    return [(e.problem, e.family, e.config.to_dict()) for e in preferred]
+
+
+def entry_time(entry: TableEntry) -> StoredTime:
+    f = entry.fields
+    return StoredTime(f["median_ms"], f.get("decided_at"), f.get("code_version"))
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -384,6 +406,7 @@ def build_table(store, device_id: str, gpu_name: str, keep=None) -> dict:
                 "rel_rms": _round(t.rel_rms),
                 "trials": trials,
                 "decided_at": _iso(w.decided_at),
+                "code_version": t.code_version,
             }
         )
     entries.sort(

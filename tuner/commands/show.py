@@ -89,6 +89,7 @@ def winner_rows(store, devices: dict[str, dict], keep=None) -> list[dict]:
                     "speedup_over_default": w.speedup_over_default,
                     "rel_rms": w.trial.rel_rms,
                     "decided_at": w.decided_at.isoformat() if w.decided_at else None,
+                    "code_version": w.trial.code_version,
                 }
             )
     return sorted(rows, key=lambda r: (r["device"] or "", r["causal"], r["heads"], r["kv_heads"],

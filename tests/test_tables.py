@@ -184,6 +184,12 @@ def shipped_entry_count() -> int:
     return yaml.safe_load(SHIPPED.read_text())["entry_count"]
 
 
+def shipped_schema_version() -> int:
+    import yaml
+
+    return yaml.safe_load(SHIPPED.read_text())["schema_version"]
+
+
 def _cut_inside_a_value(text):
     # Mid-number: `rel_rms: 0.02368` becomes `rel_rms: 0.02`, still a valid table entry by entry.
     at = text.rindex("rel_rms: 0.0") + len("rel_rms: 0.0")
@@ -202,7 +208,8 @@ def _cut_at_an_entry_boundary(text):
     (lambda t: _corrupt(t, "rel_rms: 0.02368", "rel_rms: 0.02"),
      r"entries_sha256: does not match .*edited after export"),
     (lambda t: re.sub(r"entries_sha256: .*\n", "", t),
-     r"line \d+: \(top\): entries_sha256 is missing; a version-3 table .* re-export"),
+     rf"line \d+: \(top\): entries_sha256 is missing; a version-{shipped_schema_version()} "
+     r"table .* re-export"),
 ], ids=["cut-in-a-value", "cut-at-an-entry", "edited", "no-checksum"])
 def test_a_table_that_is_not_whole_is_refused(tmp_path, mutate, expected):
     store = Store(f"sqlite:///{tmp_path / 'w.sqlite'}")

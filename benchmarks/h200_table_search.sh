@@ -17,6 +17,12 @@
 #       S=4096 H=40 searched against the new short-key head_dim-64 default
 #   bash benchmarks/h200_table_search.sh h      # carry [".device"]: the causal rows (searched in
 #       the ninth session with the per-head kernel) searched again with the block-scale kernel
+#   bash benchmarks/h200_table_search.sh i      # carry [".device", ".probes"], after
+#       `python3 benchmarks/causal_default_h200.py --out $OUT` (the causal default's candidates)
+#       moved the short causal default: the GPU gate tests of the shapes, the
+#       softmax-coefficient probe trees beside main (benchmarks/ab_trees.py; .probes/ holds
+#       each probe's edited kernel.py, RESULTS.md sixteenth session), then causal H=56 S=30272
+#       searched
 #   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
 #       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
 #       then the small shapes whose winners prepare's host-bound timing had decided searched again
@@ -115,6 +121,23 @@ h)  # sixteenth session, carry [".device"]: the causal rows, last searched (16 t
   search 80 --causal --heads 32 --kv-heads 8 --seq-lens 8192
   search 110 --causal --heads 32 --kv-heads 8 --seq-lens 16384
   export_table 40
+  ;;
+i)  # sixteenth session
+  source .device/env.sh
+  capped 240 $PYTEST tests/gpu/test_shapes_gpu.py > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; tail -n 4 "$OUT/tests.log"
+  for p in p1 p6; do  # .probes/<p>.kernel.py: the probe's variants/wgmma/kernel.py
+    mkdir -p "/tmp/$p" && cp -r variants tuner "/tmp/$p/" && cp ".probes/$p.kernel.py" \
+      "/tmp/$p/variants/wgmma/kernel.py"
+  done
+  for tree in . /tmp/p1 /tmp/p6 .; do
+    label=${tree##*/}; [ "$label" = . ] && label=main
+    capped 60 python3 benchmarks/ab_trees.py --root "$tree" --label "$label" \
+      --seq-lens 8192,30272 --repeats 30 2>/dev/null | grep '^{' | tee -a "$OUT/ab.jsonl"
+  done
+  import_table
+  search 130 --causal --heads 56 --seq-lens 30272
+  export_table 12
   ;;
 retime)
   source .device/env.sh

@@ -111,15 +111,32 @@ def test_rejections_name_the_constraint(overrides, words):
     assert not ok and words in reason
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_the_default_deals_causal_tiles_longest_first_and_others_per_head(head_dim):
-    causal = Problem(1, 56, 8192, head_dim=head_dim, causal=True)
-    full = Problem(1, 56, 8192, head_dim=head_dim)
+@pytest.mark.parametrize("head_dim, seq_len", [(64, 8192), (128, 16384), (128, 8193)])
+def test_the_default_deals_causal_tiles_longest_first_and_others_per_head(head_dim, seq_len):
+    causal = Problem(1, 56, seq_len, head_dim=head_dim, causal=True)
+    full = Problem(1, 56, seq_len, head_dim=head_dim)
     assert wgmma.default("sm_90a", causal).tile_order == "longest_first"
     assert wgmma.default("sm_90a", full).tile_order == "per_head"
-    # Nothing else moves with the mask.
+    # Nothing else moves with the mask here.
     assert (dataclasses.replace(wgmma.default("sm_90a", causal), tile_order="per_head")
             == wgmma.default("sm_90a", full))
+
+
+@pytest.mark.parametrize("seq_len, seq_len_kv", [(2048, 2048), (8192, 8192), (16384, 8192)])
+def test_the_short_causal_default_at_128_quantizes_q_in_the_kernel_without_pingpong(
+        seq_len, seq_len_kv):
+    from variants.wgmma.config import CAUSAL_Q_IN_KERNEL_UP_TO
+
+    causal = Problem(1, 32, seq_len, causal=True, seq_len_kv=seq_len_kv, kv_heads=8)
+    full = Problem(1, 32, seq_len, seq_len_kv=seq_len_kv, kv_heads=8)
+    cfg = wgmma.default("sm_90a", causal)
+    assert (cfg.tile_order, cfg.pingpong, cfg.q_quant) == ("longest_first", False, "kernel")
+    # Only those three knobs move with the mask, decided by the keys.
+    assert (dataclasses.replace(cfg, tile_order="per_head", pingpong=True,
+                                q_quant=wgmma.default("sm_90a", full).q_quant)
+            == wgmma.default("sm_90a", full))
+    assert wgmma.can_implement(cfg, causal, H200) == (True, None)
+    assert CAUSAL_Q_IN_KERNEL_UP_TO == 8192
 
 
 def test_smem_counts_the_v_staging_ring_only_for_v_layout_kernel():
@@ -212,13 +229,16 @@ def test_for_q_dtype_gives_fp16_and_fp8_callers_the_prepare_twin():
 
 
 def test_the_default_quantizes_q_in_the_kernel_up_to_1024_keys_at_128_and_4608_at_64():
+    # (causal at 128: up to 8192 keys, the test above)
     from variants.wgmma.config import HEAD_DIM_64_SHORT_UP_TO, Q_IN_KERNEL_UP_TO
 
     for seq, kv, causal, head_dim, want in ((1024, 1024, False, 128, "kernel"),
                                             (77, 77, True, 128, "kernel"),
                                             (8192, 1024, False, 128, "kernel"),  # by keys
                                             (1024, 1025, False, 128, "prepare"),
-                                            (4608, 4608, True, 128, "prepare"),
+                                            (4608, 4608, False, 128, "prepare"),
+                                            (8192, 8192, True, 128, "kernel"),  # causal
+                                            (8192, 8193, True, 128, "prepare"),
                                             (4096, 8192, False, 128, "prepare"),
                                             (30272, 30272, False, 128, "prepare"),
                                             (1024, 1024, False, 64, "kernel"),

@@ -39,12 +39,15 @@ SHAPES = [
 
 # The defaults, and for wgmma the other V layout and the non-overlapped, non-persistent loop
 # (the masks and the strip count sit in each of the consumer's two main loops and in the V
-# transposing producer warps), and every tile order on every shape (the default takes
-# longest_first with a causal mask, per_head without).
+# transposing producer warps), every tile order on every shape (the default takes
+# longest_first with a causal mask, per_head without), and pingpong on.
 CONFIGS = {
     "wgmma": [None, dict(v_layout="kernel", p_source="smem"),
               dict(intra_wg_overlap=False, pingpong=False, persistent=False),
               dict(tile_order="per_head"), dict(tile_order="longest_first"),
+              # The causal default turns pingpong off up to 8192 keys at head_dim 128
+              # (config.CAUSAL_Q_IN_KERNEL_UP_TO); longer causal problems keep it on.
+              dict(pingpong=True),
               # Both Q placements pinned (the default picks one by the key length,
               # config.Q_IN_KERNEL_UP_TO): rows past seq_len, GQA heads, both loops.
               dict(q_quant="prepare"), dict(q_quant="kernel"),

@@ -1,0 +1,67 @@
+"""Which knobs should the causal default change (issue 19 items 1 and 4)? The sixteenth
+session's causal searches (db/tables/h200.yaml) turned pingpong off at four of five problems
+(three of them with Q quantized in the kernel), and at S=16384 H=56
+the winner left the persistent grid (1.18x over the default): a grid the hardware schedules
+hands a free SM the next tile as tiles of unequal length finish, where the persistent grid's
+static stride fixes each CTA's tiles in advance. Here the causal default and knob changes of it
+that test those two findings are timed side by side at causal shapes the table does and does
+not hold, with cuDNN FP8 as the outside peer.
+
+    python3 benchmarks/causal_default_h200.py [--out DIR] [--shapes B,S,H,KVH,D;...]
+
+Each candidate first passes the correctness gate at a small ragged causal problem with grouped
+KV heads (tuner.gate.validate_kernel, fresh seed), at head_dim 128 and 64; then at every shape
+tuner.measure.time_kernel times it as a search does (benchmarks/default_candidates.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+from default_candidates import gate, measure, table
+from results_out import measure_each, publish
+
+from tuner.problem import Problem
+
+# (batch, seq_len, heads, kv_heads, head_dim)
+SHAPES = [(1, 2048, 56, 56, 128), (1, 4096, 56, 56, 128), (1, 8192, 56, 56, 128),
+          (1, 16384, 56, 56, 128), (1, 30272, 56, 56, 128), (2, 4608, 24, 24, 128),
+          (1, 8192, 32, 8, 128), (1, 16384, 32, 8, 128), (4, 4096, 32, 32, 128),
+          (1, 8192, 56, 56, 64), (1, 30272, 56, 56, 64)]
+
+CANDIDATES = [
+    ("default", {}),
+    ("no pingpong", {"pingpong": False}),
+    ("no pingpong, Q in kernel", {"pingpong": False, "q_quant": "kernel"}),
+    ("not persistent", {"persistent": False}),
+    ("not persistent, no pingpong", {"persistent": False, "pingpong": False}),
+    ("not persistent, per_head", {"persistent": False, "tile_order": "per_head"}),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--shapes", default="",
+                        help="B,S,H,KVH,D;... in place of the built-in list")
+    args = parser.parse_args()
+    shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
+              if args.shapes else SHAPES)
+    problems = [Problem(b, h, s, d, causal=True, kv_heads=kvh) for b, s, h, kvh, d in shapes]
+    verdicts = {}
+    for d in sorted({p.head_dim for p in problems}):
+        # Ragged in every tile size, two query heads on each KV head.
+        small = Problem(1, 4, 1000 + 77, d, causal=True, kv_heads=2)
+        for label, verdict in gate(CANDIDATES, small).items():
+            verdicts[label] = verdict if verdicts.get(label, True) is True else verdicts[label]
+    print("gate:", verdicts, flush=True)
+    rows = measure_each(problems, lambda problem: measure(problem, CANDIDATES, verdicts),
+                        warmup=Problem(1, 56, 1024, causal=True))
+    md = table(rows, [lab for lab, _ in CANDIDATES], torch.cuda.get_device_name(),
+               "causal (bottom-right), head_dim 128 unless the shape says D")
+    publish(args.out, "causal_default_h200", md, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -9,9 +9,11 @@ not hold, with cuDNN FP8 as the outside peer.
 
     python3 benchmarks/causal_default_h200.py [--out DIR] [--shapes B,S,H,KVH,D;...]
 
-Each candidate first passes the correctness gate at a small ragged causal problem with grouped
-KV heads (tuner.gate.validate_kernel, fresh seed), at head_dim 128 and 64; then at every shape
-tuner.measure.time_kernel times it as a search does (benchmarks/default_candidates.py)."""
+Each candidate first passes the correctness gate at a small ragged causal problem (with --full
+unmasked) with grouped KV heads (tuner.gate.validate_kernel, fresh seed), at each head_dim of
+the shapes; then at every shape tuner.measure.time_kernel times it as a search does
+(benchmarks/default_candidates.py). --tile-orders puts the default under each tile order side
+by side instead."""
 
 from __future__ import annotations
 
@@ -40,27 +42,43 @@ CANDIDATES = [
 ]
 
 
+def tile_order_candidates() -> list:
+    from variants.wgmma.config import TILE_ORDERS
+
+    return [(f"{order}{'' if persistent else ', not persistent'}",
+             {"tile_order": order, "persistent": persistent})
+            for persistent in (True, False) for order in TILE_ORDERS]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--shapes", default="",
                         help="B,S,H,KVH,D;... in place of the built-in list")
+    parser.add_argument("--tile-orders", action="store_true",
+                        help="in place of the candidates above: the default under each tile "
+                        "order, persistent and not (config.TILE_ORDERS)")
+    parser.add_argument("--full", action="store_true", help="no mask (to compare the orders)")
     args = parser.parse_args()
+    cands = tile_order_candidates() if args.tile_orders else CANDIDATES
     shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
               if args.shapes else SHAPES)
-    problems = [Problem(b, h, s, d, causal=True, kv_heads=kvh) for b, s, h, kvh, d in shapes]
+    problems = [Problem(b, h, s, d, causal=not args.full, kv_heads=kvh)
+                for b, s, h, kvh, d in shapes]
     verdicts = {}
     for d in sorted({p.head_dim for p in problems}):
         # Ragged in every tile size, two query heads on each KV head.
-        small = Problem(1, 4, 1000 + 77, d, causal=True, kv_heads=2)
-        for label, verdict in gate(CANDIDATES, small).items():
+        small = Problem(1, 4, 1000 + 77, d, causal=not args.full, kv_heads=2)
+        for label, verdict in gate(cands, small).items():
             verdicts[label] = verdict if verdicts.get(label, True) is True else verdicts[label]
     print("gate:", verdicts, flush=True)
-    rows = measure_each(problems, lambda problem: measure(problem, CANDIDATES, verdicts),
+    rows = measure_each(problems, lambda problem: measure(problem, cands, verdicts),
                         warmup=Problem(1, 56, 1024, causal=True))
-    md = table(rows, [lab for lab, _ in CANDIDATES], torch.cuda.get_device_name(),
-               "causal (bottom-right), head_dim 128 unless the shape says D")
-    publish(args.out, "causal_default_h200", md, rows)
+    md = table(rows, [lab for lab, _ in cands], torch.cuda.get_device_name(),
+               ("no mask" if args.full else "causal (bottom-right)")
+               + ", head_dim 128 unless the shape says D")
+    stem = "causal_default_h200" + ("_tile_orders" if args.tile_orders else "")
+    publish(args.out, stem + ("_full" if args.full else ""), md, rows)
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def test_rejections_name_the_constraint(overrides, words):
     assert not ok and words in reason
 
 
-@pytest.mark.parametrize("head_dim, seq_len", [(64, 8192), (128, 16384), (128, 8193)])
+@pytest.mark.parametrize("head_dim, seq_len", [(64, 8192), (64, 30272)])
 def test_the_default_deals_causal_tiles_longest_first_and_others_per_head(head_dim, seq_len):
     causal = Problem(1, 56, seq_len, head_dim=head_dim, causal=True)
     full = Problem(1, 56, seq_len, head_dim=head_dim)
@@ -122,10 +122,22 @@ def test_the_default_deals_causal_tiles_longest_first_and_others_per_head(head_d
             == wgmma.default("sm_90a", full))
 
 
+@pytest.mark.parametrize("seq_len", [8193, 16384, 30272])
+def test_the_long_causal_default_at_128_deals_per_head_tiles_to_a_hardware_scheduled_grid(
+        seq_len):
+    causal = Problem(1, 56, seq_len, causal=True)
+    full = Problem(1, 56, seq_len)
+    cfg = wgmma.default("sm_90a", causal)
+    assert (cfg.tile_order, cfg.persistent) == ("per_head", False)
+    # Only the grid moves with the mask there.
+    assert dataclasses.replace(cfg, persistent=True) == wgmma.default("sm_90a", full)
+    assert wgmma.can_implement(cfg, causal, H200) == (True, None)
+
+
 @pytest.mark.parametrize("seq_len, seq_len_kv", [(2048, 2048), (8192, 8192), (16384, 8192)])
 def test_the_short_causal_default_at_128_quantizes_q_in_the_kernel_without_pingpong(
         seq_len, seq_len_kv):
-    from variants.wgmma.config import CAUSAL_Q_IN_KERNEL_UP_TO
+    from variants.wgmma.config import CAUSAL_SHORT_KEYS_UP_TO
 
     causal = Problem(1, 32, seq_len, causal=True, seq_len_kv=seq_len_kv, kv_heads=8)
     full = Problem(1, 32, seq_len, seq_len_kv=seq_len_kv, kv_heads=8)
@@ -136,7 +148,7 @@ def test_the_short_causal_default_at_128_quantizes_q_in_the_kernel_without_pingp
                                 q_quant=wgmma.default("sm_90a", full).q_quant)
             == wgmma.default("sm_90a", full))
     assert wgmma.can_implement(cfg, causal, H200) == (True, None)
-    assert CAUSAL_Q_IN_KERNEL_UP_TO == 8192
+    assert CAUSAL_SHORT_KEYS_UP_TO == 8192
 
 
 def test_smem_counts_the_v_staging_ring_only_for_v_layout_kernel():

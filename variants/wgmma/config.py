@@ -145,8 +145,10 @@ def default(arch: str, problem=None) -> Config:
         # longest_first 1.13x / 1.19x / 1.04x per_head at S = 4096 / 8192 / 16384; a causal
         # search (16 trials a length) kept this config at all five causal problems it ran.
         cfg = dataclasses.replace(cfg, tile_order="longest_first")
-        if problem.head_dim == 128 and problem.seq_len_kv <= CAUSAL_Q_IN_KERNEL_UP_TO:
+        if problem.head_dim == 128 and problem.seq_len_kv <= CAUSAL_SHORT_KEYS_UP_TO:
             cfg = dataclasses.replace(cfg, pingpong=False, q_quant="kernel")
+        elif problem.head_dim == 128:
+            cfg = dataclasses.replace(cfg, tile_order="per_head", persistent=False)
     if problem is not None and problem.head_dim == 128 and problem.seq_len_kv <= Q_IN_KERNEL_UP_TO:
         cfg = dataclasses.replace(cfg, q_quant="kernel")
     return cfg
@@ -170,16 +172,20 @@ def seeds(arch: str, problem=None) -> list[Config]:
 # quantization it saves from 4096 keys on. (Before that change, eleventh session: 4608.)
 Q_IN_KERNEL_UP_TO = 1024
 
-# Keys up to which the causal default (head_dim 128) quantizes Q in the kernel and turns
-# pingpong off. A causal kernel does half the work of a full one on the same inputs, so the
-# third of the quantization that Q in the kernel saves weighs twice as much. Prepare + kernel
-# against the causal default before this (benchmarks/causal_default_h200.py, H200, 2026-12-03,
-# sixteenth session, each candidate gated, one run): 1.05x at S=2048 and 4096 H=56, 1.04x at
-# 8192, 1.15x at B=2 S=4608 H=24, 1.06x at S=8192 32 query heads on 8 KV heads, 1.04x at B=4
-# S=4096 H=32; beyond 8192 keys no longer (0.91x at S=16384 H=56, 1.00x at 30272, 1.02x at
-# S=16384 on 8 KV heads). Those six rows are the ones the causal searches of that session had
-# picked (four of five winners: pingpong off, three of them with Q in the kernel).
-CAUSAL_Q_IN_KERNEL_UP_TO = 8192
+# The causal default at head_dim 128 on either side of this many keys (benchmarks/
+# causal_default_h200.py, H200, 2026-12-03, sixteenth session, each candidate gated; ratios of
+# prepare + kernel against longest_first on the persistent grid, the causal default before).
+# Up to it Q is quantized in the kernel and pingpong is off: a causal kernel does half the work
+# of a full one on the same inputs, so the third of the quantization that Q in the kernel saves
+# weighs twice as much (1.05x at S=2048 and 4096 H=56, 1.04x at 8192, 1.15x at B=2 S=4608 H=24,
+# 1.06x at S=8192 32 query heads on 8 KV heads, 1.04x at B=4 S=4096 H=32; beyond 8192 keys
+# 0.91-1.02x). Beyond it the tiles go per_head to a grid the hardware schedules: the CTAs in
+# flight share one head's K/V in L2 (longest_first streams every head's), and an SM that
+# finishes a short tile takes the next one (a persistent CTA's tiles are fixed in advance).
+# Two runs: 0.99x and 1.15x at S=16384 H=56, 1.14x and 1.15x at 30272, 1.00x and 1.01x at
+# S=16384 on 8 KV heads; the searches of that session picked per_head at 16384 and 30272 H=56.
+# Not at head_dim 64 (0.92x at S=30272 H=56, three consumer warpgroups).
+CAUSAL_SHORT_KEYS_UP_TO = 8192
 
 
 # head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)

@@ -17,12 +17,12 @@
 #       S=4096 H=40 searched against the new short-key head_dim-64 default
 #   bash benchmarks/h200_table_search.sh h      # carry [".device"]: the causal rows (searched in
 #       the ninth session with the per-head kernel) searched again with the block-scale kernel
-#   bash benchmarks/h200_table_search.sh i      # carry [".device", ".probes"], after
+#   bash benchmarks/h200_table_search.sh i      # carry [".device"], after
 #       `python3 benchmarks/causal_default_h200.py --out $OUT` (the causal default's candidates)
 #       moved the short causal default: the GPU gate tests of the shapes, the
-#       softmax-coefficient probe trees beside main (benchmarks/ab_trees.py; .probes/ holds
-#       each probe's edited kernel.py, RESULTS.md sixteenth session), then causal H=56 S=30272
-#       searched
+#       softmax-coefficient probe trees beside main (benchmarks/ab_trees.py; the probes are
+#       benchmarks/probes/*.patch, RESULTS.md sixteenth session; run then from .probes/ copies of
+#       the same edits), then causal H=56 S=30272 searched
 #   bash benchmarks/h200_table_search.sh retime # carry [".device"]: after prepare's timing fix
 #       (tuner/measure.py _time_prepare), prepare and kernel of the default timed at two shapes,
 #       then the small shapes whose winners prepare's host-bound timing had decided searched again
@@ -126,9 +126,9 @@ i)  # sixteenth session
   source .device/env.sh
   capped 240 $PYTEST tests/gpu/test_shapes_gpu.py > "$OUT/tests.log" 2>&1
   echo "tests rc=$?"; tail -n 4 "$OUT/tests.log"
-  for p in p1 p6; do  # .probes/<p>.kernel.py: the probe's variants/wgmma/kernel.py
-    mkdir -p "/tmp/$p" && cp -r variants tuner "/tmp/$p/" && cp ".probes/$p.kernel.py" \
-      "/tmp/$p/variants/wgmma/kernel.py"
+  for p in p1 p6; do  # the probe trees: main with benchmarks/probes/softmax_coefficient_<p>.patch
+    rm -rf "/tmp/$p" && mkdir -p "/tmp/$p" && cp -r variants tuner "/tmp/$p/" \
+      && patch -s -d "/tmp/$p" -p1 < "benchmarks/probes/softmax_coefficient_$p.patch"
   done
   for tree in . /tmp/p1 /tmp/p6 .; do
     label=${tree##*/}; [ "$label" = . ] && label=main

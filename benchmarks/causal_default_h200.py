@@ -65,15 +65,12 @@ def main() -> None:
               if args.shapes else SHAPES)
     problems = [Problem(b, h, s, d, causal=not args.full, kv_heads=kvh)
                 for b, s, h, kvh, d in shapes]
-    verdicts = {}
-    for d in sorted({p.head_dim for p in problems}):
-        # Ragged in every tile size, two query heads on each KV head.
-        small = Problem(1, 4, 1000 + 77, d, causal=not args.full, kv_heads=2)
-        for label, verdict in gate(cands, small).items():
-            verdicts[label] = verdict if verdicts.get(label, True) is True else verdicts[label]
+    # Ragged in every tile size, two query heads on each KV head, at each head_dim.
+    verdicts = gate(cands, *(Problem(1, 4, 1000 + 77, d, causal=not args.full, kv_heads=2)
+                             for d in sorted({p.head_dim for p in problems})))
     print("gate:", verdicts, flush=True)
     rows = measure_each(problems, lambda problem: measure(problem, cands, verdicts),
-                        warmup=Problem(1, 56, 1024, causal=True))
+                        warmup=Problem(1, 56, 1024, causal=not args.full))
     md = table(rows, [lab for lab, _ in cands], torch.cuda.get_device_name(),
                ("no mask" if args.full else "causal (bottom-right)")
                + ", head_dim 128 unless the shape says D")

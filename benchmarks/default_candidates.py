@@ -26,19 +26,23 @@ def candidate_config(knobs: dict, problem):
     return dataclasses.replace(wgmma.default("sm_90a", problem), **knobs)
 
 
-def gate(cands, small) -> dict:
-    """label -> True, or why the candidate failed the gate at the small problem (it is then not
-    timed anywhere)."""
+def gate(cands, *smalls) -> dict:
+    """label -> True, or why the candidate failed the gate at the first of the small problems it
+    failed at (it is then not timed anywhere)."""
     from tuner.gate import validate_kernel
     from variants import wgmma
 
     verdicts = {}
     for label, knobs in cands:
-        seed = int.from_bytes(os.urandom(4), "little")
-        cfg = candidate_config(knobs, small)
-        report = validate_kernel(wgmma.compile(cfg, small, "sm_90a"), small,
-                                 torch.device("cuda"), seed)
-        verdicts[label] = True if report.passed else f"seed={seed}: {report.reason}"
+        verdicts[label] = True
+        for small in smalls:
+            seed = int.from_bytes(os.urandom(4), "little")
+            cfg = candidate_config(knobs, small)
+            report = validate_kernel(wgmma.compile(cfg, small, "sm_90a"), small,
+                                     torch.device("cuda"), seed)
+            if not report.passed:
+                verdicts[label] = f"{small.key()}, seed={seed}: {report.reason}"
+                break
     return verdicts
 
 

@@ -178,16 +178,15 @@ SHIPPED = Path(__file__).resolve().parents[1] / "db" / "tables" / "h200.yaml"
 SHIPPED_SCHEMA_2 = Path(__file__).resolve().parent / "data" / "h200_schema2.yaml"
 
 
+def shipped_header(field: str):
+    """A top-level field of the shipped table (entry_count, schema_version, ...)."""
+    import yaml
+
+    return yaml.safe_load(SHIPPED.read_text())[field]
+
+
 def shipped_entry_count() -> int:
-    import yaml
-
-    return yaml.safe_load(SHIPPED.read_text())["entry_count"]
-
-
-def shipped_schema_version() -> int:
-    import yaml
-
-    return yaml.safe_load(SHIPPED.read_text())["schema_version"]
+    return shipped_header("entry_count")
 
 
 def _cut_inside_a_value(text):
@@ -208,7 +207,7 @@ def _cut_at_an_entry_boundary(text):
     (lambda t: _corrupt(t, "rel_rms: 0.02368", "rel_rms: 0.02"),
      r"entries_sha256: does not match .*edited after export"),
     (lambda t: re.sub(r"entries_sha256: .*\n", "", t),
-     rf"line \d+: \(top\): entries_sha256 is missing; a version-{shipped_schema_version()} "
+     rf"line \d+: \(top\): entries_sha256 is missing; a version-{shipped_header('schema_version')} "
      r"table .* re-export"),
 ], ids=["cut-in-a-value", "cut-at-an-entry", "edited", "no-checksum"])
 def test_a_table_that_is_not_whole_is_refused(tmp_path, mutate, expected):

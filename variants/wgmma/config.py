@@ -141,14 +141,15 @@ def default(arch: str, problem=None) -> Config:
         cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                      intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
     if problem is not None and problem.causal:
-        # Causal, H=56 D=128 on the H200 (benchmarks/shapes_h200.py, 2026-12-01, one run):
-        # longest_first 1.13x / 1.19x / 1.04x per_head at S = 4096 / 8192 / 16384; a causal
-        # search (16 trials a length) kept this config at all five causal problems it ran.
-        cfg = dataclasses.replace(cfg, tile_order="longest_first")
-        if problem.head_dim == 128 and problem.seq_len_kv <= CAUSAL_SHORT_KEYS_UP_TO:
-            cfg = dataclasses.replace(cfg, pingpong=False, q_quant="kernel")
-        elif problem.head_dim == 128:
-            cfg = dataclasses.replace(cfg, tile_order="per_head", persistent=False)
+        if problem.head_dim == 128 and problem.seq_len_kv > CAUSAL_SHORT_KEYS_UP_TO:
+            # per_head tiles (the order above) on a grid the hardware schedules.
+            cfg = dataclasses.replace(cfg, persistent=False)
+        else:
+            # Causal, H=56 D=128 on the H200 (benchmarks/shapes_h200.py, 2026-12-01, one run):
+            # longest_first 1.13x / 1.19x / 1.04x per_head at S = 4096 / 8192 / 16384.
+            cfg = dataclasses.replace(cfg, tile_order="longest_first")
+            if problem.head_dim == 128:
+                cfg = dataclasses.replace(cfg, pingpong=False, q_quant="kernel")
     if problem is not None and problem.head_dim == 128 and problem.seq_len_kv <= Q_IN_KERNEL_UP_TO:
         cfg = dataclasses.replace(cfg, q_quant="kernel")
     return cfg

@@ -11,8 +11,9 @@ capped() { local cap=$1; shift; local left=$(( DEADLINE - $(date +%s) ))
 PYTEST="python3 -m pytest -m gpu -q -p no:cacheprovider -rfE"
 
 # gate_mutant NAME SED_EXPR TEST_ID...: a copy of the tree with one sed edit to the wgmma kernel,
-# then the given tests of tests/gpu/test_shapes_gpu.py's gate test in that copy; the gate must
-# reject the edit (the tests fail). Prints the pytest summary and the gate's reasons.
+# then the given tests of tests/gpu/test_shapes_gpu.py's gate test (or of $GATE_TEST) in that
+# copy; the gate must reject the edit (the tests fail). Prints the pytest summary and the gate's
+# reasons.
 gate_mutant() {
   local name=$1 expr=$2; shift 2
   rm -rf "/tmp/mut-$name"; mkdir -p "/tmp/mut-$name"
@@ -20,7 +21,8 @@ gate_mutant() {
   sed -i "$expr" "/tmp/mut-$name/variants/wgmma/kernel.py"
   if cmp -s variants/wgmma/kernel.py "/tmp/mut-$name/variants/wgmma/kernel.py"; then
     echo "mutant $name: the edit matched nothing"; return 1; fi
-  local t=tests/gpu/test_shapes_gpu.py::test_the_gate_passes_the_kernels_on_every_shape ids=()
+  local t=${GATE_TEST:-tests/gpu/test_shapes_gpu.py::test_the_gate_passes_the_kernels_on_every_shape}
+  local ids=()
   for id in "$@"; do ids+=("$t[$id]"); done
   (cd "/tmp/mut-$name" && PYTHONPATH="/tmp/mut-$name:${PYTHONPATH:-}" \
     TUNER_CACHE_DIR="/tmp/cache-mut-$name" capped 90 $PYTEST "${ids[@]}" \

@@ -43,6 +43,12 @@ CASES = [
     {"q_quant": "kernel"},
     {"q_quant": "kernel", "consumer_wgs": 3, "block_n": 64, "kv_stages": 4},
     {"q_quant": "kernel", "p_source": "smem", "v_layout": "kernel", "head_dim": 64},
+    # The last wave split along the keys: the piece loops, the workspace, counter and merge,
+    # with and without intra-WG overlap, with V transposed in the kernel, Q from bf16.
+    {"split_tail": True},
+    {"split_tail": True, "intra_wg_overlap": False, "pingpong": False, "v_layout": "kernel"},
+    {"split_tail": True, "q_quant": "kernel", "consumer_wgs": 3, "block_n": 64,
+     "head_dim": 64},
 ]
 
 
@@ -79,6 +85,11 @@ def _assert_consumers_issue_no_global_loads(kernel):
     sass = disassemble(kernel.cubin_path.read_bytes())
     _, marker, consumers = sass.partition("USETMAXREG.TRY_ALLOC")
     assert marker, "no consumer setmaxnreg increase found in the SASS"
+    if kernel.config.split_tail:
+        # A tail piece's merge reads the other pieces' partial O after its counter update (the
+        # epilogue, past every named barrier of the main loop).
+        consumers, atomic, _ = consumers.partition("ATOMG.E.ADD")
+        assert atomic, "split_tail: no counter update found in the consumers' SASS"
     loads = [line.strip() for line in consumers.splitlines()
              if "LDG" in line and "UTMALDG" not in line]
     assert not loads, loads

@@ -241,6 +241,9 @@ class CompiledKernel:
     # Launch arguments after the scalars, as ints, computed per device (e.g. the SM count of a
     # persistent grid): cached per device index, since a device query costs microseconds.
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
+    # (fp32 words of scratch, the word from which it must be zeroed) a launch on the device
+    # needs (the ABI's workspace pointer; (0, 0): none, the pointer is 0).
+    _workspace_words: Callable[[Any], tuple] = field(repr=False, default=lambda device: (0, 0))
     _launchers: dict = field(repr=False, default_factory=dict)
 
     def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
@@ -271,7 +274,8 @@ class CompiledKernel:
         return self.config.v_feature_major, self.config.v_key_permuted
 
     def _launcher(self, device):
-        """(FastLaunch of the compiled function, its extra ints) for this device, made once."""
+        """(FastLaunch of the compiled function, its extra ints, its workspace words) for this
+        device, made once."""
         hit = self._launchers.get(device)
         if hit is None:
             from variants.launch import FastLaunch
@@ -279,8 +283,22 @@ class CompiledKernel:
             extra = self._extra_args(device)
             hit = self._launchers[device] = (
                 FastLaunch(self._fn, slots(len(extra), q_in_kernel=self.config.q_in_kernel)),
-                extra)
+                extra, self._workspace_words(device))
         return hit
+
+    @staticmethod
+    def _workspace(words: int, zero_from: int, device):
+        """A fresh scratch buffer for one launch, zeroed from `zero_from` on (None for none).
+        Per launch, from torch's caching allocator on the current stream, so concurrent
+        launches never share counters; freed after the launch is queued, which the allocator
+        orders behind it on that stream."""
+        if not words:
+            return None
+        import torch
+
+        buf = torch.empty(words, dtype=torch.float32, device=device)
+        buf[zero_from:].zero_()
+        return buf
 
     def run(self, prepared, out=None, lse=None):
         """Launch on torch's current stream (so it orders with torch work and can be captured
@@ -313,15 +331,19 @@ class CompiledKernel:
             lse = torch.empty((batch, heads, s), dtype=torch.float32, device=device)
         from variants.launch import current_stream_handle
 
-        launcher, extra = self._launcher(device)
-        launcher(*launch_values(prepared, out, lse, current_stream_handle(device), extra=extra))
+        launcher, extra, (words, zero_from) = self._launcher(device)
+        workspace = self._workspace(words, zero_from, device)
+        launcher(*launch_values(prepared, out, lse, current_stream_handle(device), extra=extra,
+                                workspace=0 if workspace is None else workspace.data_ptr()))
         return out, lse
 
 
 def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                    make_kernel: Callable[[], Any], smem_bytes: int,
                    example_extra: tuple = (),
-                   extra_args: Callable[[Any], tuple] = lambda device: ()) -> CompiledKernel:
+                   extra_args: Callable[[Any], tuple] = lambda device: (),
+                   workspace_words: Callable[[Any], tuple] = lambda device: (0, 0),
+                   ) -> CompiledKernel:
     """The one compile cache: memory per (build, problem), a build per codegen key, and on disk
     the cubin, resources and loadable function of every build (read back by other processes)."""
     key = codegen_key(family, cfg, problem.head_dim, arch, src_dir, problem.causal)
@@ -342,6 +364,7 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
         fn, resources, seconds = _FUNCTIONS[key]
         kernel = CompiledKernel(config=cfg, problem=problem, arch=arch, resources=resources,
                                 compile_seconds=seconds, _fn=fn, _extra_args=extra_args,
+                                _workspace_words=workspace_words,
                                 loaded_from_disk=from_disk,
                                 cubin_path=cache_root() / family / key / "kernel.cubin")
         _KERNELS[kernel_key] = kernel

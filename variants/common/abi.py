@@ -1,12 +1,15 @@
 """The launch ABI every family's compiled function takes, declared once.
 
-    q, k, v, scales, o, lse pointers; batch, heads, seq_len, padded_len, softmax_scale,
+    q, k, v, scales, o, lse, workspace pointers; batch, heads, seq_len, padded_len, softmax_scale,
     kv_heads, seq_len_kv, padded_len_kv; then a family's extra scalars (wgmma: the persistent
     grid size); then the CUDA stream.
 
 heads, seq_len and padded_len are q's (and O's and LSE's); kv_heads, seq_len_kv and
 padded_len_kv are k's and v's (grouped-query attention: query head h reads KV head
 h // (heads // kv_heads)). `scales` is the packed block scales (block_scale_views).
+`workspace` is fp32 scratch a kernel sizes by its family's workspace_bytes hook (wgmma's
+split_tail: the tail pieces' partial O and the counters, variants/wgmma/split_tail.py); the
+address is 0 where a kernel needs none, and kernels that need none ignore it.
 
 `fake_args` gives the stand-ins a compile traces with (only types and alignments reach code
 generation), `slots` the argument kinds variants/launch.py launches with, `launch_values` the
@@ -22,7 +25,8 @@ from __future__ import annotations
 # (name, element type name in cutlass, assumed alignment in bytes) of the pointer arguments.
 POINTERS = (("q_ptr", "Float8E4M3FN", 16), ("k_ptr", "Float8E4M3FN", 16),
             ("v_ptr", "Float8E4M3FN", 16), ("scales_ptr", "Float32", 4),
-            ("o_ptr", "BFloat16", 16), ("lse_ptr", "Float32", 4))
+            ("o_ptr", "BFloat16", 16), ("lse_ptr", "Float32", 4),
+            ("workspace_ptr", "Float32", 16))
 # (name, cutlass scalar type name) of the scalars after them.
 SCALARS = (("batch", "Int32"), ("heads", "Int32"), ("seq_len", "Int32"),
            ("padded_len", "Int32"), ("softmax_scale", "Float32"), ("kv_heads", "Int32"),
@@ -73,14 +77,16 @@ def slots(extra: int = 0, *, q_in_kernel: bool = False) -> tuple:
             *(scalar(dtype) for _, dtype in SCALARS), *(scalar("Int32"),) * extra, STREAM)
 
 
-def launch_values(prepared, out, lse, stream: int, *, extra: tuple = ()) -> tuple:
+def launch_values(prepared, out, lse, stream: int, *, extra: tuple = (),
+                  workspace: int = 0) -> tuple:
     """The raw values of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse,
-    in the order of slots(): addresses, scalars, the family's extra ints, the stream handle."""
+    in the order of slots(): addresses (the workspace's, 0 for none), scalars, the family's
+    extra ints, the stream handle."""
     batch, _, heads, _ = prepared.q.shape  # q is unpadded when the kernel quantizes it
     padded = prepared.padded_len
     _, padded_kv, kv_heads, _ = prepared.k.shape
     return (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
-            prepared.packed.data_ptr(), out.data_ptr(), lse.data_ptr(),
+            prepared.packed.data_ptr(), out.data_ptr(), lse.data_ptr(), workspace,
             batch, heads, prepared.seq_len, padded, prepared.softmax_scale, kv_heads,
             prepared.seq_len_kv, padded_kv, *extra, stream)
 

@@ -190,6 +190,7 @@ class MmaSyncAttention:
         scales_ptr: cute.Pointer,
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
+        workspace_ptr: cute.Pointer,  # unused: this family needs no scratch
         batch: cutlass.Int32,
         heads: cutlass.Int32,
         seq_len: cutlass.Int32,

@@ -69,6 +69,10 @@ class Config(ConfigMixin):
     tile_order: str = "per_head"
     # Q_QUANTS; prepare is the kernel built before this knob existed.
     q_quant: str = "prepare"
+    # The persistent grid's last partial wave split along the keys over every SM, the pieces
+    # merged by the warp that finishes a tile (variants/wgmma/split_tail.py); False is the
+    # kernel built before this knob existed.
+    split_tail: bool = False
 
     @property
     def block_m(self) -> int:
@@ -304,6 +308,15 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:
         return False, "pingpong alternates two or more consumer warpgroups: consumer_wgs >= 2"
+    if type(cfg.split_tail) is not bool:
+        return False, f"split_tail={cfg.split_tail!r}: true or false"
+    if cfg.split_tail and not cfg.persistent:
+        return False, ("split_tail splits the persistent grid's last wave: it needs "
+                       "persistent=True (a grid the hardware schedules has no fixed last wave)")
+    if cfg.split_tail and problem.causal:
+        return False, ("split_tail is for full masks: a causal tail's tiles are of unequal "
+                       "length (and with tile_order=longest_first its shortest), so equal "
+                       "runs of strips do not apply; use split_tail=False")
     smem = smem_bytes(cfg, d)
     if smem > gpu.smem_per_block:
         return False, (f"shared memory {smem} B per CTA > {gpu.smem_per_block} B per block on "

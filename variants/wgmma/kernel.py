@@ -106,6 +106,15 @@ from variants.wgmma.config import (
     smem_bytes,
 )
 from variants.wgmma.ptx import _exp2_polynomial
+from variants.wgmma.split_tail import (
+    PIECES_PER_CTA,
+    run_bounds,
+    slot,
+    tail_piece,
+    tail_tiles,
+    unit_owner,
+    work_limit,
+)
 from variants.wgmma.v_transpose import TRANSPOSE_WARPS, VTransposeMixin
 
 _DEBUG = False
@@ -135,6 +144,7 @@ class WgmmaAttention(VTransposeMixin):
         self.q_in_kernel = cfg.q_in_kernel
         self.consumer_regs, self.producer_regs = register_split(cfg)
         self.scale_blocks = cfg.scale_blocks
+        self.split_tail = cfg.split_tail and cfg.persistent
 
     # ----------------------------------------------------------------------------------------
     # host side
@@ -204,6 +214,7 @@ class WgmmaAttention(VTransposeMixin):
         scales_ptr: cute.Pointer,
         o_ptr: cute.Pointer,
         lse_ptr: cute.Pointer,
+        workspace_ptr: cute.Pointer,
         batch: cutlass.Int32,
         heads: cutlass.Int32,
         seq_len: cutlass.Int32,
@@ -279,14 +290,34 @@ class WgmmaAttention(VTransposeMixin):
         grid_x = total_tiles
         if cutlass.const_expr(self.persistent):
             grid_x = cutlass.min(total_tiles, max_ctas)
+            if cutlass.const_expr(self.split_tail):
+                grid_x = max_ctas  # the tail's pieces spread over every SM
+        mWorkO, mWorkML, mCount = self._workspace_views(workspace_ptr, max_ctas)
         self.kernel(
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales[0], mKVScales, mO, mLSE,
+            mWorkO, mWorkML, mCount,
             seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E, seq_len_kv,
             heads // kv_heads, causal_offset(seq_len, seq_len_kv),
             sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout, tiled_mma_qk,
             tiled_mma_pv, SharedStorage,
         ).launch(grid=(grid_x, 1, 1), block=[self.threads, 1, 1],
                  smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1, stream=stream)
+
+    def _workspace_views(self, workspace_ptr, grid):
+        """split_tail's scratch (split_tail.workspace_words lays it out): each slot's partial O
+        (slots, block_m, head_dim), its rows' m and l (slots, 2, block_m), and the counters, one
+        per (tail tile, consumer warp). Views of a null pointer when the config needs none
+        (never read then)."""
+        bm, d = self.block_m, self.head_dim
+        slots = PIECES_PER_CTA * grid
+        m_work_o = cute.make_tensor(
+            workspace_ptr, cute.make_ordered_layout((slots, bm, d), order=(2, 1, 0)))
+        ml_at = slots * bm * d
+        m_work_ml = cute.make_tensor(
+            workspace_ptr + ml_at, cute.make_ordered_layout((slots, 2, bm), order=(2, 1, 0)))
+        counters = cute.recast_ptr(workspace_ptr + (ml_at + slots * 2 * bm), dtype=cutlass.Int32)
+        m_count = cute.make_tensor(counters, cute.make_layout(grid * 4 * self.wgs))
+        return m_work_o, m_work_ml, m_count
 
     # ----------------------------------------------------------------------------------------
     # device side
@@ -304,6 +335,9 @@ class WgmmaAttention(VTransposeMixin):
         mKVScales: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mWorkO: cute.Tensor,
+        mWorkML: cute.Tensor,
+        mCount: cute.Tensor,
         seq_len: cutlass.Int32,
         heads: cutlass.Int32,
         m_blocks: cutlass.Int32,
@@ -399,35 +433,41 @@ class WgmmaAttention(VTransposeMixin):
         bid, _, _ = cute.arch.block_idx()
         grid, _, _ = cute.arch.grid_dim()
         n_blocks = cute.ceil_div(seq_len_kv, bn)
-        # What _tile_strips reads.
-        strips = (m_blocks, heads, n_blocks, group, offset, total_tiles // m_blocks)
+        # What _tile_strips and _work read.
+        strips = (m_blocks, heads, n_blocks, group, offset, total_tiles // m_blocks, total_tiles)
+        # This CTA's persistent loop walks items bid, bid + grid, ... below n_items: whole
+        # tiles, then (split_tail) its pieces of the last wave's tiles.
+        n_items = total_tiles
+        if cutlass.const_expr(self.split_tail):
+            n_items = work_limit(total_tiles, grid, bid, n_blocks)
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
             if warp_idx == 0:
                 self.load(tma_q, mQ, tma_k, mK, tma_v, mV, sQ_load, sK, sV_load, pipe_q, pipe_k,
-                          pipe_vload, scales, bid, grid, total_tiles, strips)
+                          pipe_vload, scales, bid, grid, n_items, strips)
             if cutlass.const_expr(self.v_in_kernel):
                 if warp_idx > 0:
                     # Views with the swizzle in the layout, not in the pointer: the copy adds
                     # the swizzled byte offsets it computes to their plain base pointers.
                     self.transpose_v(storage.vraw.get_tensor(sK_layout),
                                      storage.v.get_tensor(sV_layout), pipe_vload, pipe_v,
-                                     tidx - 32, bid, grid, total_tiles, strips)
+                                     tidx - 32, bid, grid, n_items, strips)
         else:
             cute.arch.setmaxregister_increase(self.consumer_regs)
             sP = None
             if cutlass.const_expr(not self.register_p):
                 sP = storage.p.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
             self.consume(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                         sQ_load, scales, mO, mLSE, seq_len, scale_log2, tidx - WG_THREADS,
-                         wg_idx - 1, bid, grid, total_tiles, strips, seq_len_kv)
+                         sQ_load, scales, mO, mLSE, (mWorkO, mWorkML, mCount), seq_len,
+                         scale_log2, tidx - WG_THREADS, wg_idx - 1, bid, grid, n_items, strips,
+                         seq_len_kv)
 
     @cute.jit
     def _tile_strips(self, tile: cutlass.Int32, strips):
         """(m_block, head, KV head, batch, strips to visit) of a tile, in the config's
         tile_order (config.TILE_ORDERS says what each is for)."""
-        m_blocks, heads, n_blocks, group, offset, heads_batch = strips
+        m_blocks, heads, n_blocks, group, offset, heads_batch, _ = strips
         # per_head: m fastest, the CTAs in flight share the K/V of one or two heads in L2.
         m_block = tile % m_blocks
         rest = tile // m_blocks
@@ -441,6 +481,27 @@ class WgmmaAttention(VTransposeMixin):
         n_tile = strips_needed(m_block * self.block_m, self.block_m, self.block_n, n_blocks,
                                offset, self.causal)
         return m_block, head, head // group, rest // heads, n_tile
+
+    @cute.jit
+    def _work(self, item, grid, strips):
+        """(m_block, head, KV head, batch, lo, hi, tail tile) of a persistent loop item: the
+        strips [lo, hi) it visits, all of its tile's (tail tile -1), or with split_tail, past
+        the whole waves, one piece of tail tile t (split_tail.tail_piece)."""
+        if cutlass.const_expr(not self.split_tail):
+            m_block, head, kv_head, batch, n_tile = self._tile_strips(item, strips)
+            return m_block, head, kv_head, batch, 0, n_tile, -1
+        n_total, total_tiles = strips[2], strips[6]
+        tail = tail_tiles(total_tiles, grid)
+        whole = total_tiles - tail
+        tile = item
+        lo = cutlass.Int32(0)
+        hi = n_total
+        t = cutlass.Int32(-1)
+        if item >= whole:
+            t, lo, hi = tail_piece(item - whole, grid, tail, n_total)
+            tile = whole + t
+        m_block, head, kv_head, batch, _ = self._tile_strips(tile, strips)
+        return m_block, head, kv_head, batch, lo, hi, t
 
     # ---- producer ----------------------------------------------------------------------------
     @cute.jit
@@ -465,7 +526,7 @@ class WgmmaAttention(VTransposeMixin):
 
     @cute.jit
     def load(self, tma_q, mQ, tma_k, mK, tma_v, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-             scales, bid, grid, total_tiles, strips):
+             scales, bid, grid, n_items, strips):
         mQScales, mKVScales, sQScales, sKVScales, pipe_q_scales, pipe_scales = scales
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
@@ -473,9 +534,9 @@ class WgmmaAttention(VTransposeMixin):
         lane = cute.arch.lane_idx()
         q_rows_per_lane = self.block_m // 32
         q_values = cute.make_rmem_tensor((q_rows_per_lane,), cutlass.Float32)
-        tile = bid
-        while tile < total_tiles:
-            m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
+        item = bid
+        while item < n_items:
+            m_block, head, kv_head, batch, lo, hi, _ = self._work(item, grid, strips)
             gK = cute.local_tile(mK[None, None, kv_head, batch], (self.block_n, self.head_dim),
                                  (None, 0))
             if cutlass.const_expr(self.v_in_kernel):
@@ -489,9 +550,10 @@ class WgmmaAttention(VTransposeMixin):
             tVsV, tVgV = cpasync.tma_partition(
                 tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
 
-            # Strips from the last (ragged) to the first; with intra-WG overlap K runs one strip
-            # ahead of V, in the order the consumers issue QK^T(j+1) beside PV(j).
-            last = n_blocks - 1
+            # Strips from the last (ragged) to the first of [lo, hi); with intra-WG overlap K
+            # runs one strip ahead of V, in the order the consumers issue QK^T(j+1) beside PV(j).
+            last = hi - 1
+            n_blocks = hi - lo
             value = self._fetch_strip_scales(mKVScales, batch, kv_head, last, lane)
             pipe_k.producer_acquire(kv_state)
             cute.copy(tma_k, tKgK[None, last], tKsK[None, kv_state.index],
@@ -545,10 +607,10 @@ class WgmmaAttention(VTransposeMixin):
                     cute.copy(tma_v, tVgV[None, n + 1], tVsV[None, prev.index],
                               tma_bar_ptr=pipe_v.producer_get_barrier(prev))
                 pipe_v.producer_acquire(kv_state)
-                cute.copy(tma_v, tVgV[None, 0], tVsV[None, kv_state.index],
+                cute.copy(tma_v, tVgV[None, lo], tVsV[None, kv_state.index],
                           tma_bar_ptr=pipe_v.producer_get_barrier(kv_state))
                 kv_state.advance()
-            tile += grid
+            item += grid
 
     # ---- consumer ------------------------------------------------------------------------------
     def _sched_sync(self, wg):
@@ -750,7 +812,7 @@ class WgmmaAttention(VTransposeMixin):
 
     @cute.jit
     def consume(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sP, pipe_q, pipe_k, pipe_v,
-                sQraw, scales, mO, mLSE, seq_len, scale_log2, ctid, wg, bid, grid, total_tiles,
+                sQraw, scales, mO, mLSE, work, seq_len, scale_log2, ctid, wg, bid, grid, n_items,
                 strips, seq_len_kv):
         _, _, sQScales, sKVScales, pipe_q_scales, pipe_scales = scales
         d, bm, bn = self.head_dim, self.block_m, self.block_n
@@ -791,9 +853,10 @@ class WgmmaAttention(VTransposeMixin):
         n_total, offset = strips[2], strips[4]
         ragged = seq_len_kv % bn != 0
         lane = cute.arch.lane_idx()
-        tile = bid
-        while tile < total_tiles:
-            m_block, head, kv_head, batch, n_blocks = self._tile_strips(tile, strips)
+        item = bid
+        while item < n_items:
+            m_block, head, kv_head, batch, lo, hi, tail_tile = self._work(item, grid, strips)
+            n_blocks = hi - lo
             row_base = m_block * bm
             first_masked = first_masked_strip(row_base, bn, offset)
             # Q's scale of each of the thread's two rows, times softmax_scale * log2(e).
@@ -812,7 +875,7 @@ class WgmmaAttention(VTransposeMixin):
             row_sum.fill(0.0)
             acc_O.fill(0.0)
             acc_S = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)), cutlass.Float32)
-            last = n_blocks - 1
+            last = hi - 1
             if cutlass.const_expr(not self.q_in_kernel):
                 pipe_q.consumer_wait(q_state)
 
@@ -886,12 +949,21 @@ class WgmmaAttention(VTransposeMixin):
 
             # ---- epilogue: O * dv / l as bf16, LSE; rows >= seq_len are not stored ----------
             o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))
+            c_mn = cute.make_tensor(tOcO.iterator, _acc_mn_layout(tOcO.layout))
             totals = cute.make_rmem_tensor((2,), cutlass.Float32)
             for r in cutlass.range_constexpr(2):
                 total = row_sum[r]
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
                 total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
                 totals[r] = total
+            stores = True
+            if cutlass.const_expr(self.split_tail):
+                # A tail piece leaves its state in the workspace; the warp that completes the
+                # tile merges every piece into acc_O, row_max, totals and stores.
+                stores = self._merge_tail(acc_O, row_max, totals, work, tail_tile, hi - lo,
+                                          thr_pv, c_mn, bid, grid, strips, ctid // 32)
+            for r in cutlass.range_constexpr(2):
+                total = totals[r]
                 scale = 1.0 / total  # V's scales are in P' already
                 if cutlass.const_expr(self.causal):
                     if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
@@ -903,15 +975,97 @@ class WgmmaAttention(VTransposeMixin):
             tOgO = thr_pv.partition_C(gO)
             r_mn = cute.make_tensor(rO.iterator, _acc_mn_layout(rO.layout))
             g_mn = cute.make_tensor(tOgO.iterator, _acc_mn_layout(tOgO.layout))
-            c_mn = cute.make_tensor(tOcO.iterator, _acc_mn_layout(tOcO.layout))
+            if stores:
+                for r in cutlass.range_constexpr(2):
+                    row = row_base + c_mn[r, 0][0]
+                    if row < seq_len:
+                        if lane % 4 == 0:
+                            mLSE[batch, head, row] = lse_natural(row_max[r], totals[r])
+                        for c in cutlass.range_constexpr(cute.size(r_mn, mode=[1]) // 2):
+                            cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])
+            item += grid
+
+    # ---- split_tail: the pieces of a tail tile ---------------------------------------------------
+    @cute.jit
+    def _merge_tail(self, acc_O, row_max, totals, work, tail_tile, count, thr_pv, c_mn, bid,
+                    grid, strips, warp):
+        """A tail piece's epilogue (split_tail.py): its O, m and quad-summed l into its slot,
+        then `count` strips added to the counter of (tile, warp); the warp whose addition
+        completes the tile's strips merges every piece's slot into its registers and returns
+        True (it stores the tile's rows), the others False. Whole tiles (tail_tile < 0) return
+        True untouched. Full masks only: every piece's rows have a finite maximum (the first
+        merge from the empty state takes 2^(-inf - m) = 0 of it)."""
+        mWorkO, mWorkML, mCount = work
+        n_total, total_tiles = strips[2], strips[6]
+        units = tail_tiles(total_tiles, grid) * n_total
+        lane = cute.arch.lane_idx()
+        done = cutlass.Boolean(True)
+        if tail_tile >= 0:
+            own = slot(bid, tail_tile - run_bounds(bid, grid, units)[0] // n_total)
+            self._piece_io(acc_O, row_max, totals, mWorkO, mWorkML, own, thr_pv, c_mn, True)
+            # Release: every lane's slot stores before lane 0's counter update (the warp sync
+            # orders them; the fences make them visible at GPU scope).
+            cute.arch.fence_acq_rel_gpu()
+            cute.arch.sync_warp()
+            old = cutlass.Int32(0)
+            if lane == 0:
+                counter = mCount.iterator + (tail_tile * (4 * self.wgs) + warp)
+                old = cute.arch.atomic_add(counter.llvm_ptr, cutlass.Int32(count),
+                                           sem="acq_rel", scope="gpu")
+            old = cute.arch.shuffle_sync(old, 0)
+            done = old + count == n_total
+            if done:
+                # Acquire: the other pieces' stores, which their counter updates released.
+                cute.arch.fence_acq_rel_gpu()
+                # Every piece from its slot (this one's too) in CTA order, from an empty state,
+                # so the sum's order and the output bits do not depend on which piece was last.
+                row_max.fill(-cutlass.Float32.inf)
+                totals.fill(0.0)
+                acc_O.fill(0.0)
+                first = unit_owner(tail_tile * n_total, grid, units)
+                last = unit_owner(tail_tile * n_total + n_total - 1, grid, units)
+                for cta in cutlass.range(first, last + 1, unroll=1):
+                    start, end = run_bounds(cta, grid, units)
+                    if end > start:
+                        self._piece_io(acc_O, row_max, totals, mWorkO, mWorkML,
+                                       slot(cta, tail_tile - start // n_total), thr_pv, c_mn,
+                                       False)
+        return done
+
+    @cute.jit
+    def _piece_io(self, acc_O, row_max, totals, mWorkO, mWorkML, at, thr_pv, c_mn,
+                  write: cutlass.Constexpr):
+        """write: this thread's part of the piece state (unnormalised O, m, l) into workspace
+        slot `at`; otherwise merge slot `at` into it: m* = max(m, m_i), O = O 2^(m - m*) +
+        O_i 2^(m_i - m*), l likewise. Each thread touches the same positions in every slot (its
+        own accumulator's), so a warp reads only what warps of its rows wrote."""
+        tWgW = thr_pv.partition_C(mWorkO[at, None, None])
+        o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))
+        w_mn = cute.make_tensor(tWgW.iterator, _acc_mn_layout(tWgW.layout))
+        pairs = cute.size(o_mn, mode=[1]) // 2
+        if cutlass.const_expr(write):
             for r in cutlass.range_constexpr(2):
-                row = row_base + c_mn[r, 0][0]
-                if row < seq_len:
-                    if lane % 4 == 0:
-                        mLSE[batch, head, row] = lse_natural(row_max[r], totals[r])
-                    for c in cutlass.range_constexpr(cute.size(r_mn, mode=[1]) // 2):
-                        cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])
-            tile += grid
+                for c in cutlass.range_constexpr(pairs):
+                    cute.autovec_copy(o_mn[r, (None, c)], w_mn[r, (None, c)])
+                if cute.arch.lane_idx() % 4 == 0:
+                    row = c_mn[r, 0][0]
+                    mWorkML[at, 0, row] = row_max[r]
+                    mWorkML[at, 1, row] = totals[r]
+        else:
+            other = cute.make_rmem_tensor_like(acc_O, cutlass.Float32)
+            other_mn = cute.make_tensor(other.iterator, _acc_mn_layout(other.layout))
+            for r in cutlass.range_constexpr(2):
+                for c in cutlass.range_constexpr(pairs):
+                    cute.autovec_copy(w_mn[r, (None, c)], other_mn[r, (None, c)])
+            for r in cutlass.range_constexpr(2):
+                row = c_mn[r, 0][0]
+                m_other = mWorkML[at, 0, row]
+                m_new = cute.arch.fmax(row_max[r], m_other)
+                keep = rescale_factor(row_max[r], m_new)
+                take = rescale_factor(m_other, m_new)
+                totals[r] = totals[r] * keep + mWorkML[at, 1, row] * take
+                row_max[r] = m_new
+                o_mn[r, None].store(o_mn[r, None].load() * keep + other_mn[r, None].load() * take)
 
 
 def _acc_mn_layout(acc_layout):

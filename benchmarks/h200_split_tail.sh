@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The H200 runs behind RESULTS.md "Seventeenth session: split_tail" (issue 19 item 1):
+#   bash benchmarks/h200_split_tail.sh a   # carry [".device"] (staged --with-cudnn): the
+#       split_tail GPU tests, two planted merge bugs the gate must reject, then
+#       benchmarks/split_tail_h200.py (the default beside split_tail at 11 full-mask shapes)
+#   bash benchmarks/h200_split_tail.sh b   # carry [".device"]: the GPU tests of the shapes,
+#       runtime, end to end and gate (the long causal default of the sixteenth session and the
+#       new launch ABI's workspace pointer)
+source "$(dirname "$0")/device_steps.sh"
+
+step=${1:?usage: h200_split_tail.sh a|b}
+case "$step" in
+a)
+  capped 200 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
+  echo "split tests rc=$?"; tail -n 8 "$OUT/split_tests.log"
+  {
+    export GATE_TEST=tests/gpu/test_split_tail_gpu.py::test_the_gate_passes_split_tail
+    echo "== mutant: each piece weighted 1 in the merge (its maximum's difference ignored)"
+    gate_mutant weight 's/take = rescale_factor(m_other, m_new)/take = rescale_factor(m_other, m_other)/' \
+      "b1-h4-s1000-kv1000-kvh2-d128-split_tail=True" "b1-h9-s4097-kv4097-kvh3-d128-split_tail=True"
+    echo "== mutant: the merge reads every slot but the first CTA's"
+    gate_mutant first 's/for cta in cutlass.range(first, last + 1, unroll=1):/for cta in cutlass.range(first + 1, last + 1, unroll=1):/' \
+      "b1-h4-s1000-kv1000-kvh2-d128-split_tail=True" "b2-h5-s2000-kv3000-kvh5-d128-split_tail=True"
+  } > "$OUT/mutants.log" 2>&1; cat "$OUT/mutants.log"
+  capped 300 python3 benchmarks/split_tail_h200.py --out "$OUT" > "$OUT/split_bench.log" 2>&1
+  echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
+  ;;
+b)
+  capped 540 $PYTEST tests/gpu/test_shapes_gpu.py tests/gpu/test_runtime_gpu.py \
+    tests/gpu/test_e2e_gpu.py tests/gpu/test_gate_gpu.py > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests.log" | tail -n 20
+  ;;
+esac

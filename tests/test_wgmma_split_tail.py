@@ -1,0 +1,89 @@
+"""The split_tail decomposition (variants/wgmma/split_tail.py) on the CPU: the pieces the
+persistent loop walks cover every tile's strips exactly once, the counters reach each tile's
+strip count exactly at its last piece, and the merging warp finds every other piece's slot."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from variants.wgmma import split_tail as st
+
+
+def _walk(total, grid, strips):
+    """{tile: [(cta, piece, lo, hi)]} as the kernel's loops visit them."""
+    tail = st.tail_tiles(total, grid)
+    dp = total - tail
+    seen = {}
+    for cta in range(grid):
+        limit = st.work_limit(total, grid, cta, strips)
+        for item in range(cta, limit, grid):
+            if item < dp:
+                seen.setdefault(item, []).append((cta, None, 0, strips))
+                continue
+            j = item - dp
+            t, lo, hi = st.tail_piece(j, grid, tail, strips)
+            assert 0 <= lo < hi <= strips, (total, grid, strips, cta, j)
+            seen.setdefault(dp + t, []).append((cta, j // grid, lo, hi))
+    return seen, dp
+
+
+SHAPES = [(1728, 132, 36), (1792, 132, 32), (64, 132, 8), (1, 132, 1), (1, 132, 3),
+          (131, 132, 2), (133, 132, 5), (264, 132, 7), (3, 7, 1), (10, 4, 3), (5, 8, 2)]
+
+
+@pytest.mark.parametrize("total,grid,strips", SHAPES)
+def test_pieces_cover_every_strip_once(total, grid, strips):
+    seen, dp = _walk(total, grid, strips)
+    assert sorted(seen) == list(range(total))
+    for tile, pieces in seen.items():
+        covered = sorted(s for _, _, lo, hi in pieces for s in range(lo, hi))
+        assert covered == list(range(strips)), (tile, pieces)
+        # whole-wave tiles are one item; tail tiles only pieces (at most two per CTA)
+        assert all((piece is None) == (tile < dp) for _, piece, _, _ in pieces)
+
+
+@pytest.mark.parametrize("total,grid,strips", SHAPES)
+def test_merging_warp_finds_every_piece(total, grid, strips):
+    """The owners of a tail tile's first and last unit bound the CTAs that hold its pieces, and
+    each one's piece index is t - start // strips: the slots the merge reads."""
+    seen, dp = _walk(total, grid, strips)
+    tail = st.tail_tiles(total, grid)
+    units = tail * strips
+    for tile, pieces in seen.items():
+        if tile < dp:
+            continue
+        t = tile - dp
+        first = st.unit_owner(t * strips, grid, units)
+        last = st.unit_owner(t * strips + strips - 1, grid, units)
+        found = set()
+        for cta in range(first, last + 1):
+            start, end = st.run_bounds(cta, grid, units)
+            if end > start:
+                found.add((cta, t - start // strips))
+        assert found == {(cta, piece) for cta, piece, _, _ in pieces}
+        slots = {st.slot(c, p) for c, p in found}
+        assert len(slots) == len(found) and max(slots) < st.PIECES_PER_CTA * grid
+
+
+def test_counters_complete_at_the_last_piece_in_any_order():
+    total, grid, strips = 1728, 132, 36
+    seen, dp = _walk(total, grid, strips)
+    for tile, pieces in ((t, p) for t, p in seen.items() if t >= dp):
+        rng = random.Random(tile)
+        for _ in range(50):
+            order = rng.sample(pieces, len(pieces))
+            count, last = 0, []
+            for _, _, lo, hi in order:
+                old = count
+                count += hi - lo
+                last.append(old + (hi - lo) == strips)
+            assert last == [False] * (len(order) - 1) + [True]
+
+
+def test_workspace_layout():
+    words, counters = st.workspace_words(128, 128, 8, 132)
+    assert counters == 2 * 132 * 128 * 128 + 2 * 132 * 2 * 128
+    assert words - counters == 132 * 8
+    assert counters % 4 == 0  # the counters' offset keeps 16-byte alignment of the O slots

@@ -1,0 +1,87 @@
+"""split_tail: the persistent grid's last wave split along the keys (stream-K for the tail).
+
+A persistent grid of G CTAs deals T tiles with a static stride, so the last
+`tail = T mod G` tiles run as a wave of their own on `tail` SMs while the rest idle: at
+B=2 S=4608 H=24 (1728 tiles of 128 rows on 132 SMs) that is 12 tiles in the fourteenth wave,
+6.5% of the kernel. With split_tail the first T - tail tiles run as before (whole waves), and
+the tail's work, `tail * strips` K/V strips, is cut into G equal runs of consecutive strips, one
+per CTA. A run is at most a tile long (tail < G), so it lies inside one tile or crosses into
+the next: a CTA holds at most two pieces, each a range [lo, hi) of one tail tile's strips.
+
+Each piece leaves its unnormalised O, row maximum m and row sum l (the online softmax's state,
+log2 domain) in a workspace slot of its own, then adds its strip count to a counter per (tail
+tile, consumer warp). The warp whose addition completes the tile's strip count merges the
+other pieces' slots into its registers and stores O and LSE: with m* = max m_i,
+O = sum 2^(m_i - m*) O_i / sum 2^(m_i - m*) l_i. The counters are zeroed before every launch
+(variants.build.CompiledKernel.run), so launches never share state.
+
+These are plain integer functions of Python ints or CuTe DSL integers (traced inline where the
+kernel calls them), so tests/test_wgmma_split_tail.py checks the decomposition on the CPU. The
+products stay in int32 up to G * tail * strips < 2^31 (132 SMs: 1.2e5 strips per tile, 4M keys).
+"""
+
+from __future__ import annotations
+
+import cutlass
+
+# A CTA's run of tail strips is shorter than one tile, so it touches at most two tiles.
+PIECES_PER_CTA = 2
+
+
+def tail_tiles(total_tiles, grid):
+    """Tiles of the last, partial wave (0 when the tiles fill whole waves)."""
+    return total_tiles % grid
+
+
+def work_limit(total_tiles, grid, cta, strips):
+    """The item bound of CTA `cta`'s persistent loop (items cta, cta + grid, ... below it): the
+    whole-wave tiles, one item each, then its tail pieces (items total - tail + p * grid + cta
+    for piece p), none of them empty: piece 0 when its run is not empty, piece 1 when the run
+    crosses into a second tile."""
+    tail = tail_tiles(total_tiles, grid)
+    start, end = run_bounds(cta, grid, tail * strips)
+    # 0/1 by min/max, so that the same arithmetic runs on Python and DSL integers.
+    first = cutlass.min(end - start, 1)
+    second = cutlass.min(cutlass.max(end - (start // strips + 1) * strips, 0), 1)
+    pieces = first + second
+    return total_tiles - tail + grid * pieces
+
+
+def tail_piece(j, grid, tail, strips):
+    """(tail tile t, lo, hi) of tail item j: piece j // grid of CTA j % grid, the strips
+    [lo, hi) of tail tile t (work_limit walks only the pieces that are not empty)."""
+    units = tail * strips
+    cta = j % grid
+    start = cta * units // grid
+    end = (cta + 1) * units // grid
+    t = start // strips + j // grid
+    base = t * strips
+    lo = cutlass.max(start, base) - base
+    hi = cutlass.min(end, base + strips) - base
+    return t, lo, hi
+
+
+def run_bounds(cta, grid, units):
+    """[start, end) of CTA `cta`'s run in the tail's strip units."""
+    return cta * units // grid, (cta + 1) * units // grid
+
+
+def unit_owner(unit, grid, units):
+    """The CTA whose run holds tail strip unit `unit` (the last c with start_c <= unit; a CTA
+    with an empty run never owns one)."""
+    return ((unit + 1) * grid + units - 1) // units - 1
+
+
+def slot(cta, piece):
+    """The workspace slot a CTA's piece writes."""
+    return PIECES_PER_CTA * cta + piece
+
+
+def workspace_words(block_m: int, head_dim: int, consumer_warps: int, grid: int) -> tuple:
+    """(total 4-byte words, word offset of the counters) of the workspace of a grid: O
+    (slots, block_m, head_dim) fp32 first (16-byte aligned for the vector stores), then m and l
+    (slots, 2, block_m) fp32, then one int32 counter per (tail tile, consumer warp), grid of
+    each (tail < grid). Only the counters need zeroing."""
+    slots = PIECES_PER_CTA * grid
+    counters = slots * block_m * head_dim + slots * 2 * block_m
+    return counters + grid * consumer_warps, counters

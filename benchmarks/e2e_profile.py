@@ -49,7 +49,7 @@ def _launch_parts(kernel, prepared, out, lse, q) -> dict:
     run_compiled_program alone (cells already filled), and a torch allocation."""
     from variants.common.abi import launch_values
 
-    launcher, extra, _workspace_words = kernel._launcher(q.device)
+    launcher, extra = kernel._launcher(q.device)
     stream = torch.cuda.current_stream().cuda_stream
     values = launch_values(prepared, out, lse, stream, extra=extra)
     addresses = launcher.fill(values)

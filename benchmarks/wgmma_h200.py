@@ -45,7 +45,7 @@ CANDIDATES = [
     {"block_n": 256, "p_source": "smem", "intra_wg_overlap": False},
     {"consumer_wgs": 3, "block_n": 64, "kv_stages": 4},
     {"consumer_wgs": 3, "block_n": 128, "p_source": "smem", "intra_wg_overlap": False},
-    {"p_source": "smem"}, {"pingpong": False}, {"persistent": False},
+    {"p_source": "smem"}, {"pingpong": False}, {"persistent": False, "split_tail": False},
     {"consumer_wgs": 1, "pingpong": False, "block_n": 192}, {"block_n": 64, "kv_stages": 4},
 ]
 

@@ -11,9 +11,15 @@ import pytest
 from variants.wgmma import split_tail as st
 
 
+@pytest.fixture
+def always_split(monkeypatch):
+    """The decomposition itself, with every tail split (the cost rule is tested on its own)."""
+    monkeypatch.setattr(st, "MIN_SAVED_STRIPS", 0)
+
+
 def _walk(total, grid, strips):
     """{tile: [(cta, piece, lo, hi)]} as the kernel's loops visit them."""
-    tail = st.tail_tiles(total, grid)
+    tail = st.split_tiles(total, grid, strips)
     dp = total - tail
     seen = {}
     for cta in range(grid):
@@ -34,7 +40,7 @@ SHAPES = [(1728, 132, 36), (1792, 132, 32), (64, 132, 8), (1, 132, 1), (1, 132, 
 
 
 @pytest.mark.parametrize("total,grid,strips", SHAPES)
-def test_pieces_cover_every_strip_once(total, grid, strips):
+def test_pieces_cover_every_strip_once(total, grid, strips, always_split):
     seen, dp = _walk(total, grid, strips)
     assert sorted(seen) == list(range(total))
     for tile, pieces in seen.items():
@@ -45,12 +51,11 @@ def test_pieces_cover_every_strip_once(total, grid, strips):
 
 
 @pytest.mark.parametrize("total,grid,strips", SHAPES)
-def test_merging_warp_finds_every_piece(total, grid, strips):
+def test_merging_warp_finds_every_piece(total, grid, strips, always_split):
     """The owners of a tail tile's first and last unit bound the CTAs that hold its pieces, and
     each one's piece index is t - start // strips: the slots the merge reads."""
     seen, dp = _walk(total, grid, strips)
-    tail = st.tail_tiles(total, grid)
-    units = tail * strips
+    units = st.split_tiles(total, grid, strips) * strips
     for tile, pieces in seen.items():
         if tile < dp:
             continue
@@ -67,7 +72,7 @@ def test_merging_warp_finds_every_piece(total, grid, strips):
         assert len(slots) == len(found) and max(slots) < st.PIECES_PER_CTA * grid
 
 
-def test_counters_complete_at_the_last_piece_in_any_order():
+def test_counters_complete_at_the_last_piece_in_any_order(always_split):
     total, grid, strips = 1728, 132, 36
     seen, dp = _walk(total, grid, strips)
     for tile, pieces in ((t, p) for t, p in seen.items() if t >= dp):
@@ -80,6 +85,24 @@ def test_counters_complete_at_the_last_piece_in_any_order():
                 count += hi - lo
                 last.append(old + (hi - lo) == strips)
             assert last == [False] * (len(order) - 1) + [True]
+
+
+@pytest.mark.parametrize("total,strips,splits", [
+    (1728, 36, True),     # B=2 S=4608 H=24: 12 of 132 in the last wave, 32.7 strips saved
+    (1792, 32, True),     # S=4096 H=56: 76 of 132, 13.6
+    (1280, 32, False),    # S=4096 H=40: 92 of 132, 9.7
+    (448, 8, False),      # S=1024 H=56: 52 of 132, 4.8
+    (1024, 8, False),     # B=4 S=1024 H=32
+    (2 * 132, 64, False),  # no tail
+    (64, 64, True),       # 64 tiles on 132 SMs: every tile split about two ways
+    (32, 8, False),
+])
+def test_the_split_runs_where_it_saves_more_than_it_costs(total, strips, splits):
+    tail = st.split_tiles(total, 132, strips)
+    assert tail == (total % 132 if splits else 0)
+    # Without a split the loop is the whole tiles alone.
+    if not splits:
+        assert all(st.work_limit(total, 132, cta, strips) == total for cta in range(132))
 
 
 def test_workspace_layout():

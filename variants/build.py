@@ -241,9 +241,10 @@ class CompiledKernel:
     # Launch arguments after the scalars, as ints, computed per device (e.g. the SM count of a
     # persistent grid): cached per device index, since a device query costs microseconds.
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
-    # (fp32 words of scratch, the word from which it must be zeroed) a launch on the device
-    # needs (the ABI's workspace pointer; (0, 0): none, the pointer is 0).
-    _workspace_words: Callable[[Any], tuple] = field(repr=False, default=lambda device: (0, 0))
+    # (fp32 words of scratch, the word from which it must be zeroed) a launch on these prepared
+    # inputs on the device needs (the ABI's workspace pointer; (0, 0): none, the pointer is 0).
+    _workspace_words: Callable[[Any, Any], tuple] = field(
+        repr=False, default=lambda device, prepared: (0, 0))
     _launchers: dict = field(repr=False, default_factory=dict)
 
     def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
@@ -274,8 +275,7 @@ class CompiledKernel:
         return self.config.v_feature_major, self.config.v_key_permuted
 
     def _launcher(self, device):
-        """(FastLaunch of the compiled function, its extra ints, its workspace words) for this
-        device, made once."""
+        """(FastLaunch of the compiled function, its extra ints) for this device, made once."""
         hit = self._launchers.get(device)
         if hit is None:
             from variants.launch import FastLaunch
@@ -283,7 +283,7 @@ class CompiledKernel:
             extra = self._extra_args(device)
             hit = self._launchers[device] = (
                 FastLaunch(self._fn, slots(len(extra), q_in_kernel=self.config.q_in_kernel)),
-                extra, self._workspace_words(device))
+                extra)
         return hit
 
     @staticmethod
@@ -331,8 +331,8 @@ class CompiledKernel:
             lse = torch.empty((batch, heads, s), dtype=torch.float32, device=device)
         from variants.launch import current_stream_handle
 
-        launcher, extra, (words, zero_from) = self._launcher(device)
-        workspace = self._workspace(words, zero_from, device)
+        launcher, extra = self._launcher(device)
+        workspace = self._workspace(*self._workspace_words(device, prepared), device)
         launcher(*launch_values(prepared, out, lse, current_stream_handle(device), extra=extra,
                                 workspace=0 if workspace is None else workspace.data_ptr()))
         return out, lse
@@ -342,7 +342,7 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                    make_kernel: Callable[[], Any], smem_bytes: int,
                    example_extra: tuple = (),
                    extra_args: Callable[[Any], tuple] = lambda device: (),
-                   workspace_words: Callable[[Any], tuple] = lambda device: (0, 0),
+                   workspace_words: Callable[[Any, Any], tuple] = lambda device, prepared: (0, 0),
                    ) -> CompiledKernel:
     """The one compile cache: memory per (build, problem), a build per codegen key, and on disk
     the cubin, resources and loadable function of every build (read back by other processes)."""

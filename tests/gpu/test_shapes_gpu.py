@@ -43,7 +43,7 @@ SHAPES = [
 # longest_first with a causal mask, per_head without), and pingpong on.
 CONFIGS = {
     "wgmma": [None, dict(v_layout="kernel", p_source="smem"),
-              dict(intra_wg_overlap=False, pingpong=False, persistent=False),
+              dict(intra_wg_overlap=False, pingpong=False, persistent=False, split_tail=False),
               dict(tile_order="per_head"), dict(tile_order="longest_first"),
               # The causal default turns pingpong off up to 8192 keys at head_dim 128
               # (config.CAUSAL_SHORT_KEYS_UP_TO); longer causal problems keep it on.
@@ -52,6 +52,7 @@ CONFIGS = {
               # config.Q_IN_KERNEL_UP_TO): rows past seq_len, GQA heads, both loops.
               dict(q_quant="prepare"), dict(q_quant="kernel"),
               dict(q_quant="kernel", intra_wg_overlap=False, pingpong=False, persistent=False,
+                   split_tail=False,
                    p_source="smem")],
     "mma_sync": [None],
 }

@@ -16,20 +16,23 @@ from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
 from variants.reference import validate
+from variants.wgmma.split_tail import split_tiles
 
 pytestmark = pytest.mark.gpu
 
-# (batch, heads, seq_len, seq_len_kv, kv_heads, head_dim): tiles of 128 rows (192 at head_dim
-# 64 with three consumer warpgroups) against 132 SMs.
+# (batch, heads, seq_len, seq_len_kv, kv_heads, head_dim, whether the tail is split): tiles of
+# 128 rows (192 at head_dim 64, three consumer warpgroups) and strips of 128 keys against the
+# H200's 132 SMs; the split runs where it saves more than it costs (split_tail.split_tiles).
 SHAPES = [
-    (1, 2, 77, 77, 2, 128),        # 2 tiles of one strip: a piece is a whole tile
-    (1, 4, 1000, 1000, 2, 128),    # 32 tiles, 8 strips: every tile split 4-5 ways
-    (1, 4, 1, 513, 4, 128),        # one query row a head, 5 strips, the ragged one in a piece
-    (1, 9, 4097, 4097, 3, 128),    # 297 tiles: two whole waves, a tail of 33 over 132 SMs
-    (1, 8, 4097, 4097, 1, 128),    # 264 tiles: no tail, the split never runs
-    (2, 5, 2000, 3000, 5, 128),    # cross-attention, ragged keys: 160 tiles, a tail of 28
-    (1, 8, 1000, 77, 2, 64),       # short context, grouped heads, head_dim 64
-    (2, 6, 2500, 2500, 3, 64),
+    (1, 2, 77, 3000, 2, 128, True),      # 2 tiles of 24 strips: 24 pieces of one strip each
+    (1, 4, 1000, 4000, 2, 128, True),    # 32 tiles, 32 strips: every tile split 4-5 ways
+    (1, 4, 1, 2049, 4, 128, True),       # one query row a head; the ragged strip in a piece
+    (1, 9, 4097, 4097, 3, 128, True),    # 297 tiles: two whole waves, a tail of 33
+    (2, 5, 2000, 3000, 5, 128, True),    # cross-attention, ragged keys: a tail of 28 of 160
+    (1, 8, 4097, 4097, 1, 128, False),   # 264 tiles: no tail
+    (1, 4, 1000, 1000, 2, 128, False),   # 8 strips a tile: the split would cost more
+    (1, 8, 1000, 3000, 2, 64, True),     # grouped heads, head_dim 64: 48 tiles of 192 rows
+    (2, 6, 2500, 2500, 3, 64, True),     # 168 tiles: a whole wave and a tail of 36
 ]
 
 CONFIGS = [
@@ -50,9 +53,13 @@ def _config(problem, overrides):
     f"{k}={v}" for k, v in o.items()))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-d{}".format(*s))
 def test_the_gate_passes_split_tail(overrides, shape):
-    batch, heads, seq, seq_kv, kv_heads, head_dim = shape
+    batch, heads, seq, seq_kv, kv_heads, head_dim, splits = shape
     problem = Problem(batch, heads, seq, head_dim, seq_len_kv=seq_kv, kv_heads=kv_heads)
     cfg = _config(problem, overrides)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = batch * heads * -(-seq // cfg.block_m)
+    if sms == 132:  # the shapes were picked for the H200's SM count
+        assert bool(split_tiles(tiles, sms, -(-seq_kv // cfg.block_n))) == splits
     seed = int.from_bytes(os.urandom(4), "little")
     report = validate_kernel(wgmma.compile(cfg, problem, "sm_90a"), problem,
                              torch.device("cuda"), seed)
@@ -66,9 +73,10 @@ def test_split_tail_agrees_with_the_whole_tiles_and_repeats(tmp_path, monkeypatc
     order are fixed; counters are zeroed per launch, so a second launch starts clean)."""
     monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
     g = torch.Generator(device="cuda").manual_seed(11)
-    q, k, v = (torch.randn(2, 2000, 6, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-               for _ in range(3))
-    problem = Problem(2, 6, 2000, 128)
+    q = torch.randn(2, 2000, 6, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4000, 6, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+            for _ in range(2))
+    problem = Problem(2, 6, 2000, 128, seq_len_kv=4000)  # 192 tiles: a tail of 60 is split
     whole = dataclasses.replace(_config(problem, {}), split_tail=False)
     split = dataclasses.replace(whole, split_tail=True)
     out, lse = tuner.attention(q, k, v, config=whole, return_lse=True)

@@ -3,6 +3,7 @@ Batch, heads, seq_len and the persistent grid size (the SM count) are runtime ar
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from variants import build
@@ -12,6 +13,7 @@ FAMILY = "wgmma"
 _SRC_DIR = Path(__file__).resolve().parent
 
 
+@functools.cache
 def _sm_count_arg(device) -> tuple:
     import torch
 
@@ -25,17 +27,22 @@ def _example_sm_count() -> tuple:
 
 
 def _workspace_words(cfg: Config, head_dim: int):
-    """The launch's scratch on a device: split_tail's slots and counters for a grid of its SMs
-    (the persistent grid the kernel launches), none otherwise."""
+    """The scratch of a launch on prepared inputs: split_tail's slots and counters for a grid of
+    the device's SMs (the persistent grid the kernel launches) where it splits that problem's
+    tail (split_tail.split_tiles, as the kernel decides), none otherwise."""
     if not cfg.split_tail:
-        return lambda device: (0, 0)
+        return lambda device, prepared: (0, 0)
 
-    def words(device) -> tuple:
-        from variants.wgmma.config import ROWS_PER_WG
-        from variants.wgmma.split_tail import workspace_words
+    def words(device, prepared) -> tuple:
+        from variants.wgmma.split_tail import split_tiles, workspace_words
 
         (grid,) = _sm_count_arg(device)
-        return workspace_words(cfg.block_m, head_dim, cfg.block_m // ROWS_PER_WG * 4, grid)
+        batch, _, heads, _ = prepared.q.shape
+        tiles = batch * heads * -(-prepared.seq_len // cfg.block_m)
+        strips = -(-prepared.seq_len_kv // cfg.block_n)
+        if not split_tiles(tiles, grid, strips):
+            return 0, 0
+        return workspace_words(cfg.block_m, head_dim, 4 * cfg.consumer_wgs, grid)
 
     return words
 

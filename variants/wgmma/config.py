@@ -144,6 +144,10 @@ def default(arch: str, problem=None) -> Config:
     else:
         cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                      intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
+    if problem is not None and not problem.causal:
+        # The last wave's tiles split along the keys where that pays (split_tail.split_tiles
+        # decides per launch).
+        cfg = dataclasses.replace(cfg, split_tail=True)
     if problem is not None and problem.causal:
         if problem.head_dim == 128 and problem.seq_len_kv > CAUSAL_SHORT_KEYS_UP_TO:
             # per_head tiles (the order above) on a grid the hardware schedules.
@@ -220,7 +224,7 @@ def smem_header_bytes(cfg: Config) -> int:
     """The fields below the first 1024-aligned buffer: the mbarriers and the block scales the
     loader stages for the consumers (a strip's K/V scales per stage, a tile's Q row scales),
     rounded up to the alignment: one SMEM_BARRIER_BYTES block, two for three consumer
-    warpgroups with V transposed in the kernel and 3-4 stages (288 of the 5616 feasible configs
+    warpgroups with V transposed in the kernel and 3-4 stages (432 of the 8424 feasible configs
     at head_dim 128). The kernel checks this estimate against its shared storage at trace time."""
     stages = cfg.kv_stages
     mbarriers = 2 + 2 * stages + 2 * stages + 2 * stages  # q, k, v, the K/V scales

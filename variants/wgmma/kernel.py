@@ -110,8 +110,8 @@ from variants.wgmma.split_tail import (
     PIECES_PER_CTA,
     run_bounds,
     slot,
+    split_tiles,
     tail_piece,
-    tail_tiles,
     unit_owner,
     work_limit,
 )
@@ -291,7 +291,11 @@ class WgmmaAttention(VTransposeMixin):
         if cutlass.const_expr(self.persistent):
             grid_x = cutlass.min(total_tiles, max_ctas)
             if cutlass.const_expr(self.split_tail):
-                grid_x = max_ctas  # the tail's pieces spread over every SM
+                # The tail's pieces spread over every SM, where the split pays (the kernel
+                # decides alike from its grid: with fewer tiles than SMs and no split, the
+                # grid is the tiles and has no tail).
+                if split_tiles(total_tiles, max_ctas, cute.ceil_div(seq_len_kv, bn)) > 0:
+                    grid_x = max_ctas
         mWorkO, mWorkML, mCount = self._workspace_views(workspace_ptr, max_ctas)
         self.kernel(
             tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales[0], mKVScales, mO, mLSE,
@@ -491,7 +495,7 @@ class WgmmaAttention(VTransposeMixin):
             m_block, head, kv_head, batch, n_tile = self._tile_strips(item, strips)
             return m_block, head, kv_head, batch, 0, n_tile, -1
         n_total, total_tiles = strips[2], strips[6]
-        tail = tail_tiles(total_tiles, grid)
+        tail = split_tiles(total_tiles, grid, n_total)
         whole = total_tiles - tail
         tile = item
         lo = cutlass.Int32(0)
@@ -997,7 +1001,7 @@ class WgmmaAttention(VTransposeMixin):
         merge from the empty state takes 2^(-inf - m) = 0 of it)."""
         mWorkO, mWorkML, mCount = work
         n_total, total_tiles = strips[2], strips[6]
-        units = tail_tiles(total_tiles, grid) * n_total
+        units = split_tiles(total_tiles, grid, n_total) * n_total
         lane = cute.arch.lane_idx()
         done = cutlass.Boolean(True)
         if tail_tile >= 0:

@@ -5,8 +5,9 @@ A persistent grid of G CTAs deals T tiles with a static stride, so the last
 B=2 S=4608 H=24 (1728 tiles of 128 rows on 132 SMs) that is 12 tiles in the fourteenth wave,
 6.5% of the kernel. With split_tail the first T - tail tiles run as before (whole waves), and
 the tail's work, `tail * strips` K/V strips, is cut into G equal runs of consecutive strips, one
-per CTA. A run is at most a tile long (tail < G), so it lies inside one tile or crosses into
-the next: a CTA holds at most two pieces, each a range [lo, hi) of one tail tile's strips.
+per CTA, where that saves more than the split costs (split_tiles). A run is at most a tile
+long (tail < G), so it lies inside one tile or crosses into the next: a CTA holds at most two
+pieces, each a range [lo, hi) of one tail tile's strips.
 
 Each piece leaves its unnormalised O, row maximum m and row sum l (the online softmax's state,
 log2 domain) in a workspace slot of its own, then adds its strip count to a counter per (tail
@@ -24,8 +25,16 @@ from __future__ import annotations
 
 import cutlass
 
-# A CTA's run of tail strips is shorter than one tile, so it touches at most two tiles.
+# A CTA's run of tail strips is at most one tile long, so it touches at most two tiles.
 PIECES_PER_CTA = 2
+# What a split tail costs beyond its pieces' strips, in strip times (one 128-key strip of one
+# tile): the counters' zeroing launch, each piece's pipeline start and Q load, the partial O
+# stores, fence and counter update, and the merge's reads. The split runs only where the strips
+# it saves, strips * (1 - tail / grid) of the last tile's critical path, exceed this. Measured on
+# the H200 (benchmarks/split_tail_h200.py, seventeenth session, the tail always split): a gain
+# at 13.4 saved strips (S=4096 H=56: 76 of 132, 32 strips, 1.03x) and more, a loss at 9.6 and
+# fewer (S=4096 H=40: 0.98x; S=1024 H=56: 0.90x; B=4 S=1024 H=32: 0.95x).
+MIN_SAVED_STRIPS = 12
 
 
 def tail_tiles(total_tiles, grid):
@@ -33,12 +42,21 @@ def tail_tiles(total_tiles, grid):
     return total_tiles % grid
 
 
+def split_tiles(total_tiles, grid, strips):
+    """The tail tiles split_tail splits: the last wave's when that saves more than
+    MIN_SAVED_STRIPS strip times, strips * (grid - tail) > MIN_SAVED_STRIPS * grid, else none
+    (the tail then runs as whole tiles). The host (workspace size) and the kernel decide alike."""
+    tail = tail_tiles(total_tiles, grid)
+    pays = cutlass.min(cutlass.max(strips * (grid - tail) - MIN_SAVED_STRIPS * grid, 0), 1)
+    return tail * pays
+
+
 def work_limit(total_tiles, grid, cta, strips):
     """The item bound of CTA `cta`'s persistent loop (items cta, cta + grid, ... below it): the
     whole-wave tiles, one item each, then its tail pieces (items total - tail + p * grid + cta
     for piece p), none of them empty: piece 0 when its run is not empty, piece 1 when the run
     crosses into a second tile."""
-    tail = tail_tiles(total_tiles, grid)
+    tail = split_tiles(total_tiles, grid, strips)
     start, end = run_bounds(cta, grid, tail * strips)
     # 0/1 by min/max, so that the same arithmetic runs on Python and DSL integers.
     first = cutlass.min(end - start, 1)

@@ -144,10 +144,10 @@ def default(arch: str, problem=None) -> Config:
     else:
         cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                      intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
-    if problem is not None and not problem.causal:
-        # The last wave's tiles split along the keys where that pays (split_tail.split_tiles
-        # decides per launch).
-        cfg = dataclasses.replace(cfg, split_tail=True)
+    # split_tail stays off here: on the H200 it gained 1.5-3% at three tail-heavy shapes in its
+    # first run and lost 1.5-3% at the same and longer ones in the next two (its consumer main
+    # loop schedules differently from this one's; RESULTS.md, seventeenth session). The search
+    # measures it per problem.
     if problem is not None and problem.causal:
         if problem.head_dim == 128 and problem.seq_len_kv > CAUSAL_SHORT_KEYS_UP_TO:
             # per_head tiles (the order above) on a grid the hardware schedules.

@@ -3,12 +3,15 @@
 #   bash benchmarks/h200_split_tail.sh a   # carry [".device"] (staged --with-cudnn): the
 #       split_tail GPU tests, two planted merge bugs the gate must reject, then
 #       benchmarks/split_tail_h200.py (the default beside split_tail at 11 full-mask shapes)
+#   bash benchmarks/h200_split_tail.sh c   # carry [".device"]: with the pieces in a launch of
+#       their own (the whole tiles' program the kernel of split_tail=False): the split_tail GPU
+#       tests, then the off/on table at six shapes
 #   bash benchmarks/h200_split_tail.sh b   # carry [".device"]: the GPU tests of the shapes,
 #       runtime, end to end and gate (the long causal default of the sixteenth session and the
 #       new launch ABI's workspace pointer)
 source "$(dirname "$0")/device_steps.sh"
 
-step=${1:?usage: h200_split_tail.sh a|b}
+step=${1:?usage: h200_split_tail.sh a|b|c}
 case "$step" in
 a)
   capped 200 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
@@ -29,6 +32,15 @@ a)
     "2,4608,24,128;1,8192,56,128;1,4096,56,128;1,16384,56,128;1,30272,56,128;1,8192,56,64" \
     > "$OUT/split_bench_again.log" 2>&1
   echo "bench again rc=$?"; grep -E '^\||gate:' "$OUT/split_bench_again.log"
+  ;;
+c)
+  capped 110 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
+  echo "split tests rc=$?"; tail -n 3 "$OUT/split_tests.log"
+  grep -E "Error|assert" "$OUT/split_tests.log" | head -n 5
+  capped 120 python3 benchmarks/split_tail_h200.py --out "$OUT" --shapes \
+    "2,4608,24,128;1,4096,56,128;1,8192,56,128;1,16384,56,128;4,1024,32,128;1,8192,56,64" \
+    > "$OUT/split_bench.log" 2>&1
+  echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
   ;;
 b)
   capped 540 $PYTEST tests/gpu/test_shapes_gpu.py tests/gpu/test_runtime_gpu.py \

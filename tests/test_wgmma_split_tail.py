@@ -18,17 +18,19 @@ def always_split(monkeypatch):
 
 
 def _walk(total, grid, strips):
-    """{tile: [(cta, piece, lo, hi)]} as the kernel's loops visit them."""
+    """{tile: [(cta, piece, lo, hi)]} as the kernels' loops visit them: the whole tiles' launch
+    (grid min(whole, SMs), tiles below `whole`), then the pieces program's."""
     tail = st.split_tiles(total, grid, strips)
     dp = total - tail
     seen = {}
+    whole_grid = max(min(dp, grid), 1)
+    for cta in range(whole_grid):
+        for item in range(cta, dp, whole_grid):
+            seen.setdefault(item, []).append((cta, None, 0, strips))
     for cta in range(grid):
         limit = st.work_limit(total, grid, cta, strips)
-        for item in range(cta, limit, grid):
-            if item < dp:
-                seen.setdefault(item, []).append((cta, None, 0, strips))
-                continue
-            j = item - dp
+        assert limit in (0, grid, 2 * grid)
+        for j in range(cta, limit, grid):
             t, lo, hi = st.tail_piece(j, grid, tail, strips)
             assert 0 <= lo < hi <= strips, (total, grid, strips, cta, j)
             seen.setdefault(dp + t, []).append((cta, j // grid, lo, hi))
@@ -100,9 +102,9 @@ def test_counters_complete_at_the_last_piece_in_any_order(always_split):
 def test_the_split_runs_where_it_saves_more_than_it_costs(total, strips, splits):
     tail = st.split_tiles(total, 132, strips)
     assert tail == (total % 132 if splits else 0)
-    # Without a split the loop is the whole tiles alone.
+    # Without a split the pieces program has no work.
     if not splits:
-        assert all(st.work_limit(total, 132, cta, strips) == total for cta in range(132))
+        assert all(st.work_limit(total, 132, cta, strips) == 0 for cta in range(132))
 
 
 def test_workspace_layout():

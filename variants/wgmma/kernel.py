@@ -287,25 +287,36 @@ class WgmmaAttention(VTransposeMixin):
 
         m_blocks = cute.ceil_div(seq_len, bm)
         total_tiles = m_blocks * heads * batch
+        # split_tail: the whole tiles in this launch (the kernel of split_tail=False, its loop
+        # bound the whole tiles), the last wave's pieces in a second one (_launch(pieces=True)):
+        # two programs, so that the pieces' code leaves the whole tiles' main loop as ptxas
+        # schedules it without them (RESULTS.md, seventeenth session).
+        tail = 0
+        if cutlass.const_expr(self.split_tail):
+            tail = split_tiles(total_tiles, max_ctas, cute.ceil_div(seq_len_kv, bn))
+        whole = total_tiles - tail
         grid_x = total_tiles
         if cutlass.const_expr(self.persistent):
-            grid_x = cutlass.min(total_tiles, max_ctas)
-            if cutlass.const_expr(self.split_tail):
-                # The tail's pieces spread over every SM, where the split pays (the kernel
-                # decides alike from its grid: with fewer tiles than SMs and no split, the
-                # grid is the tiles and has no tail).
-                if split_tiles(total_tiles, max_ctas, cute.ceil_div(seq_len_kv, bn)) > 0:
-                    grid_x = max_ctas
+            grid_x = cutlass.max(cutlass.min(whole, max_ctas), 1)
         mWorkO, mWorkML, mCount = self._workspace_views(workspace_ptr, max_ctas)
-        self.kernel(
-            tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales[0], mKVScales, mO, mLSE,
-            mWorkO, mWorkML, mCount,
-            seq_len, heads, m_blocks, total_tiles, softmax_scale * LOG2_E, seq_len_kv,
-            heads // kv_heads, causal_offset(seq_len, seq_len_kv),
-            sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout, tiled_mma_qk,
-            tiled_mma_pv, SharedStorage,
-        ).launch(grid=(grid_x, 1, 1), block=[self.threads, 1, 1],
-                 smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1, stream=stream)
+        args = (tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales[0], mKVScales, mO, mLSE,
+                mWorkO, mWorkML, mCount,
+                seq_len, heads, m_blocks, total_tiles, whole, softmax_scale * LOG2_E, seq_len_kv,
+                heads // kv_heads, causal_offset(seq_len, seq_len_kv),
+                sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout, tiled_mma_qk,
+                tiled_mma_pv, SharedStorage)
+        self.kernel(*args, False).launch(
+            grid=(grid_x, 1, 1), block=[self.threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1, stream=stream)
+        if cutlass.const_expr(self.split_tail):
+            # Every SM takes a run of the tail's strips (a grid of one, which has none, where
+            # the split does not pay).
+            pieces_grid = max_ctas
+            if tail == 0:
+                pieces_grid = 1
+            self.kernel(*args, True).launch(
+                grid=(pieces_grid, 1, 1), block=[self.threads, 1, 1],
+                smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1, stream=stream)
 
     def _workspace_views(self, workspace_ptr, grid):
         """split_tail's scratch (split_tail.workspace_words lays it out): each slot's partial O
@@ -346,6 +357,7 @@ class WgmmaAttention(VTransposeMixin):
         heads: cutlass.Int32,
         m_blocks: cutlass.Int32,
         total_tiles: cutlass.Int32,
+        tile_limit: cutlass.Int32,
         scale_log2: cutlass.Float32,
         seq_len_kv: cutlass.Int32,
         group: cutlass.Int32,
@@ -358,7 +370,12 @@ class WgmmaAttention(VTransposeMixin):
         tiled_mma_qk: cute.TiledMma,
         tiled_mma_pv: cute.TiledMma,
         SharedStorage: cutlass.Constexpr,
+        pieces: cutlass.Constexpr,
     ):
+        """pieces=False: the tiles below tile_limit (all of them, or with split_tail those of
+        the whole waves); pieces=True: split_tail's pieces of the last wave's tiles."""
+        # Read by the device methods at trace time: which of the two programs this is.
+        self.pieces = pieces
         d, bm, bn = self.head_dim, self.block_m, self.block_n
         tidx, _, _ = cute.arch.thread_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -439,11 +456,13 @@ class WgmmaAttention(VTransposeMixin):
         n_blocks = cute.ceil_div(seq_len_kv, bn)
         # What _tile_strips and _work read.
         strips = (m_blocks, heads, n_blocks, group, offset, total_tiles // m_blocks, total_tiles)
-        # This CTA's persistent loop walks items bid, bid + grid, ... below n_items: whole
-        # tiles, then (split_tail) its pieces of the last wave's tiles.
+        # This CTA's persistent loop walks items bid, bid + grid, ... below n_items: tiles, or
+        # (pieces) its pieces of the last wave's tiles.
         n_items = total_tiles
-        if cutlass.const_expr(self.split_tail):
+        if cutlass.const_expr(self.pieces):
             n_items = work_limit(total_tiles, grid, bid, n_blocks)
+        elif cutlass.const_expr(self.split_tail):
+            n_items = tile_limit  # the whole waves' tiles
 
         if wg_idx == 0:
             cute.arch.setmaxregister_decrease(self.producer_regs)
@@ -488,23 +507,16 @@ class WgmmaAttention(VTransposeMixin):
 
     @cute.jit
     def _work(self, item, grid, strips):
-        """(m_block, head, KV head, batch, lo, hi, tail tile) of a persistent loop item: the
-        strips [lo, hi) it visits, all of its tile's (tail tile -1), or with split_tail, past
-        the whole waves, one piece of tail tile t (split_tail.tail_piece)."""
-        if cutlass.const_expr(not self.split_tail):
+        """(m_block, head, KV head, batch, lo, hi, tail tile) of a persistent loop item: a tile,
+        all of its strips [0, n) (tail tile -1), or in the pieces program one piece [lo, hi)
+        of tail tile t (split_tail.tail_piece)."""
+        if cutlass.const_expr(not self.pieces):
             m_block, head, kv_head, batch, n_tile = self._tile_strips(item, strips)
             return m_block, head, kv_head, batch, 0, n_tile, -1
         n_total, total_tiles = strips[2], strips[6]
         tail = split_tiles(total_tiles, grid, n_total)
-        whole = total_tiles - tail
-        tile = item
-        lo = cutlass.Int32(0)
-        hi = n_total
-        t = cutlass.Int32(-1)
-        if item >= whole:
-            t, lo, hi = tail_piece(item - whole, grid, tail, n_total)
-            tile = whole + t
-        m_block, head, kv_head, batch, _ = self._tile_strips(tile, strips)
+        t, lo, hi = tail_piece(item, grid, tail, n_total)
+        m_block, head, kv_head, batch, _ = self._tile_strips(total_tiles - tail + t, strips)
         return m_block, head, kv_head, batch, lo, hi, t
 
     # ---- producer ----------------------------------------------------------------------------
@@ -953,32 +965,33 @@ class WgmmaAttention(VTransposeMixin):
 
             # ---- epilogue: O * dv / l as bf16, LSE; rows >= seq_len are not stored ----------
             o_mn = cute.make_tensor(acc_O.iterator, _acc_mn_layout(acc_O.layout))
-            c_mn = cute.make_tensor(tOcO.iterator, _acc_mn_layout(tOcO.layout))
             totals = cute.make_rmem_tensor((2,), cutlass.Float32)
-            for r in cutlass.range_constexpr(2):
-                total = row_sum[r]
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
-                totals[r] = total
             stores = True
-            if cutlass.const_expr(self.split_tail):
+            if cutlass.const_expr(self.pieces):
                 # A tail piece leaves its state in the workspace; the warp that completes the
                 # tile merges every piece into acc_O, row_max, totals and stores.
-                stores = self._merge_tail(acc_O, row_max, totals, work, tail_tile, hi - lo,
-                                          thr_pv, c_mn, bid, grid, strips, ctid // 32)
-            for r in cutlass.range_constexpr(2):
-                total = totals[r]
-                scale = 1.0 / total  # V's scales are in P' already
-                if cutlass.const_expr(self.causal):
-                    if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
-                        scale = cutlass.Float32(0.0)
-                o_mn[r, None].store(o_mn[r, None].load() * scale)
+                for r in cutlass.range_constexpr(2):
+                    totals[r] = self._row_total(row_sum[r])
+                stores = self._merge_tail(
+                    acc_O, row_max, totals, work, tail_tile, hi - lo, thr_pv,
+                    cute.make_tensor(tOcO.iterator, _acc_mn_layout(tOcO.layout)), bid, grid,
+                    strips, ctid // 32)
+                for r in cutlass.range_constexpr(2):
+                    self._normalize_row(o_mn, r, totals[r])
+            else:
+                # (The pieces program's steps above, in the order this one was written before
+                # it existed: so its SASS stays the one built then.)
+                for r in cutlass.range_constexpr(2):
+                    total = self._row_total(row_sum[r])
+                    totals[r] = total
+                    self._normalize_row(o_mn, r, total)
             rO = cute.make_rmem_tensor_like(acc_O, cutlass.BFloat16)
             rO.store(acc_O.load().to(cutlass.BFloat16))
             gO = cute.local_tile(mO[batch, None, head, None], (bm, d), (m_block, 0))
             tOgO = thr_pv.partition_C(gO)
             r_mn = cute.make_tensor(rO.iterator, _acc_mn_layout(rO.layout))
             g_mn = cute.make_tensor(tOgO.iterator, _acc_mn_layout(tOgO.layout))
+            c_mn = cute.make_tensor(tOcO.iterator, _acc_mn_layout(tOcO.layout))
             if stores:
                 for r in cutlass.range_constexpr(2):
                     row = row_base + c_mn[r, 0][0]
@@ -989,6 +1002,20 @@ class WgmmaAttention(VTransposeMixin):
                             cute.autovec_copy(r_mn[r, (None, c)], g_mn[r, (None, c)])
             item += grid
 
+    @cute.jit
+    def _row_total(self, partial):
+        """A row's sum l over the four threads of its quad."""
+        total = partial + cute.arch.shuffle_sync_bfly(partial, offset=1)
+        return total + cute.arch.shuffle_sync_bfly(total, offset=2)
+
+    @cute.jit
+    def _normalize_row(self, o_mn, r, total):
+        scale = 1.0 / total  # V's scales are in P' already
+        if cutlass.const_expr(self.causal):
+            if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
+                scale = cutlass.Float32(0.0)
+        o_mn[r, None].store(o_mn[r, None].load() * scale)
+
     # ---- split_tail: the pieces of a tail tile ---------------------------------------------------
     @cute.jit
     def _merge_tail(self, acc_O, row_max, totals, work, tail_tile, count, thr_pv, c_mn, bid,
@@ -996,44 +1023,41 @@ class WgmmaAttention(VTransposeMixin):
         """A tail piece's epilogue (split_tail.py): its O, m and quad-summed l into its slot,
         then `count` strips added to the counter of (tile, warp); the warp whose addition
         completes the tile's strips merges every piece's slot into its registers and returns
-        True (it stores the tile's rows), the others False. Whole tiles (tail_tile < 0) return
-        True untouched. Full masks only: every piece's rows have a finite maximum (the first
-        merge from the empty state takes 2^(-inf - m) = 0 of it)."""
+        True (it stores the tile's rows), the others False. Full masks only: every piece's rows
+        have a finite maximum (the first merge from the empty state takes 2^(-inf - m) = 0 of
+        it)."""
         mWorkO, mWorkML, mCount = work
         n_total, total_tiles = strips[2], strips[6]
         units = split_tiles(total_tiles, grid, n_total) * n_total
         lane = cute.arch.lane_idx()
-        done = cutlass.Boolean(True)
-        if tail_tile >= 0:
-            own = slot(bid, tail_tile - run_bounds(bid, grid, units)[0] // n_total)
-            self._piece_io(acc_O, row_max, totals, mWorkO, mWorkML, own, thr_pv, c_mn, True)
-            # Release: every lane's slot stores before lane 0's counter update (the warp sync
-            # orders them; the fences make them visible at GPU scope).
+        own = slot(bid, tail_tile - run_bounds(bid, grid, units)[0] // n_total)
+        self._piece_io(acc_O, row_max, totals, mWorkO, mWorkML, own, thr_pv, c_mn, True)
+        # Release: every lane's slot stores before lane 0's counter update (the warp sync
+        # orders them; the fences make them visible at GPU scope).
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.sync_warp()
+        old = cutlass.Int32(0)
+        if lane == 0:
+            counter = mCount.iterator + (tail_tile * (4 * self.wgs) + warp)
+            old = cute.arch.atomic_add(counter.llvm_ptr, cutlass.Int32(count), sem="acq_rel",
+                                       scope="gpu")
+        old = cute.arch.shuffle_sync(old, 0)
+        done = old + count == n_total
+        if done:
+            # Acquire: the other pieces' stores, which their counter updates released.
             cute.arch.fence_acq_rel_gpu()
-            cute.arch.sync_warp()
-            old = cutlass.Int32(0)
-            if lane == 0:
-                counter = mCount.iterator + (tail_tile * (4 * self.wgs) + warp)
-                old = cute.arch.atomic_add(counter.llvm_ptr, cutlass.Int32(count),
-                                           sem="acq_rel", scope="gpu")
-            old = cute.arch.shuffle_sync(old, 0)
-            done = old + count == n_total
-            if done:
-                # Acquire: the other pieces' stores, which their counter updates released.
-                cute.arch.fence_acq_rel_gpu()
-                # Every piece from its slot (this one's too) in CTA order, from an empty state,
-                # so the sum's order and the output bits do not depend on which piece was last.
-                row_max.fill(-cutlass.Float32.inf)
-                totals.fill(0.0)
-                acc_O.fill(0.0)
-                first = unit_owner(tail_tile * n_total, grid, units)
-                last = unit_owner(tail_tile * n_total + n_total - 1, grid, units)
-                for cta in cutlass.range(first, last + 1, unroll=1):
-                    start, end = run_bounds(cta, grid, units)
-                    if end > start:
-                        self._piece_io(acc_O, row_max, totals, mWorkO, mWorkML,
-                                       slot(cta, tail_tile - start // n_total), thr_pv, c_mn,
-                                       False)
+            # Every piece from its slot (this one's too) in CTA order, from an empty state, so
+            # the sum's order and the output bits do not depend on which piece was last.
+            row_max.fill(-cutlass.Float32.inf)
+            totals.fill(0.0)
+            acc_O.fill(0.0)
+            first = unit_owner(tail_tile * n_total, grid, units)
+            last = unit_owner(tail_tile * n_total + n_total - 1, grid, units)
+            for cta in cutlass.range(first, last + 1, unroll=1):
+                start, end = run_bounds(cta, grid, units)
+                if end > start:
+                    self._piece_io(acc_O, row_max, totals, mWorkO, mWorkML,
+                                   slot(cta, tail_tile - start // n_total), thr_pv, c_mn, False)
         return done
 
     @cute.jit

@@ -3,18 +3,21 @@
 A persistent grid of G CTAs deals T tiles with a static stride, so the last
 `tail = T mod G` tiles run as a wave of their own on `tail` SMs while the rest idle: at
 B=2 S=4608 H=24 (1728 tiles of 128 rows on 132 SMs) that is 12 tiles in the fourteenth wave,
-6.5% of the kernel. With split_tail the first T - tail tiles run as before (whole waves), and
-the tail's work, `tail * strips` K/V strips, is cut into G equal runs of consecutive strips, one
-per CTA, where that saves more than the split costs (split_tiles). A run is at most a tile
-long (tail < G), so it lies inside one tile or crosses into the next: a CTA holds at most two
-pieces, each a range [lo, hi) of one tail tile's strips.
+6.5% of the kernel. With split_tail the first T - tail tiles run as before, whole waves in a
+launch of the program without split_tail's code (ptxas schedules a main loop differently
+beside the pieces' code: 1-3% on the H200, RESULTS.md seventeenth session). A second launch,
+the pieces program, cuts the tail's work, `tail * strips` K/V strips, into G equal runs of
+consecutive strips, one per CTA, where that saves more than the split costs (split_tiles). A
+run is at most a tile long (tail < G), so it lies inside one tile or crosses into the next: a
+CTA holds at most two pieces, each a range [lo, hi) of one tail tile's strips.
 
 Each piece leaves its unnormalised O, row maximum m and row sum l (the online softmax's state,
 log2 domain) in a workspace slot of its own, then adds its strip count to a counter per (tail
-tile, consumer warp). The warp whose addition completes the tile's strip count merges the
-other pieces' slots into its registers and stores O and LSE: with m* = max m_i,
-O = sum 2^(m_i - m*) O_i / sum 2^(m_i - m*) l_i. The counters are zeroed before every launch
-(variants.build.CompiledKernel.run), so launches never share state.
+tile, consumer warp). The warp whose addition completes the tile's strip count merges every
+piece's slot, in CTA order (so the output bits do not depend on which piece finished last),
+and stores O and LSE: with m* = max m_i, O = sum 2^(m_i - m*) O_i / sum 2^(m_i - m*) l_i.
+The counters are zeroed before every launch (variants.build.CompiledKernel.run), so launches
+never share state.
 
 These are plain integer functions of Python ints or CuTe DSL integers (traced inline where the
 kernel calls them), so tests/test_wgmma_split_tail.py checks the decomposition on the CPU. The
@@ -52,17 +55,15 @@ def split_tiles(total_tiles, grid, strips):
 
 
 def work_limit(total_tiles, grid, cta, strips):
-    """The item bound of CTA `cta`'s persistent loop (items cta, cta + grid, ... below it): the
-    whole-wave tiles, one item each, then its tail pieces (items total - tail + p * grid + cta
-    for piece p), none of them empty: piece 0 when its run is not empty, piece 1 when the run
-    crosses into a second tile."""
+    """The item bound of CTA `cta`'s loop in the pieces program (items cta, cta + grid, ...
+    below it; item p * grid + cta is its piece p), none of them empty: piece 0 when its run is
+    not empty, piece 1 when the run crosses into a second tile."""
     tail = split_tiles(total_tiles, grid, strips)
     start, end = run_bounds(cta, grid, tail * strips)
     # 0/1 by min/max, so that the same arithmetic runs on Python and DSL integers.
     first = cutlass.min(end - start, 1)
     second = cutlass.min(cutlass.max(end - (start // strips + 1) * strips, 0), 1)
-    pieces = first + second
-    return total_tiles - tail + grid * pieces
+    return grid * (first + second)
 
 
 def tail_piece(j, grid, tail, strips):

@@ -144,10 +144,11 @@ def default(arch: str, problem=None) -> Config:
     else:
         cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                      intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
-    # split_tail stays off here: on the H200 it gained 1.5-3% at three tail-heavy shapes in its
-    # first run and lost 1.5-3% at the same and longer ones in the next two (its consumer main
-    # loop schedules differently from this one's; RESULTS.md, seventeenth session). The search
-    # measures it per problem.
+    # split_tail stays off here (RESULTS.md, seventeenth session, H200): with the pieces in a
+    # launch of their own it is 1.02x at B=2 S=4608 H=24 and at head_dim 64 S=8192 H=56,
+    # 0.99-1.00x at S=4096-16384 H=56, and where its cost rule keeps the tail whole the empty
+    # second launch costs 1% (0.99x at B=4 S=1024 H=32); whether it pays depends on the SM
+    # count, which this function does not know. The search measures it per problem.
     if problem is not None and problem.causal:
         if problem.head_dim == 128 and problem.seq_len_kv > CAUSAL_SHORT_KEYS_UP_TO:
             # per_head tiles (the order above) on a grid the hardware schedules.

@@ -46,6 +46,11 @@ then waited an L2 round trip every strip (the kernel 12-18% slower on the H200, 
 Epilogue: O * dv / l stored as bf16 straight from registers (rows >= seq_len skipped), and
 LSE = ln 2 * (m - 8 + log2 l).
 
+split_tail: the persistent grid's last partial wave split along the keys (variants/wgmma/
+split_tail.py says how): the whole tiles run in one launch, the last wave's pieces in a second
+launch of a program of their own, whose epilogue leaves each piece's partial state in a
+workspace and lets the warp that completes a tile merge the pieces and store it.
+
 v_layout=kernel: V arrives as the caller holds it, (batch, seq, heads, head_dim) like K. The
 loader warp TMA-loads each V strip, (block_n keys, head_dim), into a staging ring laid out like
 K's; warps 1-3 of the producer warpgroup copy it into the V ring the PV wgmma reads, 16 keys x
@@ -145,6 +150,7 @@ class WgmmaAttention(VTransposeMixin):
         self.consumer_regs, self.producer_regs = register_split(cfg)
         self.scale_blocks = cfg.scale_blocks
         self.split_tail = cfg.split_tail and cfg.persistent
+        self.pieces = False  # which program kernel() is tracing (split_tail's pieces or tiles)
 
     # ----------------------------------------------------------------------------------------
     # host side
@@ -287,8 +293,8 @@ class WgmmaAttention(VTransposeMixin):
 
         m_blocks = cute.ceil_div(seq_len, bm)
         total_tiles = m_blocks * heads * batch
-        # split_tail: the whole tiles in this launch (the kernel of split_tail=False, its loop
-        # bound the whole tiles), the last wave's pieces in a second one (_launch(pieces=True)):
+        # split_tail: the whole tiles in this launch (the program of split_tail=False, its loop
+        # bound the whole tiles), the last wave's pieces in a second one (kernel(pieces=True)):
         # two programs, so that the pieces' code leaves the whole tiles' main loop as ptxas
         # schedules it without them (RESULTS.md, seventeenth session).
         tail = 0

@@ -112,3 +112,33 @@ def test_workspace_layout():
     assert counters == 2 * 132 * 128 * 128 + 2 * 132 * 2 * 128
     assert words - counters == 132 * 8
     assert counters % 4 == 0  # the counters' offset keeps 16-byte alignment of the O slots
+
+
+def test_the_launch_sizes_its_workspace_by_the_kernels_rule(monkeypatch):
+    """The host hook (variants/wgmma/build.py) allocates split_tail's scratch exactly where the
+    kernel splits: none for a config without the knob or a problem the rule keeps whole, the
+    slots and counters of split_tail.workspace_words for the device's grid otherwise."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tuner.problem import Problem
+    from variants import wgmma
+    from variants.wgmma import build
+
+    monkeypatch.setattr(build, "_sm_count_arg", lambda device: (132,))
+
+    def prepared(batch, seq, heads, seq_kv):
+        return SimpleNamespace(q=torch.empty(batch, seq, heads, 0), seq_len=seq,
+                               seq_len_kv=seq_kv)
+
+    cfg = wgmma.default("sm_90a", Problem(2, 24, 4608))
+    split = build._workspace_words(cfg.__class__(**{**cfg.to_dict(), "split_tail": True}), 128)
+    assert build._workspace_words(cfg, 128)("cuda", prepared(2, 4608, 24, 4608)) == (0, 0)
+    # 1728 tiles of 128 rows, 36 strips: a tail of 12 is split.
+    assert split("cuda", prepared(2, 4608, 24, 4608)) == st.workspace_words(128, 128, 8, 132)
+    # 448 tiles, 8 strips: the rule keeps the tail whole, so no scratch.
+    assert split("cuda", prepared(1, 1024, 56, 1024)) == (0, 0)
+    # Cross-attention: the strips are the keys'.
+    assert split("cuda", prepared(1, 1000, 4, 4000)) != (0, 0)
+    assert split("cuda", prepared(1, 1000, 4, 1000)) == (0, 0)

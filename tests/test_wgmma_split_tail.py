@@ -118,6 +118,7 @@ def test_the_launch_sizes_its_workspace_by_the_kernels_rule(monkeypatch):
     """The host hook (variants/wgmma/build.py) allocates split_tail's scratch exactly where the
     kernel splits: none for a config without the knob or a problem the rule keeps whole, the
     slots and counters of split_tail.workspace_words for the device's grid otherwise."""
+    import dataclasses
     from types import SimpleNamespace
 
     import torch
@@ -133,7 +134,7 @@ def test_the_launch_sizes_its_workspace_by_the_kernels_rule(monkeypatch):
                                seq_len_kv=seq_kv)
 
     cfg = wgmma.default("sm_90a", Problem(2, 24, 4608))
-    split = build._workspace_words(cfg.__class__(**{**cfg.to_dict(), "split_tail": True}), 128)
+    split = build._workspace_words(dataclasses.replace(cfg, split_tail=True), 128)
     assert build._workspace_words(cfg, 128)("cuda", prepared(2, 4608, 24, 4608)) == (0, 0)
     # 1728 tiles of 128 rows, 36 strips: a tail of 12 is split.
     assert split("cuda", prepared(2, 4608, 24, 4608)) == st.workspace_words(128, 128, 8, 132)

@@ -21,7 +21,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from default_candidates import gate, measure, table
+from default_candidates import gate, measure, shapes_arg, table
 from results_out import measure_each, publish
 
 from tuner.problem import Problem
@@ -61,8 +61,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="no mask (to compare the orders)")
     args = parser.parse_args()
     cands = tile_order_candidates() if args.tile_orders else CANDIDATES
-    shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
-              if args.shapes else SHAPES)
+    shapes = shapes_arg(args.shapes, SHAPES)
     problems = [Problem(b, h, s, d, causal=not args.full, kv_heads=kvh)
                 for b, s, h, kvh, d in shapes]
     # Ragged in every tile size, two query heads on each KV head, at each head_dim.

@@ -17,6 +17,11 @@ import time
 import torch
 
 
+def shapes_arg(text: str, default: list) -> list:
+    """The scripts' --shapes value, "a,b,c;a,b,c;..." as tuples of ints (the default when empty)."""
+    return [tuple(int(x) for x in s.split(",")) for s in text.split(";")] if text else default
+
+
 def candidate_config(knobs: dict, problem):
     """The config a candidate runs at problem."""
     from variants import wgmma

@@ -17,7 +17,7 @@ import dataclasses
 from pathlib import Path
 
 import torch
-from default_candidates import gate, measure, table
+from default_candidates import gate, measure, shapes_arg, table
 from results_out import measure_each, publish
 
 from tuner.problem import Problem
@@ -56,8 +56,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="",
                         help="B,S,H;B,S,H;... in place of the built-in list")
     args = parser.parse_args()
-    shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
-              if args.shapes else SHAPES)
+    shapes = shapes_arg(args.shapes, SHAPES)
     cands = candidates()
     verdicts = gate(cands, Problem(1, 3, 1000 + 77, 64))  # ragged in every tile size
     print("gate:", verdicts, flush=True)

@@ -17,7 +17,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from default_candidates import gate, measure, table
+from default_candidates import gate, measure, shapes_arg, table
 from results_out import measure_each, publish
 
 from tuner.problem import Problem
@@ -43,8 +43,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--shapes", default="", help="B,S,H,D;... in place of the built-in list")
     args = parser.parse_args()
-    shapes = ([tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";")]
-              if args.shapes else SHAPES)
+    shapes = shapes_arg(args.shapes, SHAPES)
     problems = [Problem(b, h, s, d) for b, s, h, d in shapes]
     # All tail (36 tiles at 128 rows), and two whole waves with a ragged tail (297), both split.
     smalls = [small for d in sorted({p.head_dim for p in problems})

@@ -7,9 +7,10 @@
 heads, seq_len and padded_len are q's (and O's and LSE's); kv_heads, seq_len_kv and
 padded_len_kv are k's and v's (grouped-query attention: query head h reads KV head
 h // (heads // kv_heads)). `scales` is the packed block scales (block_scale_views).
-`workspace` is fp32 scratch a kernel sizes by its family's workspace_bytes hook (wgmma's
-split_tail: the tail pieces' partial O and the counters, variants/wgmma/split_tail.py); the
-address is 0 where a kernel needs none, and kernels that need none ignore it.
+`workspace` is fp32 scratch sized per launch by the family's workspace_words hook
+(build.compile_cached; wgmma's split_tail: the tail pieces' partial O and the counters,
+variants/wgmma/split_tail.py); the address is 0 where a kernel needs none, and kernels that
+need none ignore it.
 
 `fake_args` gives the stand-ins a compile traces with (only types and alignments reach code
 generation), `slots` the argument kinds variants/launch.py launches with, `launch_values` the

@@ -119,6 +119,7 @@ from variants.wgmma.split_tail import (
     tail_piece,
     unit_owner,
     work_limit,
+    workspace_offsets,
 )
 from variants.wgmma.v_transpose import TRANSPOSE_WARPS, VTransposeMixin
 
@@ -325,18 +326,18 @@ class WgmmaAttention(VTransposeMixin):
                 smem=SharedStorage.size_in_bytes(), min_blocks_per_mp=1, stream=stream)
 
     def _workspace_views(self, workspace_ptr, grid):
-        """split_tail's scratch (split_tail.workspace_words lays it out): each slot's partial O
-        (slots, block_m, head_dim), its rows' m and l (slots, 2, block_m), and the counters, one
-        per (tail tile, consumer warp). Views of a null pointer when the config needs none
+        """split_tail's scratch (split_tail.workspace_offsets lays it out): each slot's partial
+        O (slots, block_m, head_dim), its rows' m and l (slots, 2, block_m), and the counters,
+        one per (tail tile, consumer warp). Views of a null pointer when the config needs none
         (never read then)."""
         bm, d = self.block_m, self.head_dim
         slots = PIECES_PER_CTA * grid
+        ml_at, counters_at = workspace_offsets(bm, d, grid)
         m_work_o = cute.make_tensor(
             workspace_ptr, cute.make_ordered_layout((slots, bm, d), order=(2, 1, 0)))
-        ml_at = slots * bm * d
         m_work_ml = cute.make_tensor(
             workspace_ptr + ml_at, cute.make_ordered_layout((slots, 2, bm), order=(2, 1, 0)))
-        counters = cute.recast_ptr(workspace_ptr + (ml_at + slots * 2 * bm), dtype=cutlass.Int32)
+        counters = cute.recast_ptr(workspace_ptr + counters_at, dtype=cutlass.Int32)
         m_count = cute.make_tensor(counters, cute.make_layout(grid * 4 * self.wgs))
         return m_work_o, m_work_ml, m_count
 

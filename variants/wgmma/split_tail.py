@@ -69,10 +69,7 @@ def work_limit(total_tiles, grid, cta, strips):
 def tail_piece(j, grid, tail, strips):
     """(tail tile t, lo, hi) of tail item j: piece j // grid of CTA j % grid, the strips
     [lo, hi) of tail tile t (work_limit walks only the pieces that are not empty)."""
-    units = tail * strips
-    cta = j % grid
-    start = cta * units // grid
-    end = (cta + 1) * units // grid
+    start, end = run_bounds(j % grid, grid, tail * strips)
     t = start // strips + j // grid
     base = t * strips
     lo = cutlass.max(start, base) - base
@@ -96,11 +93,18 @@ def slot(cta, piece):
     return PIECES_PER_CTA * cta + piece
 
 
-def workspace_words(block_m: int, head_dim: int, consumer_warps: int, grid: int) -> tuple:
-    """(total 4-byte words, word offset of the counters) of the workspace of a grid: O
+def workspace_offsets(block_m, head_dim, grid):
+    """(word offset of m and l, word offset of the counters) in the workspace of a grid: O
     (slots, block_m, head_dim) fp32 first (16-byte aligned for the vector stores), then m and l
     (slots, 2, block_m) fp32, then one int32 counter per (tail tile, consumer warp), grid of
-    each (tail < grid). Only the counters need zeroing."""
+    each (tail < grid). The kernel's views (runtime grid) and the host's size both read it."""
     slots = PIECES_PER_CTA * grid
-    counters = slots * block_m * head_dim + slots * 2 * block_m
+    ml_at = slots * block_m * head_dim
+    return ml_at, ml_at + slots * 2 * block_m
+
+
+def workspace_words(block_m: int, head_dim: int, consumer_warps: int, grid: int) -> tuple:
+    """(total 4-byte words, word offset of the counters) of the workspace of a grid
+    (workspace_offsets lays it out). Only the counters need zeroing."""
+    counters = workspace_offsets(block_m, head_dim, grid)[1]
     return counters + grid * consumer_warps, counters

@@ -6,12 +6,17 @@
 #   bash benchmarks/h200_split_tail.sh c   # carry [".device"]: with the pieces in a launch of
 #       their own (the whole tiles' program the kernel of split_tail=False): the split_tail GPU
 #       tests, then the off/on table at six shapes
+#   bash benchmarks/h200_split_tail.sh d   # (eighteenth session) carry [".device"], staged
+#       --with-cudnn: where the rule keeps the tail whole the split_tail=False twin runs: the
+#       split_tail GPU tests, the off/on table at six shapes, the runtime and end-to-end tests
+#   bash benchmarks/h200_split_tail.sh e   # carry [".device-fa3"] right after d: tuner bench at
+#       issue 19's eight shapes beside FA3 FP8 and cuDNN FP8 (item 5)
 #   bash benchmarks/h200_split_tail.sh b   # carry [".device"]: the GPU tests of the shapes,
 #       runtime, end to end and gate (the long causal default of the sixteenth session and the
 #       new launch ABI's workspace pointer)
 source "$(dirname "$0")/device_steps.sh"
 
-step=${1:?usage: h200_split_tail.sh a|b|c}
+step=${1:?usage: h200_split_tail.sh a|b|c|d|e}
 case "$step" in
 a)
   capped 200 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
@@ -41,6 +46,21 @@ c)
     "2,4608,24,128;1,4096,56,128;1,8192,56,128;1,16384,56,128;4,1024,32,128;1,8192,56,64" \
     > "$OUT/split_bench.log" 2>&1
   echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
+  ;;
+d)
+  capped 150 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
+  echo "split tests rc=$?"; tail -n 3 "$OUT/split_tests.log"
+  grep -E "Error|assert" "$OUT/split_tests.log" | head -n 8
+  capped 130 python3 benchmarks/split_tail_h200.py --out "$OUT" --shapes \
+    "2,4608,24,128;1,4096,56,128;1,8192,56,128;1,16384,56,128;4,1024,32,128;1,8192,56,64" \
+    > "$OUT/split_bench.log" 2>&1
+  echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
+  capped 300 $PYTEST tests/gpu/test_runtime_gpu.py tests/gpu/test_e2e_gpu.py > "$OUT/tests.log" 2>&1
+  echo "runtime/e2e tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests.log" | tail -n 12
+  ;;
+e)
+  source .device-fa3/env.sh
+  bench_issue19_shapes
   ;;
 b)
   capped 540 $PYTEST tests/gpu/test_shapes_gpu.py tests/gpu/test_runtime_gpu.py \

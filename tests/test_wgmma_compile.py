@@ -73,6 +73,14 @@ def test_compiles_without_spills(overrides):
     assert kernel.resources.smem_bytes <= H200.smem_per_block
     assert wgmma.compile(cfg, problem, "sm_90a") is kernel
     _assert_consumers_issue_no_global_loads(kernel)
+    if cfg.split_tail:
+        # Where the rule keeps the tail whole, the launch runs the build without the knob.
+        twin = kernel._single_launch
+        assert twin.config == dataclasses.replace(cfg, split_tail=False)
+        assert twin._single_launch is None
+        _assert_consumers_issue_no_global_loads(twin)
+    else:
+        assert kernel._single_launch is None
 
 
 def _assert_consumers_issue_no_global_loads(kernel):

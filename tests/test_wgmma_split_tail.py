@@ -143,3 +143,54 @@ def test_the_launch_sizes_its_workspace_by_the_kernels_rule(monkeypatch):
     # Cross-attention: the strips are the keys'.
     assert split("cuda", prepared(1, 1000, 4, 4000)) != (0, 0)
     assert split("cuda", prepared(1, 1000, 4, 1000)) == (0, 0)
+
+
+def test_a_launch_the_rule_keeps_whole_runs_the_single_launch_build(monkeypatch):
+    """Where the rule keeps the tail whole (no workspace), a split_tail kernel hands the launch
+    to its split_tail=False twin (variants.build.CompiledKernel._single_launch: one launch, no
+    empty second one); where it splits, it launches its own two programs with the scratch."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    import torch
+
+    from tuner.problem import Problem
+    from variants import build as shared_build
+    from variants import launch, wgmma
+    from variants.base import ResourceUsage
+    from variants.wgmma import build
+
+    monkeypatch.setattr(build, "_sm_count_arg", lambda device: (132,))
+    monkeypatch.setattr(launch, "current_stream_handle", lambda device: 0)
+    cfg = dataclasses.replace(wgmma.default("sm_90a", Problem(2, 24, 4608)), q_quant="prepare",
+                              split_tail=True)
+    twin_runs, own_launches = [], []
+    twin = SimpleNamespace(run=lambda prepared, out=None, lse=None:
+                           twin_runs.append(prepared) or ("twin", None))
+    kernel = shared_build.CompiledKernel(
+        config=cfg, problem=Problem(2, 24, 4608), arch="sm_90a",
+        resources=ResourceUsage(registers=168, spill_bytes=0, smem_bytes=0),
+        compile_seconds=0.0, _fn=object(), _workspace_words=build._workspace_words(cfg, 128),
+        _single_launch=twin)
+    monkeypatch.setattr(kernel, "_launcher",
+                        lambda device: (lambda *values: own_launches.append(values), (132,)))
+
+    def prepared(batch, seq, heads):
+        padded = -(-seq // cfg.pad_to()) * cfg.pad_to()
+        return SimpleNamespace(
+            q=torch.empty(batch, padded, heads, 128, dtype=torch.uint8),
+            k=torch.empty(batch, padded, heads, 128, dtype=torch.uint8),
+            v=torch.empty(batch, heads, 128, padded, dtype=torch.uint8),
+            packed=torch.empty(1), seq_len=seq, seq_len_kv=seq, padded_len=padded,
+            padded_len_kv=padded, softmax_scale=0.088, q_in_kernel=False,
+            v_feature_major=cfg.v_feature_major, key_permuted=cfg.v_key_permuted)
+
+    # 448 tiles of 8 strips on 132 SMs: kept whole, so the twin runs it.
+    short = prepared(1, 1024, 56)
+    assert kernel.run(short) == ("twin", None)
+    assert twin_runs == [short] and not own_launches
+    # 1728 tiles of 36 strips: the tail is split, in this kernel's launch, with its scratch.
+    out, lse = kernel.run(prepared(2, 4608, 24))
+    assert len(twin_runs) == 1 and len(own_launches) == 1
+    assert own_launches[0][6] != 0  # the workspace pointer
+    assert out.shape == (2, 4608, 24, 128) and lse.shape == (2, 24, 4608)

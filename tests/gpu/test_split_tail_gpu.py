@@ -86,3 +86,38 @@ def test_split_tail_agrees_with_the_whole_tiles_and_repeats(tmp_path, monkeypatc
     assert validate(q, k, v, got, got_lse).passed
     assert (got.float() - out.float()).abs().max().item() < 2e-2
     assert (got_lse - lse).abs().max().item() < 1e-3
+
+
+def _kernels_launched(kernel, prepared) -> list[str]:
+    """Names of the GPU kernels one run() queues (CUPTI through torch.profiler), after a warm-up
+    run so that nothing but the launch itself is in the trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    kernel.run(prepared)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        kernel.run(prepared)
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def test_a_tail_the_rule_keeps_whole_runs_in_one_launch():
+    """Where the cost rule keeps the tail whole, a split_tail kernel runs its split_tail=False
+    twin: one kernel, no counters' zeroing and no empty pieces launch; where it splits, the
+    zeroing, the whole tiles and the pieces."""
+    g = torch.Generator(device="cuda").manual_seed(5)
+
+    def launched(batch, heads, seq, seq_kv):
+        problem = Problem(batch, heads, seq, 128, seq_len_kv=seq_kv)
+        kernel = wgmma.compile(_config(problem, dict(split_tail=True)), problem, "sm_90a")
+        q = torch.randn(batch, seq, heads, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+        k, v = (torch.randn(batch, seq_kv, heads, 128, device="cuda", generator=g,
+                            dtype=torch.bfloat16) for _ in range(2))
+        return _kernels_launched(kernel, kernel.prepare(q, k, v))
+
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the shapes were picked for the H200's 132 SMs")
+    kept = launched(1, 4, 1000, 1000)  # 32 tiles of 8 strips: kept whole
+    split = launched(1, 4, 1000, 4000)  # 32 tiles of 32 strips: split
+    assert len(kept) == 1, kept
+    assert len(split) == 3, split

@@ -3,6 +3,7 @@ Batch, heads, seq_len and the persistent grid size (the SM count) are runtime ar
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from pathlib import Path
 
@@ -57,4 +58,7 @@ def compile(cfg: Config, problem, arch: str) -> build.CompiledKernel:  # noqa: A
         smem_bytes=smem_bytes(cfg, problem.head_dim),
         example_extra=_example_sm_count(), extra_args=_sm_count_arg,
         workspace_words=_workspace_words(cfg, problem.head_dim),
+        # Where the rule keeps the tail whole, the split_tail=False build runs instead.
+        single_launch=(lambda: compile(dataclasses.replace(cfg, split_tail=False), problem, arch))
+        if cfg.split_tail else None,
     )

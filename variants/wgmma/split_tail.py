@@ -7,7 +7,9 @@ B=2 S=4608 H=24 (1728 tiles of 128 rows on 132 SMs) that is 12 tiles in the four
 launch of the program without split_tail's code (ptxas schedules a main loop differently
 beside the pieces' code: 1-3% on the H200, RESULTS.md seventeenth session). A second launch,
 the pieces program, cuts the tail's work, `tail * strips` K/V strips, into G equal runs of
-consecutive strips, one per CTA, where that saves more than the split costs (split_tiles). A
+consecutive strips, one per CTA, where that saves more than the split costs (split_tiles;
+where it does not, the host launches the split_tail=False build instead, one launch: variants/
+wgmma/build.py, CompiledKernel._single_launch). A
 run is at most a tile long (tail < G), so it lies inside one tile or crosses into the next: a
 CTA holds at most two pieces, each a range [lo, hi) of one tail tile's strips.
 

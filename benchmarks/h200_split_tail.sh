@@ -9,14 +9,16 @@
 #   bash benchmarks/h200_split_tail.sh d   # (eighteenth session) carry [".device"], staged
 #       --with-cudnn: where the rule keeps the tail whole the split_tail=False twin runs: the
 #       split_tail GPU tests, the off/on table at six shapes, the runtime and end-to-end tests
-#   bash benchmarks/h200_split_tail.sh e   # carry [".device-fa3"] right after d: tuner bench at
+#   bash benchmarks/h200_split_tail.sh f   # carry [".device"]: with split_tail in the full-mask
+#       default, the GPU tests of the shapes, split_tail, runtime and end to end
+#   bash benchmarks/h200_split_tail.sh e   # carry [".device-fa3"] right after d or f: tuner bench at
 #       issue 19's eight shapes beside FA3 FP8 and cuDNN FP8 (item 5)
 #   bash benchmarks/h200_split_tail.sh b   # carry [".device"]: the GPU tests of the shapes,
 #       runtime, end to end and gate (the long causal default of the sixteenth session and the
 #       new launch ABI's workspace pointer)
 source "$(dirname "$0")/device_steps.sh"
 
-step=${1:?usage: h200_split_tail.sh a|b|c|d|e}
+step=${1:?usage: h200_split_tail.sh a|b|c|d|e|f}
 case "$step" in
 a)
   capped 200 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
@@ -57,6 +59,11 @@ d)
   echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
   capped 300 $PYTEST tests/gpu/test_runtime_gpu.py tests/gpu/test_e2e_gpu.py > "$OUT/tests.log" 2>&1
   echo "runtime/e2e tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests.log" | tail -n 12
+  ;;
+f)
+  capped 420 $PYTEST tests/gpu/test_split_tail_gpu.py tests/gpu/test_runtime_gpu.py \
+    tests/gpu/test_e2e_gpu.py tests/gpu/test_shapes_gpu.py > "$OUT/tests.log" 2>&1
+  echo "tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests.log" | tail -n 20
   ;;
 e)
   source .device-fa3/env.sh

@@ -18,8 +18,10 @@ pytestmark = pytest.mark.compile
 H200 = PROFILES["h200"]
 PROBLEM = Problem(batch=1, heads=2, seq_len=77)
 # The head_dim-128 recipe with Q quantized by prepare (the default quantizes Q in the kernel at
-# this short length; CASES turn that on one knob at a time like every other).
-_DEFAULT = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare")
+# this short length; CASES turn that on one knob at a time like every other), and without
+# split_tail (the full-mask default splits the tail; CASES turn it on).
+_DEFAULT = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare",
+                               split_tail=False)
 CASES = [
     {},
     {"p_source": "smem"},

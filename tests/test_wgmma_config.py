@@ -117,8 +117,10 @@ def test_the_default_deals_causal_tiles_longest_first_and_others_per_head(head_d
     full = Problem(1, 56, seq_len, head_dim=head_dim)
     assert wgmma.default("sm_90a", causal).tile_order == "longest_first"
     assert wgmma.default("sm_90a", full).tile_order == "per_head"
-    # Nothing else moves with the mask here.
-    assert (dataclasses.replace(wgmma.default("sm_90a", causal), tile_order="per_head")
+    # Nothing else moves with the mask here but the tail's split, which is for full masks.
+    assert not wgmma.default("sm_90a", causal).split_tail
+    assert (dataclasses.replace(wgmma.default("sm_90a", causal), tile_order="per_head",
+                                split_tail=True)
             == wgmma.default("sm_90a", full))
 
 
@@ -129,8 +131,10 @@ def test_the_long_causal_default_at_128_deals_per_head_tiles_to_a_hardware_sched
     full = Problem(1, 56, seq_len)
     cfg = wgmma.default("sm_90a", causal)
     assert (cfg.tile_order, cfg.persistent) == ("per_head", False)
-    # Only the grid moves with the mask there.
-    assert dataclasses.replace(cfg, persistent=True) == wgmma.default("sm_90a", full)
+    # Only the grid moves with the mask there (and the tail's split, for full masks).
+    assert not cfg.split_tail
+    assert (dataclasses.replace(cfg, persistent=True, split_tail=True)
+            == wgmma.default("sm_90a", full))
     assert wgmma.can_implement(cfg, causal, H200) == (True, None)
 
 
@@ -143,8 +147,10 @@ def test_the_short_causal_default_at_128_quantizes_q_in_the_kernel_without_pingp
     full = Problem(1, 32, seq_len, seq_len_kv=seq_len_kv, kv_heads=8)
     cfg = wgmma.default("sm_90a", causal)
     assert (cfg.tile_order, cfg.pingpong, cfg.q_quant) == ("longest_first", False, "kernel")
-    # Only those three knobs move with the mask, decided by the keys.
-    assert (dataclasses.replace(cfg, tile_order="per_head", pingpong=True,
+    # Only those three knobs move with the mask, decided by the keys (and the tail's split,
+    # for full masks).
+    assert not cfg.split_tail
+    assert (dataclasses.replace(cfg, tile_order="per_head", pingpong=True, split_tail=True,
                                 q_quant=wgmma.default("sm_90a", full).q_quant)
             == wgmma.default("sm_90a", full))
     assert wgmma.can_implement(cfg, causal, H200) == (True, None)
@@ -263,3 +269,20 @@ def test_the_default_quantizes_q_in_the_kernel_up_to_1024_keys_at_128_and_4608_a
         assert wgmma.can_implement(cfg, problem, H200) == (True, None)
     assert Q_IN_KERNEL_UP_TO == 1024 and HEAD_DIM_64_SHORT_UP_TO == 4608
     assert wgmma.default("sm_90a").q_quant == "prepare"  # no problem: the recipe as measured
+
+
+def test_the_full_mask_default_splits_the_tail_where_the_rule_says():
+    """split_tail is on in every full-mask default on the persistent grid (whether a launch
+    splits is the cost rule's, on the device's SM count); never with a causal mask or a grid
+    the hardware schedules, which can_implement refuses."""
+    for problem in (Problem(1, 56, 8192), Problem(4, 32, 1024), Problem(1, 56, 30272, 64),
+                    Problem(2, 24, 1024, 64), Problem(1, 8, 4096, seq_len_kv=1000, kv_heads=2)):
+        cfg = wgmma.default("sm_90a", problem)
+        assert cfg.split_tail and cfg.persistent, problem
+        assert wgmma.can_implement(cfg, problem, H200) == (True, None)
+    for seq_len in (2048, 8192, 16384, 30272):
+        for head_dim in (64, 128):
+            causal = Problem(1, 56, seq_len, head_dim, causal=True)
+            cfg = wgmma.default("sm_90a", causal)
+            assert not cfg.split_tail
+            assert wgmma.can_implement(cfg, causal, H200) == (True, None)

@@ -144,11 +144,15 @@ def default(arch: str, problem=None) -> Config:
     else:
         cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
                      intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
-    # split_tail stays off here (RESULTS.md, seventeenth session, H200): with the pieces in a
-    # launch of their own it is 1.02x at B=2 S=4608 H=24 and at head_dim 64 S=8192 H=56,
-    # 0.99-1.00x at S=4096-16384 H=56, and where its cost rule keeps the tail whole the empty
-    # second launch costs 1% (0.99x at B=4 S=1024 H=32); whether it pays depends on the SM
-    # count, which this function does not know. The search measures it per problem.
+    if (problem is None or not problem.causal) and cfg.persistent:
+        # The last partial wave split along the keys where the cost rule says so at launch, on
+        # the device's SM count (split_tail.split_tiles); elsewhere the launch runs the same
+        # kernel without the knob (variants/wgmma/build.py). Prepare + kernel against
+        # split_tail off on the H200 (benchmarks/split_tail_h200_routed.md, eighteenth
+        # session): 1.02x at B=2 S=4608 H=24 and at head_dim 64 S=8192 H=56, 1.01x at S=8192
+        # H=56, 1.00x at S=4096 and 16384 H=56 and at B=4 S=1024 H=32 (kept whole); the
+        # seventeenth session's run: 0.99-1.02x. Full masks only (can_implement says why).
+        cfg = dataclasses.replace(cfg, split_tail=True)
     if problem is not None and problem.causal:
         if problem.head_dim == 128 and problem.seq_len_kv > CAUSAL_SHORT_KEYS_UP_TO:
             # per_head tiles (the order above) on a grid the hardware schedules.

@@ -305,6 +305,14 @@ class CompiledKernel:
         buf[zero_from:].zero_()
         return buf
 
+    def kernel_for(self, prepared) -> CompiledKernel:
+        """The build that launches these prepared inputs: this one, or _single_launch where a
+        launch of this one would need no workspace."""
+        if self._single_launch is not None \
+                and not self._workspace_words(prepared.q.device, prepared)[0]:
+            return self._single_launch
+        return self
+
     def run(self, prepared, out=None, lse=None):
         """Launch on torch's current stream (so it orders with torch work and can be captured
         in a CUDA graph); writes into out/lse when given, without allocating or syncing."""
@@ -330,9 +338,10 @@ class CompiledKernel:
             raise ValueError(f"head_dim {head_dim} != compiled head_dim {self.problem.head_dim}")
         s = prepared.seq_len
         device = prepared.q.device
+        target = self.kernel_for(prepared)
+        if target is not self:
+            return target.run(prepared, out, lse)
         words, zero_from = self._workspace_words(device, prepared)
-        if not words and self._single_launch is not None:
-            return self._single_launch.run(prepared, out, lse)
         if out is None:
             out = torch.empty((batch, s, heads, head_dim), dtype=torch.bfloat16, device=device)
         if lse is None:

@@ -18,6 +18,20 @@
 #       new launch ABI's workspace pointer)
 source "$(dirname "$0")/device_steps.sh"
 
+# split_tests CAP: the split_tail GPU tests, their summary and first errors printed.
+split_tests() {
+  capped "$1" $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
+  echo "split tests rc=$?"; tail -n 3 "$OUT/split_tests.log"
+  grep -E "Error|assert" "$OUT/split_tests.log" | head -n 8
+}
+# off_on_table CAP: benchmarks/split_tail_h200.py at six shapes (the tables printed).
+off_on_table() {
+  capped "$1" python3 benchmarks/split_tail_h200.py --out "$OUT" --shapes \
+    "2,4608,24,128;1,4096,56,128;1,8192,56,128;1,16384,56,128;4,1024,32,128;1,8192,56,64" \
+    > "$OUT/split_bench.log" 2>&1
+  echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
+}
+
 step=${1:?usage: h200_split_tail.sh a|b|c|d|e|f}
 case "$step" in
 a)
@@ -41,22 +55,12 @@ a)
   echo "bench again rc=$?"; grep -E '^\||gate:' "$OUT/split_bench_again.log"
   ;;
 c)
-  capped 110 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
-  echo "split tests rc=$?"; tail -n 3 "$OUT/split_tests.log"
-  grep -E "Error|assert" "$OUT/split_tests.log" | head -n 5
-  capped 120 python3 benchmarks/split_tail_h200.py --out "$OUT" --shapes \
-    "2,4608,24,128;1,4096,56,128;1,8192,56,128;1,16384,56,128;4,1024,32,128;1,8192,56,64" \
-    > "$OUT/split_bench.log" 2>&1
-  echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
+  split_tests 110
+  off_on_table 120
   ;;
 d)
-  capped 150 $PYTEST tests/gpu/test_split_tail_gpu.py > "$OUT/split_tests.log" 2>&1
-  echo "split tests rc=$?"; tail -n 3 "$OUT/split_tests.log"
-  grep -E "Error|assert" "$OUT/split_tests.log" | head -n 8
-  capped 130 python3 benchmarks/split_tail_h200.py --out "$OUT" --shapes \
-    "2,4608,24,128;1,4096,56,128;1,8192,56,128;1,16384,56,128;4,1024,32,128;1,8192,56,64" \
-    > "$OUT/split_bench.log" 2>&1
-  echo "bench rc=$?"; grep -E '^\||gate:' "$OUT/split_bench.log"
+  split_tests 150
+  off_on_table 130
   capped 300 $PYTEST tests/gpu/test_runtime_gpu.py tests/gpu/test_e2e_gpu.py > "$OUT/tests.log" 2>&1
   echo "runtime/e2e tests rc=$?"; grep -E "passed|failed|FAILED|ERROR" "$OUT/tests.log" | tail -n 12
   ;;

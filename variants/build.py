@@ -318,6 +318,9 @@ class CompiledKernel:
         in a CUDA graph); writes into out/lse when given, without allocating or syncing."""
         import torch
 
+        target = self.kernel_for(prepared)
+        if target is not self:  # it checks the inputs (the same layouts as this build's)
+            return target.run(prepared, out, lse)
         if self._fn is None:
             raise RuntimeError(f"kernel for {self.config.short()} has no compiled function")
         if (prepared.v_feature_major, prepared.key_permuted) != self._v_layout():
@@ -338,9 +341,6 @@ class CompiledKernel:
             raise ValueError(f"head_dim {head_dim} != compiled head_dim {self.problem.head_dim}")
         s = prepared.seq_len
         device = prepared.q.device
-        target = self.kernel_for(prepared)
-        if target is not self:
-            return target.run(prepared, out, lse)
         words, zero_from = self._workspace_words(device, prepared)
         if out is None:
             out = torch.empty((batch, s, heads, head_dim), dtype=torch.bfloat16, device=device)

@@ -8,6 +8,11 @@ the per-head kernel of 3099e4a against main (benchmarks/RESULTS.md, nineteenth s
     git archive 3099e4a variants tuner | tar -x -C /tmp/per-head
     python benchmarks/sass_loop.py --root . --against /tmp/per-head
 
+The listing is only the device's if this machine's DSL loads the device's toolkit flavor: with
+only the default cu12 libraries installed, ptxas 12 schedules the loop differently from the cu13
+build that runs on the H200 (RESULTS.md, twentieth session). Install `nvidia-cutlass-dsl[cu13]`
+beside it (with no driver the DSL then picks cu13); the header line names the flavor.
+
 Each tree compiles in its own process (--root goes first on sys.path), with the family default at
 B=1 H=56 S=8192 (Q by prepare, split_tail off where the tree has those knobs) and --knobs on top.
 """
@@ -96,7 +101,10 @@ def compile_loop(root: str, knobs: str, head_dim: int) -> dict:
                    (kv.split("=") for kv in knobs.split(",") if kv)})
     cfg = dataclasses.replace(cfg, **{k: v for k, v in wanted.items() if k in fields})
     kernel = wgmma.compile(cfg, Problem(1, 2, 77, head_dim=head_dim), "sm_90a")
-    return {"config": cfg.short(), **summary(strip_loop(disassemble(
+    # Read here, not from variants.build: a tree from before dsl_toolkit() existed compiles too.
+    loaded = sys.modules["cutlass._mlir._mlir_libs._cutlass_ir"].__file__
+    toolkit = (re.search(r"\.(cu\d+)\.", os.path.basename(loaded)) or [None, "untagged"])[1]
+    return {"config": cfg.short(), "toolkit": toolkit, **summary(strip_loop(disassemble(
         kernel.cubin_path.read_bytes())))}
 
 
@@ -124,7 +132,7 @@ def main() -> None:
     loops = {root: _in_child(root, args.knobs, args.head_dim)
              for root in filter(None, (args.root, args.against))}
     for root, loop in loops.items():
-        print(f"== {root}: {loop['config']}")
+        print(f"== {root} ({loop.get('toolkit', '?')} ptxas): {loop['config']}")
         print(f"strip loop: {loop['instructions']} instructions; exp2 at "
               f"{loop['exp2_first_last']}, P conversion at {loop['p_convert_first_last']}")
         print("opcodes:", loop["opcodes"])

@@ -106,3 +106,29 @@ def test_the_shared_hash_covers_every_module_the_kernels_import(monkeypatch):
     assert imported and {f"{m}.py" for m in imported} <= names, imported - {
         n[:-3] for n in names}
     assert {p.name for p in (root / "common").glob("*.py")} <= names
+
+
+def test_the_key_names_the_toolkit_flavor_the_dsl_loaded(monkeypatch, tmp_path):
+    """cu12 and cu13 ptxas schedule the same kernel differently, and a machine can hold both
+    flavors (the DSL picks by the driver): a cubin built under one must not be found under the
+    other."""
+    import re
+    import sys
+
+    from variants import build
+
+    build.dsl_toolkit.cache_clear()
+    flavor = build.dsl_toolkit()
+    loaded = sys.modules["cutlass._mlir._mlir_libs._cutlass_ir"].__file__
+    tagged = re.search(r"\.(cu\d+)\.", loaded)
+    assert flavor == (tagged.group(1) if tagged else "untagged"), loaded
+
+    from tuner.problem import Problem
+    from variants.mma_sync import default
+
+    cfg = default("sm_120a", Problem(1, 2, 77))
+    keys = set()
+    for name in ("cu12", "cu13"):
+        monkeypatch.setattr(build, "dsl_toolkit", lambda name=name: name)
+        keys.add(build.codegen_key("mma_sync", cfg, 128, "sm_120a", tmp_path))
+    assert len(keys) == 2

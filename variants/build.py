@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import platform
+import re
 import tempfile
 import threading
 from collections.abc import Callable
@@ -68,6 +69,20 @@ def dsl_version() -> str:
         return str(getattr(cutlass, "__version__", "unknown"))
 
 
+@cache
+def dsl_toolkit() -> str:
+    """The CUDA toolkit flavor of the DSL's compiler that this process loaded ("cu12", "cu13"):
+    with both flavors installed the DSL picks by the driver (the newest flavor without one, as on
+    a CPU-only machine), and each flavor's ptxas schedules the same kernel differently (the cu12
+    and cu13 builds of the default's strip loop are 483 and 462 instructions, with the PV wait
+    in different places: benchmarks/RESULTS.md, twentieth session). So it is part of the key."""
+    from importlib import import_module
+
+    loaded = import_module("cutlass._mlir._mlir_libs._cutlass_ir")
+    flavor = re.search(r"\.(cu\d+)\.", Path(getattr(loaded, "__file__", "") or "").name)
+    return flavor.group(1) if flavor else "untagged"
+
+
 # CuTe DSL settings that do not change generated code (the arch is a key field of its own).
 _ENV_NOT_CODEGEN = {"CUTE_DSL_ARCH", "CUTE_DSL_CACHE_DIR", "CUTE_DSL_DUMP_DIR", "CUTE_DSL_KEEP",
                     "CUTE_DSL_LOG_LEVEL", "CUTE_DSL_LOG_TO_CONSOLE", "CUTE_DSL_LOG_TO_FILE"}
@@ -99,8 +114,8 @@ def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path,
     blob = json.dumps({"family": family, "config": cfg.to_dict(), "head_dim": head_dim,
                        "causal": causal,
                        "arch": arch, "src": source_hash(str(src_dir)), "dsl": dsl_version(),
-                       "shared": shared_source_hash(), "env": _dsl_environment(),
-                       "host": platform.machine()},
+                       "toolkit": dsl_toolkit(), "shared": shared_source_hash(),
+                       "env": _dsl_environment(), "host": platform.machine()},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 

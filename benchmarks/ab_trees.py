@@ -7,8 +7,8 @@ imported from --root, ahead of the checkout on PYTHONPATH), e.g. the tree of a p
     python3 benchmarks/ab_trees.py --root . --label main --peer cudnn-fp8
 
 One JSON line per (length, system): median and IQR of time_kernel (L2-cold rotation, fresh
-random inputs), B=1, H=56, D=128, the default's knobs with Q quantized by prepare (every tree
-has that placement)."""
+random inputs), B=1, H=56, D=128 (or --heads, --head-dim), the default's knobs with Q quantized
+by prepare (every tree has that placement)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("--label", required=True)
     ap.add_argument("--seq-lens", default="8192,30272")
     ap.add_argument("--heads", type=int, default=56)
+    ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--peer", default="", help="a tuner.peers name timed beside, e.g. cudnn-fp8")
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--knobs", default="", help="knob=value,... set on the default, each value "
@@ -43,7 +44,7 @@ def main() -> None:
 
     l2 = PROFILES["h200"].l2_bytes
     for seq_len in map(int, args.seq_lens.split(",")):
-        problem = Problem(1, args.heads, seq_len)
+        problem = Problem(1, args.heads, seq_len, head_dim=args.head_dim)
         cfg = wgmma.default("sm_90a", problem)
         if "q_quant" in cfg.to_dict():
             cfg = dataclasses.replace(cfg, q_quant="prepare")
@@ -57,6 +58,7 @@ def main() -> None:
         for label, system in systems:
             t = time_kernel(system, problem, torch.device("cuda"), 1, l2, repeats=args.repeats)
             print(json.dumps({"label": label, "seq_len": seq_len, "heads": args.heads,
+                              "head_dim": args.head_dim,
                               "ms": round(t.median_ms, 4), "iqr_ms": round(t.iqr_ms, 4),
                               "config": cfg.short() if label == args.label else ""}),
                   flush=True)

@@ -71,12 +71,30 @@ def normalised(line: str) -> str:
     return " ".join(line.replace(".reuse", "").split())
 
 
+def pv_wait(body: list[str]) -> dict:
+    """Where the strip's wait for its PV wgmma (wait_group(0), `DEPBAR.LE gsb0, 0x0`) sits after
+    the wait for its QK (wait_group(1)): the instructions between them run under the PV wgmma,
+    among them how many of the row max (FMNMX) and exponentials (MUFU.EX2). The source asks
+    for the wait after the whole softmax; ptxas decides where it goes, and under cu13's ptxas
+    the per-head kernel of 3099e4a runs its row max there and main's block-scale kernel nothing
+    (benchmarks/RESULTS.md, twenty-second session). Empty without both waits (no overlap)."""
+    qk = [i for i, line in enumerate(body) if "DEPBAR.LE gsb0, 0x1" in line]
+    pv = [i for i, line in enumerate(body) if "DEPBAR.LE gsb0, 0x0" in line]
+    if not qk or not pv or pv[0] < qk[0]:
+        return {}
+    under = body[qk[0] + 1:pv[0]]
+    return {"qk_wait": qk[0], "pv_wait": pv[0], "between": len(under),
+            "row_max_between": sum("FMNMX" in line for line in under),
+            "exp2_between": sum("MUFU.EX2" in line for line in under)}
+
+
 def summary(body: list[str]) -> dict:
     ops = Counter(_INSTRUCTION.match(line).group(1).split(".")[0] for line in body)
     where = {name: [i for i, line in enumerate(body) if key in line]
              for name, key in (("mufu", "MUFU.EX2"), ("f2fp", "F2FP"))}
     return {
         "instructions": len(body),
+        "pv_wait": pv_wait(body),
         "opcodes": dict(ops.most_common()),
         "marks": [f"{i}: {normalised(line)}" for i, line in enumerate(body) if _MARKS.search(line)],
         "exp2_first_last": [where["mufu"][0], where["mufu"][-1]],
@@ -135,6 +153,11 @@ def main() -> None:
         print(f"== {root} ({loop.get('toolkit', '?')} ptxas): {loop['config']}")
         print(f"strip loop: {loop['instructions']} instructions; exp2 at "
               f"{loop['exp2_first_last']}, P conversion at {loop['p_convert_first_last']}")
+        if loop.get("pv_wait"):
+            w = loop["pv_wait"]
+            print(f"PV wait at {w['pv_wait']}, {w['between']} instructions after QK's wait at "
+                  f"{w['qk_wait']}: {w['row_max_between']} of the row max and "
+                  f"{w['exp2_between']} exponentials run under the PV wgmma")
         print("opcodes:", loop["opcodes"])
         print("waits and releases:", *loop["marks"], sep="\n  ")
     if args.against:

@@ -17,7 +17,7 @@ import dataclasses
 import json
 import sys
 
-import yaml
+from default_candidates import knobs_arg
 
 
 def main() -> None:
@@ -48,9 +48,7 @@ def main() -> None:
         cfg = wgmma.default("sm_90a", problem)
         if "q_quant" in cfg.to_dict():
             cfg = dataclasses.replace(cfg, q_quant="prepare")
-        if args.knobs:
-            cfg = dataclasses.replace(cfg, **{k: yaml.safe_load(v) for k, v in
-                                              (kv.split("=") for kv in args.knobs.split(","))})
+        cfg = dataclasses.replace(cfg, **knobs_arg(args.knobs))
         systems = [(args.label, wgmma.compile(cfg, problem, "sm_90a"))]
         if args.peer:
             from tuner.peers import make_peer

@@ -22,6 +22,14 @@ def shapes_arg(text: str, default: list) -> list:
     return [tuple(int(x) for x in s.split(",")) for s in text.split(";")] if text else default
 
 
+def knobs_arg(text: str) -> dict:
+    """The scripts' --knobs value, "knob=value,..." with each value read as YAML (kv_stages=3,
+    intra_wg_overlap=false), as a dict of knob changes (empty when the text is)."""
+    import yaml
+
+    return {k: yaml.safe_load(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
+
+
 def candidate_config(knobs: dict, problem):
     """The config a candidate runs at problem."""
     from variants import wgmma

@@ -18,10 +18,10 @@ TREES=("main . split_tail=false" "per-head .ab/per-head -"
        "before-turn .ab/before-turn split_tail=false"
        "before-turn-pf .ab/before-turn-pf split_tail=false"
        "after-qk-wait .ab/after-qk-wait split_tail=false")
-time_tree() {  # time_tree LABEL ROOT KNOBS
+time_tree() {  # time_tree LABEL ROOT KNOBS [HEAD_DIM SEQ_LENS]
   local k=$3; [ "$k" = "-" ] && k=""
-  capped 85 python3 benchmarks/ab_trees.py --root "$2" --label "$1" \
-    --seq-lens 4096,8192,30272 ${k:+--knobs $k} 2>&1 | grep -E '^\{|Error' | cut -c1-160
+  capped 85 python3 benchmarks/ab_trees.py --root "$2" --label "$1" --head-dim "${4:-128}" \
+    --seq-lens "${5:-4096,8192,30272}" ${k:+--knobs $k} 2>&1 | grep -E '^\{|Error' | cut -c1-160
 }
 case "${1:-}" in
   a) for t in before-turn before-turn-pf after-qk-wait; do
@@ -34,9 +34,7 @@ case "${1:-}" in
   d) for round in 1 2; do
        for t in "main . split_tail=false" "before-turn .ab/before-turn split_tail=false" \
                 "after-qk-wait .ab/after-qk-wait split_tail=false"; do
-         set -- $t
-         capped 85 python3 benchmarks/ab_trees.py --root "$2" --label "$1" --head-dim 64 \
-           --seq-lens 8192,30272 --knobs "$3" 2>&1 | grep -E '^\{|Error' | cut -c1-160
+         time_tree $t 64 8192,30272
        done
      done | tee "$OUT/probe_ab_hd64.jsonl" ;;
   *) echo "usage: $0 a|b|c|d"; exit 2 ;;

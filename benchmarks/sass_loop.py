@@ -106,7 +106,7 @@ def summary(body: list[str]) -> dict:
 def compile_loop(root: str, knobs: str, head_dim: int) -> dict:
     """Runs in a child process with `root` first on sys.path (see main)."""
     sys.path.insert(0, root)
-    import yaml
+    from default_candidates import knobs_arg
 
     from tuner.problem import Problem
     from variants import wgmma
@@ -115,14 +115,10 @@ def compile_loop(root: str, knobs: str, head_dim: int) -> dict:
     cfg = wgmma.default("sm_90a", Problem(1, 56, 8192, head_dim=head_dim))
     fields = cfg.to_dict()
     wanted = {"q_quant": "prepare", "split_tail": False}
-    wanted.update({k: yaml.safe_load(v) for k, v in
-                   (kv.split("=") for kv in knobs.split(",") if kv)})
+    wanted.update(knobs_arg(knobs))
     cfg = dataclasses.replace(cfg, **{k: v for k, v in wanted.items() if k in fields})
     kernel = wgmma.compile(cfg, Problem(1, 2, 77, head_dim=head_dim), "sm_90a")
-    # Read here, not from variants.build: a tree from before dsl_toolkit() existed compiles too.
-    loaded = sys.modules["cutlass._mlir._mlir_libs._cutlass_ir"].__file__
-    toolkit = (re.search(r"\.(cu\d+)\.", os.path.basename(loaded)) or [None, "untagged"])[1]
-    return {"config": cfg.short(), "toolkit": toolkit, **summary(strip_loop(disassemble(
+    return {"config": cfg.short(), **summary(strip_loop(disassemble(
         kernel.cubin_path.read_bytes())))}
 
 
@@ -149,8 +145,13 @@ def main() -> None:
         return
     loops = {root: _in_child(root, args.knobs, args.head_dim)
              for root in filter(None, (args.root, args.against))}
+    # The checkout's, not the trees': the children load the DSL of this same environment, and a
+    # tree from before dsl_toolkit() existed has none to ask.
+    from variants.build import dsl_toolkit
+
+    toolkit = dsl_toolkit()
     for root, loop in loops.items():
-        print(f"== {root} ({loop.get('toolkit', '?')} ptxas): {loop['config']}")
+        print(f"== {root} ({toolkit} ptxas): {loop['config']}")
         print(f"strip loop: {loop['instructions']} instructions; exp2 at "
               f"{loop['exp2_first_last']}, P conversion at {loop['p_convert_first_last']}")
         if loop.get("pv_wait"):

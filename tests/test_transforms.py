@@ -14,9 +14,13 @@ def test_rotation_is_orthogonal_and_keeps_scores(head_dim):
     assert torch.allclose(r @ r.t(), eye, atol=1e-5)
     q, k = torch.randn(3, head_dim), torch.randn(5, head_dim)
     assert torch.allclose(transforms.rotate(q) @ transforms.rotate(k).t(), q @ k.t(), atol=1e-4)
-    # Not the plain Hadamard: the signs make it a different matrix.
-    assert not torch.allclose(r.abs(), torch.full_like(r, head_dim**-0.5)) or \
-        bool((r[0] < 0).any())
+    # R = diag(signs) H / sqrt(d), H built here by Sylvester's doubling; the signs are mixed.
+    h = torch.ones(1, 1)
+    while h.shape[0] < head_dim:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    signs = transforms.rotation_signs(head_dim)
+    assert torch.allclose(r, torch.diag(signs) @ h * head_dim**-0.5, atol=1e-6)
+    assert 0.25 < float((signs < 0).float().mean()) < 0.75
 
 
 def test_rotation_spreads_an_outlier_channel():

@@ -101,9 +101,9 @@ def test_bad_tables_change_nothing_and_name_line_and_field(exported, tmp_path, m
 def test_wrong_fingerprint_is_refused_unless_forced(exported, tmp_path):
     path, _ = exported
     store = Store(f"sqlite:///{tmp_path / 'd.sqlite'}")
-    with pytest.raises(TableError, match=r"line \d+: device: tuned on NVIDIA H200 .* --force"):
+    with pytest.raises(TableError, match=r"line \d+: device: tuned on NVIDIA H200 .* force=True"):
         import_table(store, path, local_fingerprint=OTHER_GPU)
-    with pytest.raises(TableError, match="no local GPU. Re-run with --force"):
+    with pytest.raises(TableError, match="no local GPU. Re-run with force=True"):
         import_table(store, path, local_fingerprint=None)
     assert store.winners() == []
     assert import_table(store, path, force=True, local_fingerprint=None) == 2

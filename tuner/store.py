@@ -59,7 +59,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.pool import NullPool
 
 from tuner.dburl import connection_error, display_url, engine_url
-from tuner.errors import TunerError
+from tuner.errors import TunerError, argument
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem, StoredTime, preferred_per_problem
 
@@ -408,8 +408,9 @@ class Store:
             path = sqlite_path(self.url)
             if path is not None and not path.is_file():
                 raise TunerError(
-                    f"no results database at {path} (the file does not exist); check --db or "
-                    "TUNER_DB_URL (`tuner search` and `tuner import` create one)")
+                    f"no results database at {path} (the file does not exist); check "
+                    f"{argument('db')} or TUNER_DB_URL (`tuner search` and `tuner import` create "
+                    "one)")
         # A reader creates nothing: no schema, so no creation lock (and no lock file) either.
         with opening("results database", self.url, lock=not readonly):
             self.engine = create_engine(self.url, **engine_kwargs(self.url))
@@ -426,7 +427,8 @@ class Store:
                 self.engine.dispose()
                 raise NoResults(
                     f"{display_url(self.url)} holds no tuner results (no tuner_ tables); check "
-                    "--db or TUNER_DB_URL (`tuner search` and `tuner import` write them)")
+                    f"{argument('db')} or TUNER_DB_URL (`tuner search` and `tuner import` write "
+                    "them)")
             _Base.metadata.create_all(self.engine)
             with self.session() as s:
                 s.add(_SchemaVersion(version=SCHEMA_VERSION))
@@ -442,7 +444,7 @@ class Store:
                 f"tuner expects {SCHEMA_VERSION}"
                 + (" (a newer tuner wrote it): upgrade fp8-attn-tuner, or" if newer else ";")
                 + " export its winners with the tuner version that wrote it (`tuner export`), "
-                "then point --db (or TUNER_DB_URL) at a new file"
+                f"then point {argument('db')} (or TUNER_DB_URL) at a new file"
             )
         if self.readonly:
             return

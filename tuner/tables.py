@@ -32,7 +32,7 @@ from typing import Any
 import yaml
 
 from tuner.dburl import display_url
-from tuner.errors import TunerError
+from tuner.errors import TunerError, argument
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem, StoredTime, check_dimension, preferred_per_problem
 
@@ -481,13 +481,15 @@ def import_table(
         if local_fingerprint is None:
             raise TableError(
                 f"{path}: cannot check the table's device ({table_device.get('name')}) against "
-                "this machine: no local GPU. Re-run with --force to import it anyway"
+                f"this machine: no local GPU. Re-run with {argument('force', True)} to import it "
+                "anyway"
             )
         if fingerprint_id(local_fingerprint) != table_id:
             raise TableError(
                 f"{_where(str(path), lines, ('device',))}: tuned on {table_device.get('name')} "
                 f"({table_id}), this machine has {local_fingerprint.get('name')} "
-                f"({fingerprint_id(local_fingerprint)}); use --force to import it anyway"
+                f"({fingerprint_id(local_fingerprint)}); use {argument('force', True)} to "
+                "import it anyway"
             )
     store.import_winners(table_id, table_device, entries)
     return len(entries)

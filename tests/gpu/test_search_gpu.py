@@ -63,7 +63,7 @@ def test_planted_crash_is_recorded_and_the_search_goes_on(tmp_path):
 
 
 def test_a_causal_grouped_head_search_stores_a_winner_only_causal_problems_get(tmp_path):
-    """Issue 17: the search takes the new problem fields through to the stored key, and the
+    """The search takes the causal mask and KV heads through to the stored key, and the
     runtime gives its winner to that problem only (a non-causal twin falls back)."""
     from tuner import runtime
 

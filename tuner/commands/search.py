@@ -12,6 +12,7 @@ from tuner.commands._args import (
     add_shape_arguments,
     at_least,
     duration,
+    name_list,
     problems_from_args,
 )
 from tuner.errors import TunerError
@@ -44,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser)
     parser.add_argument(
         "--families",
+        type=name_list("mma_sync,wgmma"),
         default="auto",
         help="comma-separated families, or 'auto': every family that targets the GPU's arch "
         "(a dotted module path loads a test double)",
@@ -333,8 +335,9 @@ class SearchView:
 
     @staticmethod
     def table(results) -> None:
-        from rich.console import Console
         from rich.table import Table
+
+        from tuner.commands._args import wide_console
 
         table = Table(title="tuner search")
         for col in ("seq_len", "winner", "kernel ms", "prepare ms", "TFLOP/s", "vs default",
@@ -360,4 +363,4 @@ class SearchView:
                 speedup,
                 f"{w.rel_rms:.2e}",
             )
-        Console().print(table)
+        wide_console().print(table)

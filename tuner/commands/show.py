@@ -144,7 +144,7 @@ def _print_winners(rows: list[dict]) -> None:
             _fmt(r["speedup_over_default"], ".3f"),
             _fmt(r["rel_rms"], ".4f"),
         )
-    wide_console(220).print(table)
+    wide_console().print(table)
 
 
 def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool, keep) -> int:
@@ -191,7 +191,7 @@ def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool, keep
         return 0
     from rich.table import Table
 
-    console = wide_console(220)
+    console = wide_console()
     for p, ts in out:
         counts = Counter(t.outcome for t in ts)
         table = Table(

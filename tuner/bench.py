@@ -20,6 +20,7 @@ class BenchRow:
     detail: str  # config (short) or backend; where the tuned config came from
     median_ms: float | None = None
     iqr_ms: float | None = None
+    prepare_ms: float | None = None  # what the caller pays before the kernel (its prepare)
     tflops: float | None = None
     pct_of_fp8_peak: float | None = None
     tuned_speedup: float | None = None  # this system's ms / tuned ms: > 1 means tuned is faster
@@ -76,6 +77,7 @@ def bench_seq_len(
             else:
                 timing = _time(kernel, problem, gpu, repeats, seed)
                 row.median_ms, row.iqr_ms = timing.median_ms, timing.iqr_ms
+                row.prepare_ms = timing.prepare_ms
         except CandidateFailure as exc:
             row.note = f"{exc.outcome}: {exc.message[:120]}"
         rows.append(row)
@@ -88,6 +90,7 @@ def bench_seq_len(
         try:
             timing = _time(make_peer(name, problem), problem, gpu, repeats, seed)
             row.median_ms, row.iqr_ms = timing.median_ms, timing.iqr_ms
+            row.prepare_ms = timing.prepare_ms
         except (PeerUnavailable, ImportError) as exc:
             row.note = f"skipped: {exc}"
         except (CandidateFailure, RuntimeError) as exc:

@@ -1,0 +1,96 @@
+"""The peers a caller with bf16 (or fp16) tensors in (batch, seq, heads, dim) would call instead of
+tuner.attention, each as `call(q, k, v) -> out (batch, seq, heads, dim)` on the caller's own
+tensors (no copies a caller would not make):
+
+  FA3 bf16   fa3_fwd_interface.flash_attn_func (FlashAttention-3, where installed); causal
+             aligned to the bottom right as ours, grouped KV heads native
+  SDPA bf16  torch scaled_dot_product_attention with the cuDNN backend forced, on (batch, heads,
+             seq, dim) views of the caller's tensors; causal only at equal lengths (torch aligns
+             its mask to the top left)
+  Sage       SageAttention 1 (`from sageattention import sageattn`, INT8 QK, fp16 in,
+             tensor_layout="NHD"), where installed; fp16 inputs are the caller's (cast once,
+             outside the timing)
+
+A system that cannot run a problem here is a str saying why, in place of its call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+BF16_PEERS = ("FA3 bf16", "SDPA bf16", "Sage")
+
+
+def _fa3_bf16(problem):
+    from tuner.errors import peer_module
+
+    fa3 = peer_module("fa3_fwd_interface", "FA3 not installed (fa3_fwd_interface)")
+    causal = problem.causal
+
+    def call(q, k, v):
+        out = fa3.flash_attn_func(q, k, v, causal=causal)
+        return out[0] if isinstance(out, tuple) else out
+
+    return call
+
+
+def _sdpa_cudnn(problem):
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from tuner.errors import PeerUnavailable
+
+    if problem.causal and not problem.self_attention:
+        raise PeerUnavailable("its causal mask is aligned to the top left (Sq != Skv)")
+    causal, gqa = problem.causal, problem.group != 1
+
+    def call(q, k, v):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                                 v.transpose(1, 2), is_causal=causal,
+                                                 enable_gqa=gqa)
+        return out.transpose(1, 2)
+
+    return call
+
+
+def _sage(problem):
+    from tuner.errors import PeerUnavailable, peer_module
+
+    sage = peer_module("sageattention", "SageAttention not installed (pip install "
+                       "sageattention)")
+    if problem.causal and not problem.self_attention:
+        raise PeerUnavailable("its causal mask is aligned to the top left (Sq != Skv)")
+    causal = problem.causal
+
+    def call(q, k, v):
+        return sage.sageattn(q, k, v, tensor_layout="NHD", is_causal=causal)
+
+    return call
+
+
+_MAKERS = {"FA3 bf16": _fa3_bf16, "SDPA bf16": _sdpa_cudnn, "Sage": _sage}
+# The input dtype each system takes ("Sage": fp16 in).
+INPUT_DTYPE = {"FA3 bf16": "bfloat16", "SDPA bf16": "bfloat16", "Sage": "float16"}
+
+
+def bf16_peers(problem, names=BF16_PEERS) -> dict[str, Callable | str]:
+    """name -> call(q, k, v), or why the system cannot run the problem here."""
+    from tuner.errors import PeerUnavailable
+
+    found: dict[str, Callable | str] = {}
+    for name in names:
+        try:
+            found[name] = _MAKERS[name](problem)
+        except PeerUnavailable as exc:
+            found[name] = str(exc)
+    return found
+
+
+def fa3_fp8(problem):
+    """FA3's FP8 forward with its per-(batch, KV head) descales, as tuner bench runs it:
+    call(q, k, v) quantizes (tuner/peers_fa3.py) and runs; PeerUnavailable where missing."""
+    from tuner.peers import make_peer
+
+    peer = make_peer("fa3-fp8", problem)
+    return lambda q, k, v: peer.run(peer.prepare(q, k, v))[0]

@@ -12,11 +12,12 @@ prepare is what a caller of our kernel pays before it (quantization and layouts)
 
 from __future__ import annotations
 
-from benchmarks.common import MODEL_SHAPES, QUICK_SHAPES, cell, markdown_table, ratio, shape_text
+from benchmarks import common
+from benchmarks.common import cell, markdown_table, ratio, shape_text
 
 HELP = "our kernel alone on prepared FP8 inputs beside FA3 FP8 and cuDNN FP8"
-DEFAULT_SHAPES = MODEL_SHAPES
-QUICK_SHAPES = QUICK_SHAPES
+DEFAULT_SHAPES = common.MODEL_SHAPES
+QUICK_SHAPES = common.QUICK_SHAPES
 PEERS = ("fa3-fp8", "cudnn-fp8")
 
 
@@ -40,38 +41,39 @@ def _against(text: str) -> list[str]:
 
 
 def run(args, gpu) -> str:
-    from benchmarks.common import shapes_of
     from tuner.bench import bench_seq_len
     from tuner.runtime import config_for_problem
 
     against = _against(args.against)
-    table_rows, configs, notes, others = [], [], [], []
-    for problem in shapes_of(args):
-        best = config_for_problem(problem)
+    measured, configs, notes = [], [], []
+    for problem in common.shapes_of(args):
         rows = bench_seq_len(problem, gpu.profile, against, repeats=args.repeats,
                              seed=args.seed)
         print(f"  {shape_text(problem)}: " + ", ".join(
             f"{r.system} {cell(r.median_ms)}" for r in rows), flush=True)
-        ours = rows[0]
-        by_system = {r.system: r for r in rows[1:]}
-        others += [s for s in by_system if s not in others]
+        measured.append((problem, config_for_problem(problem).source, rows))
+        configs.append(f"- {shape_text(problem)}: {rows[0].detail}")
+        notes += [f"- {shape_text(problem)} {r.system}: {r.note}" for r in rows if r.note]
+    return "\n".join([format_table(measured), "", "Configs (what tuner.attention runs):",
+                      *configs, *(["", "Notes:", *notes] if notes else [])])
+
+
+def format_table(measured) -> str:
+    """One row per shape: ours (the first of tuner bench's rows), then the other systems."""
+    others: list[str] = []
+    for _, _, rows in measured:
+        others += [r.system for r in rows[1:] if r.system not in others]
+    body = []
+    for problem, source, rows in measured:
+        ours, by_system = rows[0], {r.system: r for r in rows[1:]}
         peers = [r.median_ms for s, r in by_system.items() if s != "default" and r.median_ms]
         caller = (ours.median_ms + ours.prepare_ms
                   if ours.median_ms is not None and ours.prepare_ms is not None else None)
-        table_rows.append((problem, [
-            shape_text(problem), best.source, cell(ours.median_ms), cell(ours.iqr_ms),
-            cell(ours.tflops, ".0f"), cell(ours.prepare_ms), cell(caller)],
-            {s: r.median_ms for s, r in by_system.items()},
-            ratio(min(peers) if peers else None, ours.median_ms), cell(ours.rel_rms, ".4f")))
-        configs.append(f"- {shape_text(problem)}: {ours.detail}")
-        notes += [f"- {shape_text(problem)} {r.system}: {r.note}" for r in rows if r.note]
-    headers = ["shape", "source", "ours ms", "IQR", "TFLOP/s", "prepare ms",
-               "prepare + kernel", *[f"{s} ms" for s in others], "faster peer / ours",
-               "gate rel RMS"]
-    body = [[*cells, *[cell(times.get(s)) for s in others], vs, rms]
-            for _, cells, times, vs, rms in table_rows]
-    parts = [markdown_table(headers, body), "", "Configs (tuner.attention's for each shape):",
-             *configs]
-    if notes:
-        parts += ["", "Notes:", *notes]
-    return "\n".join(parts)
+        body.append([shape_text(problem), source, cell(ours.median_ms), cell(ours.iqr_ms),
+                     cell(ours.tflops, ".0f"), cell(ours.prepare_ms), cell(caller),
+                     *[cell(by_system[s].median_ms if s in by_system else None) for s in others],
+                     ratio(min(peers) if peers else None, ours.median_ms),
+                     cell(ours.rel_rms, ".4f")])
+    return markdown_table(["shape", "source", "ours ms", "IQR", "TFLOP/s", "prepare ms",
+                           "prepare + kernel", *[f"{s} ms" for s in others],
+                           "faster peer / ours", "gate rel RMS"], body)

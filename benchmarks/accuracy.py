@@ -92,7 +92,7 @@ def _rows(args) -> list[tuple[str, object]]:
 def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
     """column -> rel RMS (or why not), and the default config's transforms."""
     import tuner
-    from benchmarks.systems import bf16_peers, fa3_fp8
+    from benchmarks.systems import bf16_peers, fa3_fp8, native
     from tuner.activations import activations
     from tuner.errors import PeerUnavailable, TunerError
     from tuner.runtime import config_for_problem
@@ -112,9 +112,8 @@ def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
     except PeerUnavailable as exc:
         calls["FA3 FP8"] = str(exc)
     for name, call in bf16_peers(problem, ("SDPA bf16", "Sage")).items():
-        half = name == "Sage"
         calls[name] = call if isinstance(call, str) else (
-            lambda c=call, h=half: c(*((x.half() for x in (q, k, v)) if h else (q, k, v))))
+            lambda c=call, n=name: c(*native(n, (q, k, v))))
     errors = {}
     for name, call in calls.items():
         if isinstance(call, str):

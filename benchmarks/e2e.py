@@ -26,7 +26,7 @@ from functools import partial
 
 from benchmarks import common
 from benchmarks.common import cell, markdown_table, ratio, shape_text
-from benchmarks.systems import BF16_PEERS, INPUT_DTYPE, bf16_peers
+from benchmarks.systems import BF16_PEERS, bf16_peers, native
 
 HELP = "tuner.attention from bf16 beside FA3 bf16, SDPA bf16, SageAttention; host cost per call"
 DEFAULT_SHAPES = common.MODEL_SHAPES
@@ -114,16 +114,12 @@ def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
     systems = {"ours e2e": ours_call, **bf16_peers(problem)}
     res = {"problem": problem, "source": source, "kernel_ms": timing.median_ms,
            "prepare_ms": timing.prepare_ms, "ms": {}, "host": {}, "notes": []}
-    fp16 = None
     for name, call in systems.items():
         if isinstance(call, str):
             res["notes"].append(f"{name}: {call}")
             continue
-        inputs = sets
-        if INPUT_DTYPE.get(name) == "float16":
-            fp16 = fp16 or [tuple(x.half() for x in s) for s in sets]
-            inputs = fp16
         try:
+            inputs = sets if name == "ours e2e" else [native(name, s) for s in sets]
             stat = common.time_calls(lambda i, c=call, s=inputs: c(*s[i % len(s)]), len(inputs),
                                      args.repeats)
             n = loop_calls(stat.median_ms, args.loop_ms)

@@ -105,19 +105,21 @@ def sweep_work(job) -> list[dict]:
     import torch
 
     from tuner.gate import validate_kernel
-    from tuner.measure import CandidateFailure
+    from tuner.measure import CandidateFailure, guarded
     from tuner.problem import Problem
     from variants import load_family
 
     family, pairs, arch, seed = job
     fam = load_family(family)
+    # A family whose kernels run on the CPU (the test doubles) is gated there.
+    device = torch.device(getattr(fam, "DEVICE", "cuda"))
     rows = []
     for i, (raw, key) in enumerate(pairs):
         problem = Problem.from_key(key)
         run_seed = seed + 7919 * i
         try:
-            kernel = fam.compile(fam.Config.from_dict(raw), problem, arch)
-            report = validate_kernel(kernel, problem, torch.device("cuda"), run_seed)
+            kernel = guarded("compile", fam.compile, fam.Config.from_dict(raw), problem, arch)
+            report = validate_kernel(kernel, problem, device, run_seed)
             row = {"passed": report.passed, "reason": report.reason, "cases": report.cases}
         except CandidateFailure as exc:
             row = {"passed": False, "reason": f"{exc.outcome}: {exc.message}", "cases": []}
@@ -161,8 +163,11 @@ def sweep(args, gpu) -> str:
     t0 = time.perf_counter()
     if not jobs:
         return "No sweep: no feasible config (or an empty shard)."
-    with mp.get_context("spawn").Pool(min(args.procs, len(jobs))) as pool:
-        runs = [r for part in pool.map(sweep_work, jobs) for r in part]
+    if len(jobs) == 1:
+        runs = sweep_work(jobs[0])
+    else:
+        with mp.get_context("spawn").Pool(min(args.procs, len(jobs))) as pool:
+            runs = [r for part in pool.map(sweep_work, jobs) for r in part]
     wall = time.perf_counter() - t0
     limits = {"rel_rms": REL_RMS_MAX, "worst_row": ROW_REL_MAX,
               "head_slope_error": HEAD_SLOPE_MAX, "lse_excess": 1.0}
@@ -180,7 +185,7 @@ def sweep(args, gpu) -> str:
     failures = [f"- {r['family']} {r['problem']} seed {r['seed']} {r['config']}: {r['reason']}"
                 for r in runs if not r["passed"]]
     parts = [f"Sweep: shard {index}/{shards}, {len(runs)} runs in {wall:.0f} s wall, "
-             f"{args.procs} processes.", "",
+             f"{min(args.procs, len(jobs))} process(es).", "",
              markdown_table(["family", "configs (shape: swept of feasible)", "runs passed",
                              "largest " + " / ".join(METRICS) + " (threshold)"], rows)]
     if failures:

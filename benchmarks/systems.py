@@ -1,15 +1,14 @@
-"""The peers a caller with bf16 (or fp16) tensors in (batch, seq, heads, dim) would call instead of
-tuner.attention, each as `call(q, k, v) -> out (batch, seq, heads, dim)` on the caller's own
-tensors (no copies a caller would not make):
+"""The peers a caller would run instead of tuner.attention, each as `call(q, k, v) -> out (batch,
+seq, heads, dim)` on inputs in the form that peer's callers hold them (`native`: converted once
+from our bf16 (batch, seq, heads, dim), outside any timing):
 
-  FA3 bf16   fa3_fwd_interface.flash_attn_func (FlashAttention-3, where installed); causal
-             aligned to the bottom right as ours, grouped KV heads native
-  SDPA bf16  torch scaled_dot_product_attention with the cuDNN backend forced, on (batch, heads,
-             seq, dim) views of the caller's tensors; causal only at equal lengths (torch aligns
-             its mask to the top left)
-  Sage       SageAttention 1 (`from sageattention import sageattn`, INT8 QK, fp16 in,
-             tensor_layout="NHD"), where installed; fp16 inputs are the caller's (cast once,
-             outside the timing)
+  FA3 bf16   fa3_fwd_interface.flash_attn_func (FlashAttention-3, where installed), bf16 (batch,
+             seq, heads, dim); causal aligned to the bottom right as ours, grouped KV heads native
+  SDPA bf16  torch scaled_dot_product_attention with the cuDNN backend forced, bf16 (batch, heads,
+             seq, dim) contiguous, its layout; causal only at equal lengths (torch aligns its mask
+             to the top left)
+  Sage       SageAttention 1 (`from sageattention import sageattn`, INT8 QK), fp16 (batch, seq,
+             heads, dim) with tensor_layout="NHD", where installed
 
 A system that cannot run a problem here is a str saying why, in place of its call.
 """
@@ -46,9 +45,7 @@ def _sdpa_cudnn(problem):
 
     def call(q, k, v):
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                 v.transpose(1, 2), is_causal=causal,
-                                                 enable_gqa=gqa)
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         return out.transpose(1, 2)
 
     return call
@@ -70,8 +67,15 @@ def _sage(problem):
 
 
 _MAKERS = {"FA3 bf16": _fa3_bf16, "SDPA bf16": _sdpa_cudnn, "Sage": _sage}
-# The input dtype each system takes ("Sage": fp16 in).
-INPUT_DTYPE = {"FA3 bf16": "bfloat16", "SDPA bf16": "bfloat16", "Sage": "float16"}
+
+
+def native(name: str, qkv: tuple) -> tuple:
+    """Our bf16 (batch, seq, heads, dim) q, k, v in the form the system takes."""
+    if name == "SDPA bf16":
+        return tuple(x.transpose(1, 2).contiguous() for x in qkv)
+    if name == "Sage":
+        return tuple(x.half() for x in qkv)
+    return qkv
 
 
 def bf16_peers(problem, names=BF16_PEERS) -> dict[str, Callable | str]:

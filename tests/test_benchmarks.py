@@ -169,6 +169,32 @@ def test_the_sweep_spreads_its_sample_over_the_whole_space():
     assert spread(list(range(8424)), 240)[-1] > 8300
 
 
+def test_the_sweep_counts_every_run_and_names_each_failure_with_its_seed():
+    from argparse import Namespace
+
+    from benchmarks.gate import sweep
+    from tests.doubles import planted_fake
+    from tuner.gpus import PROFILES
+    from variants.base import judge_space
+
+    # The planted-bug family on the CPU: only the config without a bug is correct.
+    problem = Problem(1, 2, 64, 64)
+    gpu = common.Gpu(PROFILES["h200"], "a CPU stand-in")
+    bugs = [c.bug for c, ok, _ in judge_space(planted_fake, problem, gpu.profile) if ok]
+    args = Namespace(sweep_shapes=[[problem]], families="tests.doubles.planted_fake",
+                     sweep_configs=0, quick=False, shard=(0, 1), procs=1, seed=5)
+    text = sweep(args, gpu)
+    assert f"| 1,64,2,64: {len(bugs)} of {len(bugs)} | 1 of {len(bugs)} |" in text
+    failures = [line for line in text.splitlines() if line.startswith("- ")]
+    assert len(failures) == len(bugs) - 1
+    for bug in bugs:
+        named = [line for line in failures if f"'bug': '{bug}'" in line]
+        assert len(named) == (bug != "none") and all(" seed " in line for line in named)
+    args.shard = (1, 2)
+    half = sweep(args, gpu)
+    assert f"1,64,2,64: {len(bugs) // 2} of {len(bugs)}" in half
+
+
 def test_a_search_command_per_group_of_lengths():
     from benchmarks.search import groups, search_command
 

@@ -8,6 +8,7 @@ everything outside the markers (a note added by hand) is left as it is.
 from __future__ import annotations
 
 import datetime as dt
+import os
 import shlex
 import subprocess
 import sys
@@ -30,8 +31,11 @@ def _end(name: str) -> str:
 
 def commit_id(root: Path = REPO) -> str:
     """`git rev-parse --short HEAD`, '+dirty' when tracked or untracked files outside
-    benchmarks/results/ differ (the pages themselves change with every run); 'unknown' outside
-    a git checkout."""
+    benchmarks/results/ differ (the pages themselves change with every run); $BENCHMARKS_COMMIT
+    where it is set (a copy of the tree without .git, as a lent GPU machine gets); else
+    'unknown'."""
+    if os.environ.get("BENCHMARKS_COMMIT"):
+        return os.environ["BENCHMARKS_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, check=True,
                               capture_output=True, text=True).stdout.strip()

@@ -214,6 +214,26 @@ def test_a_search_command_per_group_of_lengths():
     assert cross[cross.index("--kv-len") + 1] == "512"
 
 
+def test_the_search_suite_runs_tuner_search_cold_then_warm_and_reads_back_its_trials():
+    from argparse import Namespace
+
+    from benchmarks.search import run
+    from tuner.gpus import PROFILES
+
+    # A CPU family (tuner search takes the profile by name for it): the suite's whole path,
+    # the two `tuner search` processes and the stored trials read back, without a GPU.
+    args = Namespace(shapes=[[Problem(1, 2, 77, 64)]], quick=False, trials=2, seed=0,
+                     families="tests.doubles.planted_fake", timeout=300.0)
+    text = run(args, common.Gpu(PROFILES["h200"], "a CPU stand-in"))
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 1,77,2,64")]
+    assert [r[1] for r in rows] == ["cold", "warm"]
+    for row in rows:
+        ok, stored = (int(x) for x in row[3].split(" of "))
+        assert stored >= 2 and 1 <= ok <= stored  # the planted bugs fail the gate, "none" not
+        assert float(row[5]) > 0  # validate seconds summed from the stored trials
+    assert "Failed" not in text
+
+
 def test_the_search_stage_sums_leave_out_bench_rows():
     from benchmarks.search import stage_sums
     from tuner.store import TrialRecord

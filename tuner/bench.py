@@ -20,12 +20,12 @@ class BenchRow:
     detail: str  # config (short) or backend; where the tuned config came from
     median_ms: float | None = None
     iqr_ms: float | None = None
-    prepare_ms: float | None = None  # what the caller pays before the kernel (its prepare)
     tflops: float | None = None
     pct_of_fp8_peak: float | None = None
     tuned_speedup: float | None = None  # this system's ms / tuned ms: > 1 means tuned is faster
     rel_rms: float | None = None
     note: str = ""
+    prepare_ms: float | None = None  # what the caller pays before the kernel (its prepare)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -271,7 +271,8 @@ def test_json_keys_of_bench_and_its_peers_stored(tmp_path, monkeypatch):
     assert code == 0, err
     assert set(doc) == {"device", "rows"}
     assert set(doc["rows"][0]) == {"seq_len", "system", "detail", "median_ms", "iqr_ms", "tflops",
-                                   "pct_of_fp8_peak", "tuned_speedup", "rel_rms", "note"}
+                                   "pct_of_fp8_peak", "tuned_speedup", "rel_rms", "note",
+                                   "prepare_ms"}
     # The peer's row is stored for `tuner show --plot`; the tuned row is not (search owns it).
     stored = sqlite3.connect(db).execute(
         "SELECT family, role FROM tuner_trials").fetchall()

@@ -150,17 +150,26 @@ class BlockQuant:
         blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
         kv_size = batch * kv_heads * blocks
         k_scales = scales_ptr + batch * heads * padded
-        if cta < q_ctas:
-            self._q_cta(q_ptr, q8_ptr, scales_ptr, mean_ptr, shift_ptr, cta, batch * heads,
-                        seq_len, padded, heads, kv_heads)
-        elif cta < q_ctas + kv_ctas:
-            self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta - q_ctas,
-                         batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size,
-                         False)
+        kv_args = (k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
+                   batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size)
+        if cutlass.const_expr(self.quantize_q):  # quant_kv: no q code at all
+            if cta < q_ctas:
+                self._q_cta(q_ptr, q8_ptr, scales_ptr, mean_ptr, shift_ptr, cta, batch * heads,
+                            seq_len, padded, heads, kv_heads)
+            else:
+                self._k_or_v(cta - q_ctas, *kv_args)
         else:
-            self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - q_ctas - kv_ctas,
-                         batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size,
-                         True)
+            self._k_or_v(cta, *kv_args)
+
+    @cute.jit
+    def _k_or_v(self, cta, k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
+                bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size):
+        if cta < kv_ctas:
+            self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count, seq_len_kv,
+                         padded_kv, kv_heads, blocks, kv_size, False)
+        else:
+            self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - kv_ctas, bh_count,
+                         seq_len_kv, padded_kv, kv_heads, blocks, kv_size, True)
 
     @cute.jit
     def _load(self, x_ptr, b, h, first, length, heads, permute: cutlass.Constexpr,
@@ -285,7 +294,8 @@ class BlockQuant:
             for i in cutlass.range_constexpr(rows):
                 if first + i < seq_len_kv:  # padding rows stay zero
                     for c in cutlass.range_constexpr(chunks):
-                        values[i, c, None].store(values[i, c, None].load() - mean[c, None].load())
+                        for j in cutlass.range_constexpr(VEC):
+                            values[i, c, j] = hadamard_dsl.sub_exact(values[i, c, j], mean[c, j])
         if cutlass.const_expr(not is_v and self.rotate_qk):
             self._rotate(values, first, seq_len_kv)
         m = cutlass.Float32(0.0)

@@ -85,11 +85,11 @@ class BlockQuant:
         self.smooth_k = smooth_k
         self.rotate_qk = rotate_qk
         # q's and k's rows: `chunks` pieces of 8 features a thread (head_dim / 8 / chunks lanes).
-        self.chunks = self.lanes // ROTATED_LANES if rotate_qk else 1
+        self.chunks = max(1, self.lanes // ROTATED_LANES) if rotate_qk else 1
 
     def mapping(self, is_v: bool) -> tuple[int, int, int]:
-        """(rows, chunks of 8 features, lanes) of a row block: V's 8 rows of one chunk (its 8 x 8
-        transpose), q's and k's `chunks` pieces of 8 / chunks rows; threads stay GROUPS * lanes."""
+        """A thread's (rows, chunks of 8 features of each, lanes a row): V's 8 rows of one chunk
+        (its 8 x 8 transpose), q's and k's 8 / chunks rows; a CTA's threads are the same."""
         chunks = 1 if is_v else self.chunks
         return ROWS // chunks, chunks, self.lanes // chunks
 
@@ -212,9 +212,9 @@ class BlockQuant:
     def _rotate(self, values, first, length):
         """q's or k's rows rotated (hadamard_dsl.rotate); padding rows back to +0 (the rotation
         of a zero row holds -0s, whose codes would not be the formula's zero bytes)."""
-        rows, chunks, lanes = self.mapping(False)
+        rows, _, lanes = self.mapping(False)
         tidx, _, _ = cute.arch.thread_idx()
-        hadamard_dsl.rotate(values, tidx % lanes, rows, chunks, lanes, self.head_dim)
+        hadamard_dsl.rotate(values, tidx % lanes, lanes)
         for i in cutlass.range_constexpr(rows):
             if first + i >= length:
                 values[i, None, None].fill(0.0)

@@ -22,8 +22,6 @@ import cutlass.cute as cute
 
 from variants.transforms import HADAMARD_SIGN_BITS, rotation_norm, rotation_signs
 
-VEC = 8  # features of a chunk: one 16-byte load of bf16
-SIGN_BIT = -(2**31)  # 0x80000000 as an Int32
 RN = cute.math.RoundingMode.NEAREST_EVEN
 
 
@@ -41,7 +39,7 @@ def sub_exact(a, b):
 
 @cute.jit
 def flip_sign(x, mask):
-    """x with its sign bit xor mask (0 or SIGN_BIT): x or -x, exactly."""
+    """x with its sign bit xor mask (0 or 1 << 31): x or -x, exactly."""
     return (x.bitcast(cutlass.Int32) ^ mask).bitcast(cutlass.Float32)
 
 
@@ -63,13 +61,13 @@ def _sign_byte(k, head_dim: cutlass.Constexpr):
 
 
 @cute.jit
-def _pairs_in_thread(values, rows: cutlass.Constexpr, chunks: cutlass.Constexpr,
-                     stride: cutlass.Constexpr, in_chunk: cutlass.Constexpr):
+def _pairs_in_thread(values, stride: cutlass.Constexpr, in_chunk: cutlass.Constexpr):
     """One butterfly stage between elements of the thread: pairs (j, j + stride) of every chunk
     (in_chunk), else pairs of chunks (c, c + stride)."""
+    rows, chunks, vec = values.shape
     for i in cutlass.range_constexpr(rows):
         for c in cutlass.range_constexpr(chunks):
-            for j in cutlass.range_constexpr(VEC):
+            for j in cutlass.range_constexpr(vec):
                 lower = (j & stride) == 0 if in_chunk else (c & stride) == 0
                 if cutlass.const_expr(lower):
                     c2, j2 = (c, j + stride) if in_chunk else (c + stride, j)
@@ -79,30 +77,31 @@ def _pairs_in_thread(values, rows: cutlass.Constexpr, chunks: cutlass.Constexpr,
 
 
 @cute.jit
-def rotate(values, lane, rows: cutlass.Constexpr, chunks: cutlass.Constexpr,
-           lanes: cutlass.Constexpr, head_dim: cutlass.Constexpr):
+def rotate(values, lane, lanes: cutlass.Constexpr):
     """values (rows, chunks, 8) fp32 registers, row-wise, replaced by their rotation; every lane of
-    the warp must call it (lane: this thread's index among its row's lanes)."""
+    the warp must call it (lane: this thread's index among its row's `lanes`)."""
+    rows, chunks, vec = values.shape
+    head_dim = chunks * lanes * vec
     for c in cutlass.range_constexpr(chunks):
         byte = _sign_byte(c * lanes + lane, head_dim)
-        for j in cutlass.range_constexpr(VEC):
+        for j in cutlass.range_constexpr(vec):
             mask = ((byte >> j) & 1) << 31
             for i in cutlass.range_constexpr(rows):
                 values[i, c, j] = flip_sign(values[i, c, j], mask)
-    for s in cutlass.range_constexpr(VEC.bit_length() - 1):
-        _pairs_in_thread(values, rows, chunks, 1 << s, True)
+    for s in cutlass.range_constexpr(vec.bit_length() - 1):
+        _pairs_in_thread(values, 1 << s, True)
     for p in cutlass.range_constexpr(lanes.bit_length() - 1):
         upper = ((lane >> p) & 1) << 31  # the upper lane's sum is the lower's value - its own
         for i in cutlass.range_constexpr(rows):
             for c in cutlass.range_constexpr(chunks):
-                for j in cutlass.range_constexpr(VEC):
+                for j in cutlass.range_constexpr(vec):
                     mine = values[i, c, j]
                     other = cute.arch.shuffle_sync_bfly(mine, offset=1 << p)
                     values[i, c, j] = add_exact(other, flip_sign(mine, upper))
     for s in cutlass.range_constexpr(chunks.bit_length() - 1):
-        _pairs_in_thread(values, rows, chunks, 1 << s, False)
+        _pairs_in_thread(values, 1 << s, False)
     norm = cutlass.Float32(rotation_norm(head_dim))
     for i in cutlass.range_constexpr(rows):
         for c in cutlass.range_constexpr(chunks):
-            for j in cutlass.range_constexpr(VEC):
+            for j in cutlass.range_constexpr(vec):
                 values[i, c, j] = cute.math.mul(values[i, c, j], norm, rounding=RN)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 
-from variants.common.softmax import lse_natural
+from variants.common.softmax import inverse_sum, lse_natural, quad_sum
 
 
 class EpilogueMixin:
@@ -24,14 +24,9 @@ class EpilogueMixin:
         for mt_i in cutlass.range_constexpr(self.m_tiles):
             for r in cutlass.range_constexpr(2):
                 st = mt_i * 2 + r
-                total = row_sum[st]
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=1)
-                total = total + cute.arch.shuffle_sync_bfly(total, offset=2)
+                total = quad_sum(row_sum[st])
                 o_row = acc_O[(None, r), mt_i, None]
-                scale = 1.0 / total
-                if cutlass.const_expr(self.causal):
-                    if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
-                        scale = cutlass.Float32(0.0)
+                scale = inverse_sum(total, self.causal)
                 o_row.store(o_row.load() * scale)
                 r_row = rO[(None, r), mt_i, None]
                 r_row.store(o_row.load().to(cutlass.BFloat16))

@@ -19,7 +19,12 @@ import cutlass
 import cutlass.cute as cute
 
 from variants.block_scales import KV_BLOCK
-from variants.common.softmax import block_exp2_argument, rescale_factor
+from variants.common.softmax import (
+    block_exp2_argument,
+    max_to_subtract,
+    quad_max,
+    rescale_factor,
+)
 
 
 @dataclass(frozen=True)
@@ -69,17 +74,9 @@ class Softmax:
                             raw_max = cute.arch.fmax(raw_max, s_row[e, n])
                     # max commutes with the positive coef; a masked block stays -inf.
                     tile_max = cute.arch.fmax(tile_max, raw_max * coef[b] + lsv[b])
-                tile_max = cute.arch.fmax(
-                    tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
-                tile_max = cute.arch.fmax(
-                    tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+                tile_max = quad_max(tile_max)
                 m_new = cute.arch.fmax(row_max[st], tile_max)
-                m_use = m_new
-                if cutlass.const_expr(self.causal):
-                    # A row that has seen no key yet: subtract 0, not -inf (P and alpha 0,
-                    # not NaN).
-                    if m_new == -cutlass.Float32.inf:
-                        m_use = cutlass.Float32(0.0)
+                m_use = max_to_subtract(m_new, self.causal)
                 alpha = rescale_factor(row_max[st], m_use)
                 # 2^shift * 2^(x' - m'): P' in [0, 2^shift] (256 with pv_accum=fp32).
                 total = cutlass.Float32(0.0)

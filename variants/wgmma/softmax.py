@@ -17,7 +17,14 @@ from typing import Any
 import cutlass
 import cutlass.cute as cute
 
-from variants.common.softmax import block_exp2_argument, rescale_factor
+from variants.common.softmax import (
+    block_exp2_argument,
+    inverse_sum,
+    max_to_subtract,
+    quad_max,
+    quad_sum,
+    rescale_factor,
+)
 from variants.wgmma.config import FMA_EXP2_GROUP
 from variants.wgmma.fragments import acc_mn_layout
 from variants.wgmma.ptx import _exp2_polynomial
@@ -93,15 +100,9 @@ class Softmax:
                                                         -cutlass.Float32.inf, 0)
                 # max commutes with the positive coef; a masked block stays -inf.
                 tile_max = cute.arch.fmax(tile_max, raw_max * (q_coef[r] * ks[b]) + lsv[b])
-            tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=1))
-            tile_max = cute.arch.fmax(tile_max, cute.arch.shuffle_sync_bfly(tile_max, offset=2))
+            tile_max = quad_max(tile_max)
             m_new = cute.arch.fmax(row_max[r], tile_max)
-            m_use = m_new
-            if cutlass.const_expr(self.causal):
-                # A row that has seen no key yet (all -inf): subtract 0, not -inf, so that its
-                # P and alpha are 0 instead of NaN.
-                if m_new == -cutlass.Float32.inf:
-                    m_use = cutlass.Float32(0.0)
+            m_use = max_to_subtract(m_new, self.causal)
             alpha[r] = rescale_factor(row_max[r], m_use)
             total = cutlass.Float32(0.0)
             for b in cutlass.range_constexpr(nb):
@@ -133,18 +134,12 @@ class Softmax:
         for r in cutlass.range_constexpr(2):
             o_mn[r, None].store(o_mn[r, None].load() * alpha[r])
 
-    @cute.jit
     def row_total(self, r):
         """Row r's sum l over the four threads of its quad."""
-        partial = self.row_sum[r]
-        total = partial + cute.arch.shuffle_sync_bfly(partial, offset=1)
-        return total + cute.arch.shuffle_sync_bfly(total, offset=2)
+        return quad_sum(self.row_sum[r])
 
     @cute.jit
     def normalize(self, o_mn, r, total):
         """O's row r divided by its sum l (V's scales are in P' already)."""
-        scale = 1.0 / total
-        if cutlass.const_expr(self.causal):
-            if total == 0.0:  # a row that sees no key: output 0 (and LSE -inf)
-                scale = cutlass.Float32(0.0)
+        scale = inverse_sum(total, self.causal)
         o_mn[r, None].store(o_mn[r, None].load() * scale)

@@ -72,8 +72,8 @@ class EpilogueMixin:
             for r in cutlass.range_constexpr(2):
                 softmax.normalize(o_mn, r, totals[r])
         else:
-            # (The pieces program's steps above, in the order this one was written before it
-            # existed: so its code stays the one built then.)
+            # The pieces program's steps in the whole tiles' program's order, whose cubins
+            # benchmarks/cubin_hashes.py pins.
             for r in cutlass.range_constexpr(2):
                 total = softmax.row_total(r)
                 totals[r] = total

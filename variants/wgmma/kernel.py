@@ -149,7 +149,7 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         # split_tail: the whole tiles in this launch (the program of split_tail=False, its loop
         # bound the whole tiles), the last wave's pieces in a second one (kernel(pieces=True)):
         # two programs, so that the pieces' code leaves the whole tiles' main loop as ptxas
-        # schedules it without them (docs/family-wgmma.md#split_tail).
+        # schedules it without them (docs/family-wgmma.md, "split_tail").
         tail = 0
         if cutlass.const_expr(self.split_tail):
             tail = split_tiles(total_tiles, max_ctas, cute.ceil_div(seq_len_kv, bn))

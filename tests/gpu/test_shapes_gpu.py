@@ -47,10 +47,10 @@ CONFIGS = {
               dict(intra_wg_overlap=False, pingpong=False, persistent=False, split_tail=False),
               dict(tile_order="per_head"), dict(tile_order="longest_first"),
               # The causal default turns pingpong off up to 8192 keys at head_dim 128
-              # (config.CAUSAL_SHORT_KEYS_UP_TO); longer causal problems keep it on.
+              # (wgmma.defaults.CAUSAL_SHORT_KEYS_UP_TO); longer causal problems keep it on.
               dict(pingpong=True),
               # Both Q placements pinned (the default picks one by the key length,
-              # config.Q_IN_KERNEL_UP_TO): rows past seq_len, GQA heads, both loops.
+              # wgmma.defaults.Q_IN_KERNEL_UP_TO): rows past seq_len, GQA heads, both loops.
               dict(q_quant="prepare"), dict(q_quant="kernel"),
               dict(q_quant="kernel", intra_wg_overlap=False, pingpong=False, persistent=False,
                    split_tail=False,

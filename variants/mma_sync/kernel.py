@@ -157,7 +157,7 @@ class MmaSyncAttention(LayoutsMixin, MainloopMixin, EpilogueMixin):
         gK = cute.local_tile(mK[batch, None, kv_head, None], (bn, d), (None, 0))
         gV = cute.local_tile(mV[batch, kv_head, None, None], (d, bn), (0, None))
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.q.get_tensor(sQ_layout)
         sK = storage.k.get_tensor(sK_layout)

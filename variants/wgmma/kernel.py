@@ -119,10 +119,10 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         sQraw_layout = self._smem_layout(bm, d, None, cutlass.BFloat16)
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            fp8, fp8, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, bn))
         tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+            fp8, fp8, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, d),
             warpgroup.OperandSource.RMEM if self.register_p else warpgroup.OperandSource.SMEM)
 
@@ -220,7 +220,7 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         wg_idx = warp_idx // 4
 
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.q.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.k.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.doubles import ANY_ACCURACY
 from tests.doubles import fake_family_noisy as noisy
 from tests.test_runtime import ALT_CFG, SEED_CFG
 from tuner import runtime
@@ -21,7 +22,7 @@ NOISY = "tests.doubles.fake_family_noisy"
 PROBLEM = Problem(1, 2, 64, 64)
 REPO = Path(__file__).resolve().parents[1]
 SEARCH = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
-          "--repeats", "10", "--timeout", "5", "--compile-jobs", "1", "--json"]
+          "--repeats", "10", "--timeout", "5", "--compile-jobs", "1", "--json", *ANY_ACCURACY]
 
 
 # ---- 1. the spread rule, end to end ------------------------------------------------------------

@@ -71,7 +71,7 @@ def _corrupt(text, old, new):
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda t: _corrupt(t, "schema_version: 4", "schema_version: 7"),
+        (lambda t: _corrupt(t, "schema_version: 5", "schema_version: 7"),
          r"line \d+: schema_version: schema version 7"),
         (lambda t: _corrupt(t, "    warps: 4", "    warps: 4\n    wraps: 4"),
          r"line \d+: entries\.\d+\.config: .*unknown knobs \['wraps'\]"),

@@ -224,13 +224,13 @@ def capture(path, *, max_bytes: int = DEFAULT_MAX_BYTES, calls_per_problem: int 
     finally:
         api._CAPTURE = None
         functional.scaled_dot_product_attention = original
-    written = recorder.write(path)
     skipped = "; ".join(f"{n} x {why}" for why, n in recorder.skipped.items())
-    if not written:
+    if not any(r.kept for r in recorder.problems.values()):
         raise TunerError(
             f"tuner.capture: no attention call recorded, {path} not written"
             + (f" (not recordable: {skipped})" if skipped else "")
             + ": run the model inside the block, eagerly (calls inside torch.compile'd code are "
             "not recorded)")
+    written = recorder.write(path)
     log.info("tuner.capture: %d calls of %d problems written to %s%s", written,
              len(recorder.problems), path, f" (not recorded: {skipped})" if skipped else "")

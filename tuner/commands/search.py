@@ -393,7 +393,8 @@ class SearchView:
             w = r.winner
             if w is None:
                 why = (f"decided by {r.deferred_to} (still searching)" if r.deferred_to
-                       else f"[red]{r.no_winner or 'no valid candidate'}")
+                       else "[red]none within the accuracy budget (below)" if r.no_winner
+                       else "[red]no valid candidate")
                 table.add_row(str(r.problem.seq_len), why, "", "", "", "", "", "")
                 continue
             label = SearchView.short_label(w, r.default)
@@ -411,3 +412,6 @@ class SearchView:
                 f"{w.e2e_error:.4f} {w.e2e_data[:20]}" if w.e2e_error is not None else "-",
             )
         Console().print(table)
+        for r in results:
+            if r.no_winner:  # one unwrapped line each, for a reader and for grep
+                print(f"s={r.problem.seq_len}: {r.no_winner}")

@@ -78,7 +78,8 @@ def _emulated_error(q, k, v, smooth: bool, rotate: bool) -> float:
 
 
 @pytest.mark.parametrize("problem", [Problem(1, 2, 64, 64), Problem(1, 8, 4096, 128, kv_heads=2),
-                                     Problem(2, 24, 4608, 128, True)], ids=lambda p: p.key())
+                                     Problem(2, 24, 4608, 128, True), Problem(1, 32, 8192, 64)],
+                         ids=lambda p: p.key())
 def test_the_default_budget_passes_both_transforms_and_neither_alone(problem):
     shape = budget.realistic_problem(problem)
     q, k, v = activations("realistic", shape, "cpu", budget.REALISTIC_SEED)

@@ -2,8 +2,9 @@
 
 A candidate's kernel can fault (illegal address poisons the CUDA context for good), hang, or take
 the whole process down; none of that may reach the search. So each candidate is compiled,
-validated and timed in a `Sandbox`: a multiprocessing *spawn* child (fork after CUDA init would
-copy a context the child cannot use) that serves tasks over a pipe, one at a time. The parent
+validated, held to the accuracy budget (tuner/budget.py) and timed in a `Sandbox`: a
+multiprocessing *spawn* child (fork after CUDA init would copy a context the child cannot use)
+that serves tasks over a pipe, one at a time. The parent
 enforces a deadline per task and kills the child on timeout; a child that dies is seen as EOF
 and reported as a crash; either way the next task starts a fresh child.
 

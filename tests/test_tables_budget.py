@@ -119,6 +119,21 @@ def test_a_failed_import_into_a_new_database_leaves_nothing(tmp_path, capsys, mo
     assert list(where.iterdir()) == []  # no database, no .lock, no -wal
 
 
+def test_a_write_that_fails_in_a_new_database_leaves_nothing(tmp_path, capsys, monkeypatch):
+    from tuner.store import Store as Real
+
+    def fail(self, *a):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(Real, "import_winners", fail)
+    where = tmp_path / "new"
+    where.mkdir()
+    assert main(["import", str(SHIPPED), "--db", f"sqlite:///{where / 'db.sqlite'}",
+                 "--force"]) == 1
+    assert "disk full" in capsys.readouterr().err
+    assert list(where.iterdir()) == []
+
+
 def test_a_failed_import_into_an_existing_database_keeps_it(tmp_path, capsys, monkeypatch):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     assert main(["import", str(SHIPPED), "--db", url, "--force"]) == 0

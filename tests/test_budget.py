@@ -272,3 +272,20 @@ def test_missing_problem_names_the_flags_of_the_problems_the_file_holds(tmp_path
     with pytest.raises(calibration.CalibrationError,
                        match=r"--seq-lens 77 --heads 4 --batch 2 --head-dim 128 --kv-heads 2"):
         calibration.read(path).require([PROBLEM])
+
+
+def test_each_budget_is_a_study_of_its_own(tmp_path):
+    import optuna
+
+    from tuner.search import ProblemSearch, SearchSettings, make_target
+
+    target = make_target("h200", {FAMILY: acc})
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    names = {ProblemSearch(PROBLEM, [FAMILY], target, store, optuna.storages.InMemoryStorage(),
+                           SearchSettings(budget=b)).name
+             for b in (budget.Budget(1.0), budget.Budget(0.5),
+                       budget.Budget(1.0, "calibration:" + "ab" * 32, "/x"))}
+    assert len(names) == 3
+    assert any(n.endswith(":realistic<=1") for n in names)
+    assert any(n.endswith(":calibration:abababab<=1") for n in names)
+    store.close()

@@ -238,6 +238,17 @@ def test_an_import_that_fails_midway_stores_nothing(tmp_path, monkeypatch, capsy
         event.remove(_Trial, "before_insert", fail_on_the_fifth)
     assert "planted: the database fails midway" in capsys.readouterr().err
     assert len(inserts) == 5
+    # The database did not exist before this import: it is not left behind, empty or not.
+    assert list(tmp_path.iterdir()) == []
+    # Into an existing (empty) database: not one of the entries before the failure is stored.
+    Store(f"sqlite:///{db}").close()
+    inserts.clear()
+    event.listen(_Trial, "before_insert", fail_on_the_fifth)
+    try:
+        assert main(["import", str(shipped), "--db", f"sqlite:///{db}", "--force"]) != 0
+    finally:
+        event.remove(_Trial, "before_insert", fail_on_the_fifth)
+    assert len(inserts) == 5
     con = sqlite3.connect(db)
     try:
         for table in ("tuner_trials", "tuner_best", "tuner_problems", "tuner_devices"):

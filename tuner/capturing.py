@@ -6,8 +6,8 @@
 
 Inside the block, calls of tuner.attention (and so tuner.scaled_dot_product_attention and
 diffusers' attention routed through it) and of torch.nn.functional.scaled_dot_product_attention
-(wrapped for the duration, restored after, also on an exception; it still computes) are recorded;
-the file is written when the block exits without an exception. A call torch's SDPA makes that
+(wrapped for the duration, restored after, also on an exception; it still computes) are recorded,
+and written when the block exits without an exception. A call torch's SDPA makes that
 the kernels cannot run (an attn_mask, dropout, a top-left causal mask over unequal lengths,
 tuner.sdpa.unsupported) or whose head_dim no kernel supports is counted, not recorded. Code that
 bound torch's function before the block (`from torch.nn.functional import

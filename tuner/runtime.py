@@ -11,11 +11,9 @@ Lookup order for a problem on the local GPU (DESIGN.md; README states the same):
   4. the family default for the arch.
 Every candidate is re-checked with can_implement on the local GPU before it is returned; a
 fallback (anything but an exact database hit) is logged once per key with its source, never
-silent. With `max_error` (load_best_config, tuner.attention), steps 1-3 consider only winners
-whose stored end-to-end error (the search's accuracy budget, tuner/budget.py) is at most it; a
-nearest winner passed over for its error is logged once. A winner without a stored error (one
-searched or exported before the budget existed) is unknown, not rejected: it is used, and the
-log says its error is unknown; so is the family default of step 4.
+silent. With `max_error`, steps 1-3 take only winners whose stored end-to-end error
+(tuner/budget.py) is at most it, logging a nearer one passed over; a winner without a stored
+error, and the default, are used as unknown, and the log says so (docs/tables-and-database.md).
 
 The nearest winner (`_nearest`), in order of preference, each deciding only among the winners
 the previous ones left level:

@@ -427,10 +427,12 @@ def test_workers_share_one_study_and_decide_once(db_url_any):
     doc = json.loads(_finish(proc)[0])
     (result,) = doc["results"]
     # The --json keys of `tuner search` (README, Usage), as with one process.
-    assert set(doc) == {"device", "gpu", "families", "results"}
+    assert set(doc) == {"device", "gpu", "families", "accuracy", "results"}
+    assert set(doc["accuracy"]) == {"data", "max_error"}
     assert set(result) == {"problem", "seq_len", "study", "seed", "mode", "feasible", "stopped",
                            "measured_here", "outcomes", "winner", "default",
-                           "speedup_over_default", "default_kept"}
+                           "speedup_over_default", "default_kept", "no_winner"}
+    assert {"e2e_error", "e2e_data"} <= set(result["winner"])
     done = _check_shared_study(db_url_any, [doc])
     # Exhaustive over 14 feasible configs: each measured once, by one process or the other.
     assert len({r["config_hash"] for r in done}) == len(done) == 14

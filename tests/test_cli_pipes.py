@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.doubles import ANY_ACCURACY
 from tuner.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "db" / "tables" / "h200.yaml"
 FAKE_SEARCH = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
                "--families", "tests.doubles.fake_family", "--trials", "2", "--repeats", "10",
-               "--timeout", "5", "--compile-jobs", "1", "--seed", "1"]
+               "--timeout", "5", "--compile-jobs", "1", "--seed", "1", *ANY_ACCURACY]
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def _corrupt(text, old, new):
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda t: _corrupt(t, "schema_version: 4", "schema_version: 7"),
+        (lambda t: _corrupt(t, "schema_version: 5", "schema_version: 7"),
          r"line \d+: schema_version: schema version 7"),
         (lambda t: _corrupt(t, "    warps: 4", "    warps: 4\n    wraps: 4"),
          r"line \d+: entries\.\d+\.config: .*unknown knobs \['wraps'\]"),
@@ -302,7 +302,7 @@ def test_the_lookup_takes_the_newest_decision_of_a_problems_family_sets():
     # One where the older entry's time is the faster: the case the rule exists for.
     assert any(max(entries, key=lambda e: e["decided_at"])["median_ms"]
                > min(e["median_ms"] for e in entries) for entries in several.values())
-    loaded = {problem.key(): config for problem, _, config in load_table_entries(SHIPPED)}
+    loaded = {problem.key(): config for problem, _, config, _ in load_table_entries(SHIPPED)}
     assert len(loaded) == len(by_key)
     for key, entries in by_key.items():
         newest = max(entries, key=lambda e: e["decided_at"])

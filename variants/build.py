@@ -389,7 +389,7 @@ class CompiledKernel:
         workspace = self._workspace(words, zero_from, device)
         launcher(*launch_values(prepared, out, lse, current_stream_handle(device), extra=extra,
                                 workspace=0 if workspace is None else workspace.data_ptr()))
-        if want_lse:
+        if want_lse and prepared.k_mean is not None:
             prepared.restore_lse(lse)
         return out, lse
 

@@ -89,10 +89,11 @@ def test_a_wrong_or_missing_smoothing_vector_or_rotation_is_named_as_prepares():
         _, bad = declared_transforms(dataclasses.replace(prepared, k_mean=wrong), k, "mean",
                                      "none")
         assert bad.startswith("prepare: the smoothing vector") and where in bad, bad
-    # One value off by 100x the tolerance is enough.
+    # One value off by 2^-10 of the keys' mean |k| (8x the tolerance) is enough.
+    assert MEAN_SUM_REL <= 2.0**-13
     nudged = m.clone()
     own, spread = reference_key_mean(k)
-    nudged[1, 0, 5] += 100 * MEAN_SUM_REL * spread[1, 0, 5]
+    nudged[1, 0, 5] += 2.0**-10 * spread[1, 0, 5]
     _, bad = declared_transforms(dataclasses.replace(prepared, k_mean=nudged), k, "mean", "none")
     assert "batch 1 KV head 0" in bad and "feature 5" in bad, bad
     _, bad = declared_transforms(dataclasses.replace(prepared, k_mean=None), k, "mean", "none")
@@ -153,8 +154,13 @@ def test_the_reference_lse_is_the_callers_with_the_gates_own_shift():
 
 @pytest.mark.parametrize(("fraction", "passes"), [(0.9, True), (1.2, False)])
 def test_the_lse_bound_grows_with_the_shift_magnitude(fraction, passes):
-    q, k, v = _inputs(batch=1, seq=30, seq_kv=30)
+    """A bias of 1e4 in k: smoothing leaves small scores, and the shift's rounding term is
+    most of the bound."""
+    q, k, v = _inputs(batch=1, seq=30, seq_kv=30, dtype=torch.float32)
+    k += 1e4 * torch.randn(1, 1, 2, 128, generator=torch.Generator().manual_seed(1))
     ref = reference_attention(quantize_reference(q, k, v, k_mean=transforms.smoothing_vector(k)))
-    bound = LSE_ABS_MAX + LSE_QK_REL * ref.score_magnitude + LSE_SHIFT_REL * ref.shift_magnitude
+    shift_term = LSE_SHIFT_REL * ref.shift_magnitude
+    bound = LSE_ABS_MAX + LSE_QK_REL * ref.score_magnitude + shift_term
+    assert bool((shift_term > 0.5 * bound).all())
     metrics = accuracy(ref.out.bfloat16(), ref.lse + fraction * bound, ref)
     assert metrics.passed == passes, metrics.reason

@@ -188,3 +188,23 @@ def test_run_restores_the_lse_where_it_is_wanted(monkeypatch, want_lse):
     plain = quantize_inputs(q, k, v, pad_to=cfg.pad_to(), permute_keys=True)
     with pytest.raises(ValueError, match="k_smoothing='mean'"):
         kernel.run(plain, out, lse)
+
+
+@pytest.mark.parametrize("want_lse", [True, False])
+def test_the_runtime_passes_want_lse_to_the_kernel(monkeypatch, want_lse):
+    from tuner import runtime
+
+    seen = []
+
+    class Kernel:
+        def prepare(self, q, k, v, softmax_scale=None, *, validate=True):
+            return "prepared"
+
+        def run(self, prepared, out=None, lse=None, *, want_lse=True):
+            seen.append(want_lse)
+            return "out", "lse"
+
+    monkeypatch.setattr(runtime, "_plan", lambda *args: Kernel())
+    q = torch.empty(1, 4, 2, 64)
+    runtime.run_attention(q, q, q, None, "", "auto", None, False, False, want_lse)
+    assert seen == [want_lse]

@@ -46,3 +46,25 @@ def test_the_folded_arithmetic_with_prepares_transforms_passes_the_gate(problem,
     kernel = folded.compile(folded.Config(64, **knobs), problem, "cpu")
     report = validate_kernel(kernel, problem, "cpu", seed=5)
     assert report.passed, report.reason
+
+
+def test_want_lse_false_runs_in_a_case_and_either_lse_passes_there():
+    """The gate runs one case with want_lse=False (as the runtime does for a caller without
+    return_lse): the LSE may then be the smoothed scores' or the caller's, both pass."""
+    problem = PROBLEMS[1][0]
+    inner = folded.compile(folded.Config(64, k_smoothing="mean"), problem, "cpu")
+    asked = []
+
+    class AlwaysRestores:
+        config = inner.config
+
+        def prepare(self, *args, **kwargs):
+            return inner.prepare(*args, **kwargs)
+
+        def run(self, prepared, out=None, lse=None, *, want_lse=True):
+            asked.append(want_lse)
+            return inner.run(prepared, out, lse, want_lse=True)
+
+    report = validate_kernel(AlwaysRestores(), problem, "cpu", seed=3)
+    assert report.passed, report.reason
+    assert asked == [True, False, True]

@@ -29,6 +29,7 @@ attention on the original inputs), never gated: it measures the format, not the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
@@ -268,9 +269,18 @@ class ReferenceResult:
     seq_len: int
     seq_len_kv: int | None = None  # None: seq_len
     causal: bool = False
-    # scale * sum_d |q_d m_d| of the LSE shift added to `lse` (ReferenceInputs.lse_shift): the
-    # scale of its rounding (LSE_SHIFT_REL); None without one.
+    # The LSE shift added to `lse` (ReferenceInputs.lse_shift, the rows checked) and scale *
+    # sum_d |q_d m_d|, the scale of its rounding (LSE_SHIFT_REL); None without one.
+    lse_shift: torch.Tensor | None = None
     shift_magnitude: torch.Tensor | None = None
+
+    def unshifted(self) -> ReferenceResult:
+        """This reference with the LSE of the transformed scores (K smoothing's shift taken
+        back out; the bound keeps its rounding term): what a kernel may return to a caller
+        that does not want the LSE."""
+        if self.lse_shift is None:
+            return self
+        return dataclasses.replace(self, lse=self.lse - self.lse_shift, lse_shift=None)
 
     @property
     def empty_rows(self) -> int:
@@ -340,10 +350,11 @@ def reference_attention(inputs, rows: torch.Tensor | None = None, *, causal: boo
     shift = inputs.lse_shift if isinstance(inputs, ReferenceInputs) else None
     shift_magnitude = None
     if shift is not None:  # -inf (no key seen) + a finite shift stays -inf
-        lse += shift[:, :, row_index]
+        shift = shift[:, :, row_index]
+        lse += shift
         shift_magnitude = inputs.lse_shift_magnitude[:, :, row_index]
     return ReferenceResult(out, lse, noise, magnitude, v_norm, rows, seq_len, seq_len_kv, causal,
-                           shift_magnitude)
+                           shift, shift_magnitude)
 
 
 @dataclass(frozen=True)

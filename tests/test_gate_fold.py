@@ -48,23 +48,50 @@ def test_the_folded_arithmetic_with_prepares_transforms_passes_the_gate(problem,
     assert report.passed, report.reason
 
 
-def test_want_lse_false_runs_in_a_case_and_either_lse_passes_there():
+class _Recording:
+    """The folded kernel, recording what the gate passes it; `restore_always` ignores
+    want_lse=False; `config` may be another (what the gate reads the q dtypes from)."""
+
+    def __init__(self, inner, restore_always=False, config=None):
+        self.inner, self.restore_always = inner, restore_always
+        self.config = inner.config if config is None else config
+        self.dtypes, self.scales, self.want_lse = [], [], []
+
+    def prepare(self, q, k, v, softmax_scale=None, **kwargs):
+        self.dtypes.append(q.dtype)
+        self.scales.append(softmax_scale)
+        return self.inner.prepare(q, k, v, softmax_scale, **kwargs)
+
+    def run(self, prepared, out=None, lse=None, *, want_lse=True):
+        self.want_lse.append(want_lse)
+        return self.inner.run(prepared, out, lse, want_lse=want_lse or self.restore_always)
+
+
+@pytest.mark.parametrize("restore_always", [False, True])
+def test_want_lse_false_runs_in_a_case_and_either_lse_passes_there(restore_always):
     """The gate runs one case with want_lse=False (as the runtime does for a caller without
     return_lse): the LSE may then be the smoothed scores' or the caller's, both pass."""
     problem = PROBLEMS[1][0]
     inner = folded.compile(folded.Config(64, k_smoothing="mean"), problem, "cpu")
-    asked = []
-
-    class AlwaysRestores:
-        config = inner.config
-
-        def prepare(self, *args, **kwargs):
-            return inner.prepare(*args, **kwargs)
-
-        def run(self, prepared, out=None, lse=None, *, want_lse=True):
-            asked.append(want_lse)
-            return inner.run(prepared, out, lse, want_lse=True)
-
-    report = validate_kernel(AlwaysRestores(), problem, "cpu", seed=3)
+    kernel = _Recording(inner, restore_always)
+    report = validate_kernel(kernel, problem, "cpu", seed=3)
     assert report.passed, report.reason
-    assert asked == [True, False, True]
+    assert kernel.want_lse == [True, False, True]
+
+
+def test_the_gate_passes_fp16_and_a_softmax_scale_where_the_config_takes_them():
+    import torch
+
+    problem = PROBLEMS[0][0]
+    kernel = _Recording(folded.compile(folded.Config(64), problem, "cpu"))
+    assert validate_kernel(kernel, problem, "cpu", seed=3).passed
+    assert kernel.dtypes == [torch.bfloat16, torch.float16, torch.bfloat16]
+    assert kernel.scales == [None, pytest.approx(0.7 * 128**-0.5), None]
+
+    class ReadsBf16Only(folded.Config):  # as wgmma q_quant=kernel: fp16 runs on another config
+        def for_q_dtype(self, dtype_name):
+            return self if dtype_name == "bfloat16" else folded.Config(32)
+
+    kernel = _Recording(kernel.inner, config=ReadsBf16Only(64))
+    assert validate_kernel(kernel, problem, "cpu", seed=3).passed
+    assert kernel.dtypes == [torch.bfloat16] * 3

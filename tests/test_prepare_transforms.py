@@ -131,20 +131,26 @@ def test_restore_lse_adds_the_scaled_shift_and_keeps_minus_infinity():
     assert torch.equal(plain.restore_lse(untouched), torch.ones(1, 4, 40))
 
 
-def test_a_q_left_for_the_kernel_gets_its_shift_on_first_use_only(monkeypatch):
+def test_a_q_left_for_the_kernel_gets_its_shift_when_asked(monkeypatch):
     """q_quant=kernel: the quantization launch does not read q, so q . m waits for a caller that
-    wants the LSE; computed from the caller's q, in row chunks, and kept."""
+    wants the LSE; computed from the caller's q, in row chunks."""
     q, k, v = _inputs(2, 300, 200, 4, 2, 128)
     monkeypatch.setattr(fp8_inputs, "SHIFT_ROWS", 128)  # three chunks, the last one ragged
     prepared = quantize_inputs(q, k, v, pad_to=128, q_in_kernel=True, k_smoothing="mean")
     assert prepared.q_in_kernel and prepared.q_dot_mean is None
+    calls = []
+    monkeypatch.setattr(fp8_inputs, "q_dot", lambda *a: calls.append(1) or real_q_dot(*a))
     raw = prepared.raw_lse_shift()
     torch.testing.assert_close(raw, transforms.lse_shift(q, prepared.k_mean, 1.0), rtol=0, atol=0)
-    assert prepared.q_dot_mean is raw and prepared.raw_lse_shift() is raw
+    prepared.restore_lse(torch.zeros(2, 4, 300))
+    assert len(calls) == 2  # each caller that wants it reads q: a timed run pays it too
     full = quantize_inputs(q, k, v, pad_to=128, k_smoothing="mean")
     assert torch.equal(prepared.k.view(torch.uint8), full.k.view(torch.uint8))
     with pytest.raises(ValueError, match="q_in_kernel=False"):
         quantize_inputs(q, k, v, q_in_kernel=True, qk_rotation="hadamard")
+
+
+real_q_dot = fp8_inputs.q_dot
 
 
 def test_unknown_knob_values_are_named():

@@ -52,7 +52,7 @@ class Fp8Inputs:
     k_mean: torch.Tensor | None = None
     # The caller's q . m per query row (head h with KV head h // group), fp32 (batch, heads,
     # seq_len), unscaled: what restore_lse adds back times softmax_scale. None without k_mean,
-    # and for q_in_kernel until first asked (raw_lse_shift reads q then).
+    # and for q_in_kernel (raw_lse_shift reads q when asked).
     q_dot_mean: torch.Tensor | None = None
     # q's and k's codes are those of q R and k R (qk_rotation="hadamard"): QK^T unchanged.
     qk_rotated: bool = False
@@ -94,12 +94,13 @@ class Fp8Inputs:
 
     def raw_lse_shift(self) -> torch.Tensor | None:
         """q . m per query row (batch, heads, seq_len), unscaled; None without K smoothing. For
-        q_in_kernel it is computed here on first use from the caller's q (the quantization
-        launch does not read q then), one read of q, and kept."""
+        q_in_kernel (the quantization launch does not read q) it is computed here from the
+        caller's q on each call, one read of q: only a caller that wants the LSE pays it, and
+        a timed run on reused inputs pays it as every call does."""
         if self.k_mean is None:
             return None
         if self.q_dot_mean is None:
-            self.q_dot_mean = q_dot(self.q, self.k_mean)
+            return q_dot(self.q, self.k_mean)
         return self.q_dot_mean
 
     def lse_shift(self) -> torch.Tensor | None:

@@ -1,31 +1,24 @@
 """The correctness gate a candidate passes before it is timed (runs inside the sandbox).
 
 Three input sets per candidate, each run into NaN-poisoned outputs and compared with the fp32
-reference of variants/reference.py on the gate's own quantization of the inputs (docs/gate.md):
+reference of variants/reference.py on the gate's own quantization of the inputs (docs/gate.md
+has the why of each):
 
-- `random`: the problem's own shape, standard normal (diffuse attention), every row checked.
-- `structured`: 2 or more batches and 2 to 8 heads at odd lengths next to the problem's (every
-  tile size is ragged on both axes), >= 2 KV heads. Batch 0 is peaked (key j is c q_{L-1-j}, a
-  row, key or tail mix-up is an O(1) error), batch 1 has an attention sink at key 0, the last KV
-  head and its query heads have 1000x the amax of q and v and 1/1000 of k's.
-- `realistic`: the structured case's shape with tuner.activations' "realistic" kind (a K channel
-  bias shared by the tokens, Q/K outlier channels): large scores, a large LSE shift under K
-  smoothing, and what the transforms exist for.
-Every argument the runtime passes a kernel runs at a default and at another value: the softmax
-scale (default in random and realistic, STRUCTURED_SCALE x head_dim^-0.5 in structured), the q
-dtype (bf16; structured in fp16 where the config reads fp16: a wgmma q_quant=kernel kernel reads
-bf16 only, and the runtime gives fp16 callers its q_quant=prepare twin, a candidate of its own),
-want_lse (True; False in structured, where the LSE may be the caller's or the transformed scores')
-and the problem's mask, group size and lengths in every case. The transforms the config asks for
-(k_smoothing, qk_rotation) are checked against what prepare declares (variants/prepare_check.py).
+- `random`: the problem's own shape, standard normal (diffuse attention).
+- `structured`: 2+ batches, 2 to 8 heads (>= 2 KV heads), odd lengths next to the problem's (every
+  tile ragged on both axes): batch 0 peaked (key j is c q_{n-1-j} of its KV head's first query
+  head), batch 1 a sink at key 0, the last KV head's group 1000x the amax of q and v.
+- `realistic`: the structured case's shape, tuner.activations' "realistic" kind (a K channel bias,
+  Q/K outlier channels): large scores, and a large LSE shift under K smoothing.
+Every argument the runtime passes a kernel runs at a default and another value: the softmax scale
+(STRUCTURED_SCALE x head_dim^-0.5 in structured), the q dtype (fp16 in structured where the config
+reads it; a wgmma q_quant=kernel kernel reads bf16 only), want_lse (False in structured, where
+either LSE passes), and the problem's mask, group size and lengths in every case. The transforms
+the config asks for are checked against what prepare declares (variants/prepare_check.py).
 
-Peaking and the outlier are per KV head: key j < n = min(Sq, Skv) of KV head g is c q_{n-1-j} of
-the first query head of g's group, the sink is key 0 of every KV head. Under a causal mask the
-peak of an early row can be a key it may not see; those rows are diffuse over what they see.
-Above ALL_ROWS_UP_TO each case checks the first and last EDGE_ROWS rows whole and every
-ROW_STRIDE-th row between, from an offset the seed picks (benchmarks/RESULTS.md: ~30x less
-reference at S = 30272); the NaN poison is checked over every element. Kernels take batch, heads
-and seq_len at run time (variants/build.py), so one compiled kernel serves every case.
+Above ALL_ROWS_UP_TO a case checks the first and last EDGE_ROWS rows and every ROW_STRIDE-th row
+between, from an offset the seed picks (~30x less reference at S = 30272); the NaN poison is
+checked over every element. One compiled kernel serves every case (shapes are run time).
 """
 
 from __future__ import annotations

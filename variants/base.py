@@ -164,8 +164,12 @@ def load_space(family: str, arch: str) -> dict[str, list]:
 
 
 def enumerate_space(config_cls, space: dict[str, list]):
-    """Every config of the cartesian product of the domains (feasibility is not checked here)."""
-    names = [f.name for f in dataclasses.fields(config_cls)]
+    """Every config of the cartesian product of the domains (feasibility is not checked here).
+    The prepare-only knobs vary slowest: the first configs are distinct builds, each with the
+    transforms off."""
+    fields = [f.name for f in dataclasses.fields(config_cls)]
+    names = [n for n in fields if n in PREPARE_ONLY_KNOBS] + \
+        [n for n in fields if n not in PREPARE_ONLY_KNOBS]
     missing = [n for n in names if n not in space]
     if missing:
         raise KeyError(f"search space lacks knobs {missing} of {config_cls.__name__}")

@@ -1,15 +1,13 @@
 """The correctness gate's arithmetic: its own FP8 quantization, the fp32 reference, the metrics.
 
 Independence. The gate never trusts a candidate's `prepare`: `quantize_reference` quantizes the
-original bf16/fp16 inputs with the one plain formula README documents (block scales, amax per
-token of q and per 64 keys of k and v: code = round_e4m3(x * 448 / amax), descale = amax / 448),
-after applying the exact transforms the config asks for with its own code from their spec's
-constants (variants/transforms.py: the sign bits, the butterfly order, fl32(d^-0.5), the key
-sample of the mean); the reference is computed from those codes, and
-variants/prepare_check.py separately checks that the candidate's prepared inputs decode to
-exactly the same numbers. A prepare that permutes keys, mis-scales a head or smooths with
-another head's mean is then a failure that names `prepare`, not a blind spot the kernel and its
-reference share. With K smoothing the reference LSE adds softmax_scale * q . m from the caller's q.
+original inputs with the one plain block formula (amax per token of q and per 64 keys of k and
+v: code = round_e4m3(x * 448 / amax), descale = amax / 448), after the exact transforms the
+config asks for, written here from their spec's constants (variants/transforms.py: sign bits,
+butterfly order, fl32(d^-0.5), the key sample of the mean); variants/prepare_check.py checks
+that the candidate's prepared inputs decode to exactly these numbers. A prepare that permutes
+keys, mis-scales a head or smooths with another head's mean then fails naming `prepare`. With K
+smoothing the reference LSE adds softmax_scale * q . m from the caller's q.
 
 Metrics. A global relative RMS hides an error confined to a few rows, one head or a small
 systematic scale inside the FP8 rounding noise, so beside it the gate checks the worst row,
@@ -17,11 +15,9 @@ the least-squares output scale of every (batch, head), and LSE against a bound t
 the score magnitude. Every threshold lives in the block below, with its derivation.
 
 Shapes and masks. q is (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads,
-head_dim) with heads a multiple of kv_heads: query head h reads KV head h // (heads // kv_heads),
-as a view (K and V are never repeated per query head). causal masks aligned to the bottom right,
-as FlashAttention does: query i sees keys j <= i + seq_len_kv - seq_len. A query that sees no key
-(the first seq_len - seq_len_kv when seq_len > seq_len_kv) has output 0 and LSE -inf, exactly;
-`accuracy` demands exactly that of a kernel.
+head_dim); query head h reads KV head h // (heads // kv_heads), as a view. Causal masks align to
+the bottom right (FlashAttention's): query i sees keys j <= i + seq_len_kv - seq_len; a query that
+sees no key has output 0 and LSE -inf, exactly, and `accuracy` demands exactly that.
 
 The error of FP8 quantization itself is reported by `end_to_end_error` (kernel vs fp32
 attention on the original inputs), never gated: it measures the format, not the kernel.

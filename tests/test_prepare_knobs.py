@@ -139,3 +139,20 @@ def test_attention_fp8_refuses_a_pinned_config_with_a_transform(knobs):
     (knob, value), = knobs.items()
     with pytest.raises(TunerError, match=rf"config has {knob}='{value}'.*for_q_dtype"):
         tuner.attention_fp8(q, q, q, d, d, d, config=cfg)
+
+
+def test_no_kernel_source_reads_a_prepare_only_knob():
+    """The codegen key leaves the knobs out, which is right only while no attention kernel's
+    code reads them: a kernel that starts to must move them into the key."""
+    from variants.base import PREPARE_ONLY_KNOBS
+
+    for family in (wgmma, mma_sync):
+        src = Path(family.__file__).parent
+        for path in sorted(src.glob("*.py")):
+            if path.name == "config.py":  # declares them, and can_implement checks them
+                continue
+            text = path.read_text()
+            assert not [k for k in PREPARE_ONLY_KNOBS if k in text], path
+    common = Path(build.__file__).parent / "common"
+    assert not [p for p in common.glob("*.py")
+                if any(k in p.read_text() for k in PREPARE_ONLY_KNOBS)]

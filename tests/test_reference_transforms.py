@@ -164,3 +164,28 @@ def test_the_lse_bound_grows_with_the_shift_magnitude(fraction, passes):
     assert bool((shift_term > 0.5 * bound).all())
     metrics = accuracy(ref.out.bfloat16(), ref.lse + fraction * bound, ref)
     assert metrics.passed == passes, metrics.reason
+
+
+@pytest.mark.parametrize(("kind", "fraction", "passes"), [
+    ("realistic", 0.9, True), ("realistic", 1.2, False), ("randn", 1.2, False)])
+def test_the_row_bound_takes_the_accumulators_error_only_on_large_scores(kind, fraction, passes):
+    """Scores of magnitude above ROW_QK_COVERED (the realistic kind without smoothing: ~250)
+    widen a row's scale by (LSE_QK_REL / ROW_REL_MAX) x the excess x the V rows' spread; unit
+    inputs (~7) keep the plain scale, so their rows are checked as tightly as before."""
+    from tuner.activations import activations
+    from tuner.problem import Problem
+    from variants.reference import ROW_QK_COVERED, ROW_REL_MAX
+
+    problem = Problem(1, 2, 60, 128)
+    q, k, v = activations(kind, problem, "cpu", seed=2)
+    ref = reference_attention(quantize_reference(q, k, v))
+    excess = (ref.score_magnitude - ROW_QK_COVERED).clamp_min(0)
+    assert bool((excess > 0).all()) == (kind == "realistic")
+    plain = torch.maximum(ref.out.norm(dim=-1).transpose(1, 2), ref.noise)
+    scale = plain + LSE_QK_REL / ROW_REL_MAX * excess * ref.v_spread
+    # Every row moved along one direction by `fraction` of its allowed error.
+    direction = torch.zeros_like(ref.out)
+    direction[..., 0] = 1.0
+    moved = ref.out + direction * (fraction * ROW_REL_MAX * scale).transpose(1, 2)[..., None]
+    metrics = accuracy(moved, ref.lse, ref)
+    assert (metrics.worst_row <= ROW_REL_MAX) == passes, metrics.worst_row

@@ -113,6 +113,9 @@ def test_configs_differing_in_the_knobs_share_one_build_and_keep_their_own_prepa
 
     monkeypatch.setattr(build, "_build_and_save", build_and_save)
     monkeypatch.setattr(build, "_load_cached", lambda family, key, src_dir: None)
+    # Empty memory caches: an earlier test of this process may have built the default.
+    monkeypatch.setattr(build, "_FUNCTIONS", {})
+    monkeypatch.setattr(build, "_KERNELS", {})
     base = _base("mma_sync")
     smoothed = dataclasses.replace(base, k_smoothing="mean", qk_rotation="hadamard")
     problem = Problem(1, 2, 77, 128)

@@ -99,12 +99,11 @@ def test_the_codegen_key_leaves_the_prepare_only_knobs_out(name):
 
 
 def test_configs_differing_in_the_knobs_share_one_build_and_keep_their_own_prepare(
-        monkeypatch, tmp_path):
+        monkeypatch, own_build):
     """compile_cached builds once for both (the second finds the build in memory), and each
     kernel object carries its own config, whose prepare applies its transforms."""
     from variants.base import ResourceUsage
 
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
     builds = []
 
     def build_and_save(family, key, src_dir, cfg, head_dim, arch, make_kernel, smem, extra):
@@ -113,9 +112,6 @@ def test_configs_differing_in_the_knobs_share_one_build_and_keep_their_own_prepa
 
     monkeypatch.setattr(build, "_build_and_save", build_and_save)
     monkeypatch.setattr(build, "_load_cached", lambda family, key, src_dir: None)
-    # Empty memory caches: an earlier test of this process may have built the default.
-    monkeypatch.setattr(build, "_FUNCTIONS", {})
-    monkeypatch.setattr(build, "_KERNELS", {})
     base = _base("mma_sync")
     smoothed = dataclasses.replace(base, k_smoothing="mean", qk_rotation="hadamard")
     problem = Problem(1, 2, 77, 128)

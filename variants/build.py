@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 _LOCK = threading.RLock()
 _FUNCTIONS: dict[str, tuple] = {}  # codegen key -> (compiled fn, resources, compile seconds)
+# codegen key -> the disk entry the build was written to or loaded from: another config or
+# problem that shares the build finds its cubin there, whatever the cache root is now.
+_ENTRIES: dict[str, Path] = {}
 _KERNELS: dict[str, CompiledKernel] = {}  # codegen key / problem key -> kernel
 
 
@@ -417,6 +420,7 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
             return hit
         from_disk = False
         if key not in _FUNCTIONS:
+            _ENTRIES[key] = cache_root() / family / key
             loaded = _load_cached(family, key, src_dir)
             if loaded is not None:
                 _FUNCTIONS[key] = loaded
@@ -430,7 +434,7 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                                 _workspace_words=workspace_words,
                                 _single_launch=None if single_launch is None else single_launch(),
                                 loaded_from_disk=from_disk,
-                                cubin_path=cache_root() / family / key / "kernel.cubin")
+                                cubin_path=_ENTRIES[key] / "kernel.cubin")
         _KERNELS[kernel_key] = kernel
         return kernel
 

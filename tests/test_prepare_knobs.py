@@ -99,7 +99,7 @@ def test_the_codegen_key_leaves_the_prepare_only_knobs_out(name):
 
 
 def test_configs_differing_in_the_knobs_share_one_build_and_keep_their_own_prepare(
-        monkeypatch, own_build):
+        monkeypatch, own_build, tmp_path):
     """compile_cached builds once for both (the second finds the build in memory), and each
     kernel object carries its own config, whose prepare applies its transforms."""
     from variants.base import ResourceUsage
@@ -116,11 +116,15 @@ def test_configs_differing_in_the_knobs_share_one_build_and_keep_their_own_prepa
     smoothed = dataclasses.replace(base, k_smoothing="mean", qk_rotation="hadamard")
     problem = Problem(1, 2, 77, 128)
     src = Path(mma_sync.__file__).parent
-    kernels = [build.compile_cached("mma_sync", src, cfg, problem, "sm_120a",
-                                    make_kernel=lambda: None, smem_bytes=0)
-               for cfg in (base, smoothed)]
+    kernels = []
+    for cfg in (base, smoothed):
+        kernels.append(build.compile_cached("mma_sync", src, cfg, problem, "sm_120a",
+                                            make_kernel=lambda: None, smem_bytes=0))
+        # The second finds the build where it was written, whatever the cache root is now.
+        monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path / "elsewhere"))
     assert len(builds) == 1 and kernels[0]._fn is kernels[1]._fn
     assert kernels[0].cubin_path == kernels[1].cubin_path
+    assert kernels[0].cubin_path.is_relative_to(tmp_path / "mma_sync")
     assert [k.config for k in kernels] == [base, smoothed]
     q, k, v = (torch.randn(1, 77, 2, 128).bfloat16() for _ in range(3))
     plain, transformed = (kernel.prepare(q, k, v) for kernel in kernels)

@@ -25,10 +25,10 @@ PROBLEM = Problem(1, 2, 64, 64)
 SEARCH = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
           "--families", FAMILY, "--repeats", "10", "--timeout", "30", "--compile-jobs", "1",
           "--trials", "8", "--seed", "5"]
-# FP8's own end-to-end error on the realistic data at this shape is ~0.49 (the double's
-# k_smoothing="mean"), the biased-key error of k_smoothing="off" ~3.7: a budget of 1 passes the
-# one and not the other.
-BETWEEN = "1"
+# FP8's end-to-end error on the realistic data at this shape: ~0.24 with the double's
+# k_smoothing="mean", ~0.49 with "off": a budget of 0.35 passes the one and not the other, with a
+# 1.4x margin on either side.
+BETWEEN = "0.35"
 
 
 def search(capsys, db: Path, *extra: str) -> dict:
@@ -104,13 +104,13 @@ def test_too_inaccurate_is_stored_never_timed_and_the_fastest_within_budget_wins
                                                                                  capsys):
     db = tmp_path / "db.sqlite"
     out = search(capsys, db, "--max-error", BETWEEN)
-    assert out["accuracy"] == {"data": "realistic", "max_error": 1.0}
+    assert out["accuracy"] == {"data": "realistic", "max_error": 0.35}
     (result,) = out["results"]
     got = trials(db)
-    for tile in (32, 64, 128):
+    for tile in (32, 64, 128):  # tile 16 "off" is CRASH_ON_BIAS
         (off,) = got[(tile, "off")]
-        assert off.outcome == "too_inaccurate" and off.e2e_error > 1.0, off
-        assert off.median_ms is None and off.max_error == 1.0 and off.e2e_data == "realistic"
+        assert off.outcome == "too_inaccurate" and off.e2e_error > 0.35, off
+        assert off.median_ms is None and off.max_error == 0.35 and off.e2e_data == "realistic"
         assert f"end-to-end error {off.e2e_error:.4g} on realistic" in off.message
         assert off.timing["accuracy_s"] > 0 and "time_s" not in off.timing
     # The default (64, off) went first, over the budget, and the search went on.
@@ -118,14 +118,14 @@ def test_too_inaccurate_is_stored_never_timed_and_the_fastest_within_budget_wins
     # The fastest within the budget wins (64, off is faster still, by SMOOTH_MS).
     winner = result["winner"]
     assert winner["config"] == {"tile": 64, "k_smoothing": "mean"}
-    assert winner["e2e_data"] == "realistic" and winner["e2e_error"] <= 1.0
+    assert winner["e2e_data"] == "realistic" and winner["e2e_error"] <= 0.35
     assert result["default"] is None and result["speedup_over_default"] is None
-    assert result["outcomes"]["too_inaccurate"] == 4 and result["no_winner"] is None
+    assert result["outcomes"]["too_inaccurate"] == 3 and result["no_winner"] is None
     store = Store(f"sqlite:///{db}", readonly=True)
     try:
         best = store.best_for(out["device"], PROBLEM)
         assert best.config == {"tile": 64, "k_smoothing": "mean"} and best.trial.role == "retime"
-        assert best.trial.e2e_error == winner["e2e_error"] and best.trial.max_error == 1.0
+        assert best.trial.e2e_error == winner["e2e_error"] and best.trial.max_error == 0.35
         assert best.trial.timing["accuracy_s"] > 0 and best.trial.timing["validate_s"] > 0
         # A too_inaccurate default is not re-timed.
         assert [t.role for t in got[(64, "off")]] == ["default"]

@@ -158,10 +158,10 @@ def test_a_slice_over_max_bytes_is_counted_not_recorded(tmp_path):
 def _cpu_attention(monkeypatch, calls):
     """tuner.attention on CPU tensors: its input check and the op stood in for, so that what
     is tested is the hook around them."""
-    import variants.prepare
+    import variants.input_checks
     from tuner import ops
 
-    monkeypatch.setattr(variants.prepare, "check_qkv", lambda *a, **kw: None)
+    monkeypatch.setattr(variants.input_checks, "check_qkv", lambda *a, **kw: None)
 
     def op(q, k, v, *args):
         calls.append(args)

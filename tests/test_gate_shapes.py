@@ -24,11 +24,12 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
     (Problem(1, 4, 50, 64), (2, 4, 51, 51, 4, False)),  # as before KV heads existed
 ])
 def test_cases_keep_the_group_and_mask_and_are_ragged_on_both_axes(problem, structured):
-    random, struct = gate_cases(problem)
+    random, struct, realistic = gate_cases(problem)
     assert random.problem(64) == problem
     assert (struct.batch, struct.heads, struct.seq_len, struct.seq_len_kv, struct.kv_heads,
             struct.causal) == structured
     assert struct.problem(64).group == problem.group
+    assert realistic.problem(64) == struct.problem(64)  # the realistic case: its small shape
 
 
 def test_structured_inputs_per_kv_head():
@@ -36,13 +37,14 @@ def test_structured_inputs_per_kv_head():
     q, k, v = case_inputs(case, 128, "cpu", seed=5)
     assert q.shape == (2, 301, 8, 128) and k.shape == v.shape == (2, 201, 2, 128)
     qf, kf = q.float(), k.float()
+    scale = case.softmax_scale(128)  # the case's own, which its structure is built for
     for g in range(2):
         lead = g * 4  # the first query head of KV head g's group
-        p = torch.softmax(qf[0, :, lead] @ kf[0, :, g].t() * 128**-0.5, -1)
+        p = torch.softmax(qf[0, :, lead] @ kf[0, :, g].t() * scale, -1)
         # Query i < 201 is dominated by key 200 - i.
         diagonal = p[torch.arange(201), torch.arange(201).flip(0)]
         assert float(diagonal.median()) > 0.8
-        sink = torch.softmax(qf[1, :, lead + 3] @ kf[1, :, g].t() * 128**-0.5, -1)[:, 0]
+        sink = torch.softmax(qf[1, :, lead + 3] @ kf[1, :, g].t() * scale, -1)[:, 0]
         assert float(sink.median()) > 0.15
     # The outlier: the last KV head and all four query heads of its group.
     assert float(q[..., 4:, :].abs().amax() / q[..., :4, :].abs().amax()) > 300
@@ -81,7 +83,7 @@ class _DenseKernel:
     def prepare(self, q, k, v, softmax_scale=None, validate=True):
         return _Prepared(quantize_reference(q, k, v, softmax_scale))
 
-    def run(self, prepared, out=None, lse=None):
+    def run(self, prepared, out=None, lse=None, *, want_lse=True):
         bug = {"off-by-one": dict(diagonal_shift=1), "top-left": dict(top_left=True),
                "kv-head": dict(kv_head=lambda h, group, kv: h % kv)}.get(self.bug, {})
         o, lse_ = dense_attention(prepared, self.problem.causal, **bug)
@@ -104,6 +106,6 @@ def test_a_correct_kernel_passes_and_mask_and_head_bugs_fail(problem, bug):
     report = validate_kernel(_DenseKernel(problem, bug), problem, "cpu", seed=3)
     if bug is None:
         assert report.passed, report.reason
-        assert [c["case"] for c in report.cases] == ["random", "structured"]
+        assert [c["case"] for c in report.cases] == ["random", "structured", "realistic"]
     else:
         assert not report.passed, f"{bug} passed the gate"

@@ -86,16 +86,17 @@ def test_the_shipped_tables_winners_are_held_to_max_error_too(db, tmp_path):  # 
 
 
 def test_tuner_attention_hands_max_error_to_the_lookup(monkeypatch):
-    import variants.prepare
+    import variants.input_checks
     from tuner import ops
 
     seen = []
-    monkeypatch.setattr(variants.prepare, "check_qkv", lambda *a, **kw: None)
+    monkeypatch.setattr(variants.input_checks, "check_qkv", lambda *a, **kw: None)
     monkeypatch.setattr(ops, "attention_op", lambda *args: seen.append(args) or (args[0], None))
     q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
     import tuner
 
     tuner.attention(q, q, q, max_error=0.07)
-    assert seen[0][-1] == 0.07
+    # The op's arguments end with causal, max_error, want_lse.
+    assert seen[0][-2:] == (0.07, False)
     with pytest.raises(TypeError):
         tuner.attention(q, q, q, max_eror=0.07)

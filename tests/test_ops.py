@@ -22,6 +22,17 @@ def test_fake_gives_bf16_out_and_fp32_lse_shapes():
     assert (lse.shape, lse.dtype) == ((2, 3, 77), torch.float32)
 
 
+def test_the_op_takes_want_lse_and_its_fake_answers_either_way():
+    """want_lse=False: the caller drops the LSE, so the runtime need not add K smoothing's
+    shift to it (tuner.attention passes return_lse)."""
+    assert "bool want_lse=True" in str(OP._schema)
+    with FakeTensorMode():
+        q = torch.empty(2, 77, 3, 64, dtype=torch.bfloat16, device="cuda")
+        for want_lse in (True, False):
+            out, lse = OP(q, q, q, None, "", "auto", None, False, True, want_lse)
+            assert out.shape == (2, 77, 3, 64) and lse.shape == (2, 3, 77)
+
+
 def test_meta_tensors_propagate_shapes_through_attention():
     q = torch.empty(1, 100, 4, 128, dtype=torch.bfloat16, device="meta")
     out, lse = tuner.attention(q, q, q, return_lse=True)
@@ -68,6 +79,25 @@ def test_compile_fullgraph_bakes_a_pinned_config_into_the_graph():
     q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16, device="meta")
     out, targets = _traced_ops(lambda q: tuner.attention(q, q, q, config=cfg), q)
     assert out.shape == q.shape and targets.count(OP) == 1
+
+
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_compile_fullgraph_passes_return_lse_to_the_op(return_lse):
+    graphs = []
+
+    def backend(gm, _example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16, device="meta")
+    fn = torch.compile(lambda q: tuner.attention(q, q, q, return_lse=return_lse), fullgraph=True,
+                       backend=backend)
+    result = fn(q)
+    assert (len(result) == 2) if return_lse else result.shape == q.shape
+    (node,) = [n for g in graphs for n in g.graph.nodes if n.target == OP]
+    # want_lse is the op's eleventh argument (after causal and max_error).
+    want = node.kwargs.get("want_lse", node.args[10] if len(node.args) > 10 else True)
+    assert want is return_lse
 
 
 ARGS = dict(attn_mask=torch.empty(1, 64, 64, device="meta"), dropout_p=0.1, is_causal=True)

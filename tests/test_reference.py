@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from variants.prepare import quantize_inputs
+from variants.prepare_check import prepare_mismatch
 from variants.reference import (
     HEAD_SLOPE_MAX,
     LSE_ABS_MAX,
@@ -16,7 +17,6 @@ from variants.reference import (
     ROW_REL_MAX,
     accuracy,
     end_to_end_error,
-    prepare_mismatch,
     quantize_reference,
     reference_attention,
     validate,

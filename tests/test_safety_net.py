@@ -187,16 +187,19 @@ FEASIBLE = {
     # loop, so its registers fit wherever the loop's do (tests/test_wgmma_compile.py: no
     # spills); its 2 * block_m * head_dim bytes of bf16 staging tile leave 2700 of the 2916
     # at head_dim 128 under the 227 KB a CTA (all 4368 at 64).
-    ("wgmma", "h200", 128): (27648, 8424),      # sm_90a (split_tail: persistent configs x2)
-    ("wgmma", "h200", 64): (27648, 13104),
-    ("wgmma", "4090", 128): (27648, 0),         # sm_89: no wgmma
-    ("wgmma", "5080", 128): (27648, 0),         # sm_120a: no wgmma
-    ("mma_sync", "h200", 128): (1728, 288),     # sm_90a
-    ("mma_sync", "h200", 64): (1728, 384),
-    ("mma_sync", "4090", 128): (1728, 272),     # sm_89: 99 KB of shared memory a block
-    ("mma_sync", "4090", 64): (1728, 384),
-    ("mma_sync", "5080", 128): (3456, 544),     # sm_120a: mma=mxf8 doubles the space
-    ("mma_sync", "5080", 64): (3456, 768),
+    # k_smoothing and qk_rotation (prepare-only, one build for all four) x4 the spaces: every
+    # config takes smoothing; the rotation needs Q quantized in prepare (wgmma q_quant=prepare:
+    # 4374 of 8424 at 128, 6552 of 13104 at 64), so wgmma's feasible count is 2 x (base + those).
+    ("wgmma", "h200", 128): (110592, 25596),    # sm_90a (split_tail: persistent configs x2)
+    ("wgmma", "h200", 64): (110592, 39312),
+    ("wgmma", "4090", 128): (110592, 0),        # sm_89: no wgmma
+    ("wgmma", "5080", 128): (110592, 0),        # sm_120a: no wgmma
+    ("mma_sync", "h200", 128): (6912, 1152),    # sm_90a
+    ("mma_sync", "h200", 64): (6912, 1536),
+    ("mma_sync", "4090", 128): (6912, 1088),    # sm_89: 99 KB of shared memory a block
+    ("mma_sync", "4090", 64): (6912, 1536),
+    ("mma_sync", "5080", 128): (13824, 2176),   # sm_120a: mma=mxf8 doubles the space
+    ("mma_sync", "5080", 64): (13824, 3072),
 }
 
 

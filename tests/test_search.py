@@ -34,9 +34,10 @@ SMALL = "tests.doubles.fake_family"
 LARGE = "tests.doubles.fake_family_large"
 PROBLEM = Problem(1, 2, 64, 64)
 # Small enough that the reference and the fake kernels take microseconds; timeouts short enough
-# that the planted hang costs 2 s.
+# that the planted hang costs 3 s. Not 2 s: the gate's three cases and the timing of a candidate
+# took 2 s and more on a loaded 2-core machine with two workers, and the winner timed out.
 BASE = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
-        "--repeats", "10", "--timeout", "2", "--compile-jobs", "1", "--json", *ANY_ACCURACY]
+        "--repeats", "10", "--timeout", "3", "--compile-jobs", "1", "--json", *ANY_ACCURACY]
 # The TPE searches over the large fake space, with their own candidate timeout (the planted hang
 # costs it once a trial samples it). Not 1 s: a candidate's modelled 2-40 ms a run, slept, takes
 # more than that on a slow 2-core CI machine, and then every candidate timed out and no winner

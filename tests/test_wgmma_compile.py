@@ -52,6 +52,8 @@ CASES = [
     {"split_tail": True, "intra_wg_overlap": False, "pingpong": False, "v_layout": "kernel"},
     {"split_tail": True, "q_quant": "kernel", "consumer_wgs": 3, "block_n": 64,
      "head_dim": 64},
+    # prepare's transforms: the default's build (no compile of their own, variants/build.py).
+    {"k_smoothing": "mean", "qk_rotation": "hadamard"},
 ]
 
 

@@ -165,7 +165,7 @@ def test_a_launch_the_rule_keeps_whole_runs_the_single_launch_build(monkeypatch)
     cfg = dataclasses.replace(wgmma.default("sm_90a", Problem(2, 24, 4608)), q_quant="prepare",
                               split_tail=True)
     twin_runs, own_launches = [], []
-    twin = SimpleNamespace(run=lambda prepared, out=None, lse=None:
+    twin = SimpleNamespace(run=lambda prepared, out=None, lse=None, want_lse=True:
                            twin_runs.append(prepared) or ("twin", None))
     kernel = shared_build.CompiledKernel(
         config=cfg, problem=Problem(2, 24, 4608), arch="sm_90a",
@@ -183,7 +183,8 @@ def test_a_launch_the_rule_keeps_whole_runs_the_single_launch_build(monkeypatch)
             v=torch.empty(batch, heads, 128, padded, dtype=torch.uint8),
             packed=torch.empty(1), seq_len=seq, seq_len_kv=seq, padded_len=padded,
             padded_len_kv=padded, softmax_scale=0.088, q_in_kernel=False,
-            v_feature_major=cfg.v_feature_major, key_permuted=cfg.v_key_permuted)
+            v_feature_major=cfg.v_feature_major, key_permuted=cfg.v_key_permuted, k_mean=None,
+            qk_rotated=False)
 
     # 448 tiles of 8 strips on 132 SMs: kept whole, so the twin runs it.
     short = prepared(1, 1024, 56)

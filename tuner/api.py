@@ -62,7 +62,7 @@ def attention(
     stored end-to-end error is above it (tuner.runtime). Inside `tuner.capture(path)` the call's
     q, k, v are recorded (eager calls only).
     """
-    from variants.prepare import check_qkv
+    from variants.input_checks import check_qkv
 
     # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
     # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the body.
@@ -70,18 +70,20 @@ def attention(
     causal = _flag("causal", causal)
     if _CAPTURE is not None:
         _CAPTURE.record(q, k, v, softmax_scale, causal)
+    return_lse = _flag("return_lse", return_lse)
     if _eager(q, k, v):
         from tuner.runtime import run_attention
 
         key = "" if config is None else _eager_config_key(config)
         out, lse = run_attention(q, k, v, softmax_scale, key, gpu, db, check_finite, causal,
-                                 max_error)
+                                 max_error, return_lse)
     else:
         from tuner.ops import attention_op, config_key
 
         key = "" if config is None else config_key(config)
         out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite, causal,
-                                max_error)
+                                max_error, return_lse)
+    # Without return_lse the LSE may lack K smoothing's shift (not added where nobody reads it).
     return (out, lse) if return_lse else out
 
 
@@ -127,17 +129,36 @@ def attention_fp8(
     re-laid out feature-major in one pass over its codes.
     Returns bf16 (batch, seq_len, heads, head_dim) (and fp32 LSE (batch, heads, seq_len) with
     return_lse), with the same tuned config as tuner.attention for the shape (and max_error).
+    prepare's exact transforms (k_smoothing, qk_rotation: docs/accuracy.md) do not apply here:
+    they act on q and k before quantizing, and these codes are quantized already. A looked-up
+    config runs with them off (its for_q_dtype("float8_e4m3fn") twin); a pinned config that
+    turns one on is refused with a TunerError naming it.
     """
     from tuner.runtime import run_attention_fp8
-    from variants.prepare import check_fp8_qkv
+    from variants.input_checks import check_fp8_qkv
 
     descales = (q_descale, k_descale, v_descale)
     check_fp8_qkv(q, k, v, descales)
     causal = _flag("causal", causal)
+    if config is not None:
+        _check_fp8_config(config)
     key = "" if config is None else _eager_config_key(config)
     out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal,
                                  max_error)
     return (out, lse) if return_lse else out
+
+
+def _check_fp8_config(config) -> None:
+    """A pinned config for codes: prepare's transforms cannot apply to them."""
+    knobs = config.transforms_on() if hasattr(config, "transforms_on") else []
+    if knobs:
+        from tuner.errors import TunerError
+
+        raise TunerError(
+            f"config has {', '.join(knobs)}: attention_fp8 takes codes the caller quantized, "
+            "and those transforms act on q and k before quantizing (docs/accuracy.md); pin "
+            "config.for_q_dtype('float8_e4m3fn') (the same kernel with them off), or call "
+            "tuner.attention with the bf16/fp16 inputs")
 
 
 @functools.lru_cache(maxsize=256)

@@ -407,20 +407,23 @@ def family_of(config) -> str:
 
 
 def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool,
-                  causal: bool = False, max_error: float | None = None):
+                  causal: bool = False, max_error: float | None = None,
+                  want_lse: bool = True):
     """The body of the custom op on real tensors: the plan (config pinned or looked up, its
-    kernel compiled once), prepare and launch on the current stream."""
+    kernel compiled once), prepare and launch on the current stream. want_lse=False: the
+    caller drops the LSE, so K smoothing's shift is not added back (CompiledKernel.run)."""
     if check_finite:
-        from variants.prepare import check_finite_inputs
+        from variants.input_checks import check_finite_inputs
 
         check_finite_inputs(q, k, v)
     kernel = _plan(q, k, causal, config_text, gpu, db, max_error)
-    return kernel.run(kernel.prepare(q, k, v, softmax_scale, validate=False))
+    return kernel.run(kernel.prepare(q, k, v, softmax_scale, validate=False), want_lse=want_lse)
 
 
 def run_attention_fp8(q, k, v, descales, softmax_scale, config_text: str, gpu: str, db,
                       causal: bool = False, max_error: float | None = None):
-    """attention_fp8's body: the same plan as bf16 inputs of this shape, without quantizing."""
+    """attention_fp8's body: the same plan as bf16 inputs of this shape, without quantizing
+    (the config's for_q_dtype twin: prepare's transforms off)."""
     kernel = _plan(q, k, causal, config_text, gpu, db, max_error)
     return kernel.run(kernel.prepare_fp8(q, k, v, descales, softmax_scale))
 

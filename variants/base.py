@@ -36,6 +36,10 @@ SEARCH_SPACES_DIR = Path(__file__).resolve().parents[1] / "search_spaces"
 # own limits too): the kernels read whole 16-byte rows of FP8 and tile head_dim by 32 or 64.
 # The public checks (Problem, prepare.check_qkv) take them from here, the kernels' side.
 HEAD_DIMS = (64, 128)
+# Knobs that change prepare only, never the attention kernel (variants/transforms.py: exact
+# transforms of q and k before quantizing), with their off values: the codegen key leaves them
+# out, so configs that differ only in them share one build (variants/build.py).
+PREPARE_ONLY_KNOBS = {"k_smoothing": "off", "qk_rotation": "none"}
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,10 @@ class Kernel(Protocol):
         """bf16/fp16 (batch, seq_len, heads, head_dim) -> the FP8 inputs this config reads;
         validate=False skips the input checks (the caller made them)."""
 
-    def run(self, prepared, out=None, lse=None):
-        """Launch on prepared inputs, into out/lse when given. Returns (out_bf16, lse_fp32)."""
+    def run(self, prepared, out=None, lse=None, *, want_lse: bool = True):
+        """Launch on prepared inputs, into out/lse when given. Returns (out_bf16, lse_fp32).
+        want_lse=False: the caller does not read the LSE, which is then that of the scores
+        the kernel computed (without K smoothing's shift: prepared.restore_lse adds it)."""
 
 
 class Family(Protocol):
@@ -93,8 +99,22 @@ class ConfigMixin:
 
     def for_q_dtype(self, dtype_name: str):
         """The config to run for a q of this torch dtype name (a family whose kernel reads
-        some dtypes only names the config that reads the others)."""
+        some dtypes only names the config that reads the others). e4m3 codes were quantized by
+        the caller: prepare's transforms cannot apply, so that twin has them off."""
+        if dtype_name == "float8_e4m3fn":
+            return self.without_transforms()
         return self
+
+    def without_transforms(self):
+        """This config with every prepare-only transform off (PREPARE_ONLY_KNOBS)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        off = {k: v for k, v in PREPARE_ONLY_KNOBS.items() if k in names}
+        return dataclasses.replace(self, **off) if off else self
+
+    def transforms_on(self) -> list[str]:
+        """`knob=value` of each prepare-only transform this config turns on."""
+        return [f"{k}={getattr(self, k)!r}" for k, off in PREPARE_ONLY_KNOBS.items()
+                if getattr(self, k, off) != off]
 
     # Old knob name -> today's, for tables and database rows written before a rename.
     RENAMED_KNOBS: ClassVar[dict[str, str]] = {}
@@ -144,8 +164,12 @@ def load_space(family: str, arch: str) -> dict[str, list]:
 
 
 def enumerate_space(config_cls, space: dict[str, list]):
-    """Every config of the cartesian product of the domains (feasibility is not checked here)."""
-    names = [f.name for f in dataclasses.fields(config_cls)]
+    """Every config of the cartesian product of the domains (feasibility is not checked here).
+    The prepare-only knobs vary slowest: the first configs are distinct builds, each with the
+    transforms off."""
+    fields = [f.name for f in dataclasses.fields(config_cls)]
+    names = [n for n in fields if n in PREPARE_ONLY_KNOBS] + \
+        [n for n in fields if n not in PREPARE_ONLY_KNOBS]
     missing = [n for n in names if n not in space]
     if missing:
         raise KeyError(f"search space lacks knobs {missing} of {config_cls.__name__}")

@@ -30,7 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from variants.base import ResourceUsage
+from variants.base import PREPARE_ONLY_KNOBS, ResourceUsage
 from variants.common.abi import fake_args, launch_values, slots
 from variants.cubin import cubin_resources
 from variants.dsl_compile import cache_root, compile_for_arch
@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 
 _LOCK = threading.RLock()
 _FUNCTIONS: dict[str, tuple] = {}  # codegen key -> (compiled fn, resources, compile seconds)
+# codegen key -> the disk entry the build was written to or loaded from: another config or
+# problem that shares the build finds its cubin there, whatever the cache root is now.
+_ENTRIES: dict[str, Path] = {}
 _KERNELS: dict[str, CompiledKernel] = {}  # codegen key / problem key -> kernel
 
 
@@ -107,11 +110,17 @@ def _dsl_environment() -> dict[str, str]:
             if k.startswith("CUTE_DSL_") and k not in _ENV_NOT_CODEGEN}
 
 
+def codegen_knobs(cfg) -> dict:
+    """The config's knobs that reach code generation: all but the prepare-only ones
+    (base.PREPARE_ONLY_KNOBS), so configs that differ only in those share one build."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in PREPARE_ONLY_KNOBS}
+
+
 def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path,
                 causal: bool = False) -> str:
     # host: kernel.o holds host code too, so a cache shared by x86 and Arm hosts keeps both.
     # causal is a compile-time constant of the kernels (lengths and head counts are runtime).
-    blob = json.dumps({"family": family, "config": cfg.to_dict(), "head_dim": head_dim,
+    blob = json.dumps({"family": family, "config": codegen_knobs(cfg), "head_dim": head_dim,
                        "causal": causal,
                        "arch": arch, "src": source_hash(str(src_dir)), "dsl": dsl_version(),
                        "toolkit": dsl_toolkit(), "shared": shared_source_hash(),
@@ -275,14 +284,21 @@ class CompiledKernel:
         return quantize_inputs(q, k, v, pad_to=self.config.pad_to(), permute_keys=permuted,
                                softmax_scale=softmax_scale, validate=validate,
                                v_feature_major=feature_major,
-                               q_in_kernel=self.config.q_in_kernel)
+                               q_in_kernel=self.config.q_in_kernel,
+                               k_smoothing=self.config.k_smoothing,
+                               qk_rotation=self.config.qk_rotation)
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
         """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /
-        64 keys: variants.prepare.check_fp8_qkv) in this kernel's layout, without quantizing:
-        variants.prepare.fp8_inputs."""
-        from variants.prepare import fp8_inputs
+        64 keys: variants.input_checks.check_fp8_qkv) in this kernel's layout, without
+        quantizing: variants.prepare_fp8.fp8_inputs. prepare's transforms do not apply to
+        codes."""
+        from variants.prepare_fp8 import fp8_inputs
 
+        if self.config.transforms_on():
+            raise ValueError(f"{self.config.short()} transforms q and k before quantizing them "
+                             f"({', '.join(self.config.transforms_on())}); FP8 inputs run on "
+                             "config.for_q_dtype('float8_e4m3fn'), which turns them off")
         if self.config.q_in_kernel:
             raise ValueError(f"{self.config.short()} quantizes a bf16 q itself; FP8 inputs run "
                              "on config.for_q_dtype('float8_e4m3fn') (tuner.attention_fp8 "
@@ -328,14 +344,17 @@ class CompiledKernel:
             return self._single_launch
         return self
 
-    def run(self, prepared, out=None, lse=None):
+    def run(self, prepared, out=None, lse=None, *, want_lse: bool = True):
         """Launch on torch's current stream (so it orders with torch work and can be captured
-        in a CUDA graph); writes into out/lse when given, without allocating or syncing."""
+        in a CUDA graph); writes into out/lse when given, without allocating or syncing.
+        With K smoothing the kernel's LSE is that of the smoothed scores: want_lse adds
+        softmax_scale * q . m back to every row (prepared.restore_lse; one elementwise add),
+        want_lse=False leaves it (for a caller that does not read the LSE)."""
         import torch
 
         target = self.kernel_for(prepared)
         if target is not self:  # it checks the inputs (the same layouts as this build's)
-            return target.run(prepared, out, lse)
+            return target.run(prepared, out, lse, want_lse=want_lse)
         if self._fn is None:
             raise RuntimeError(f"kernel for {self.config.short()} has no compiled function")
         if (prepared.v_feature_major, prepared.key_permuted) != self._v_layout():
@@ -345,6 +364,12 @@ class CompiledKernel:
             got, want = ("bf16", "e4m3 codes") if prepared.q_in_kernel else ("e4m3 codes", "bf16")
             raise ValueError(f"prepared q is {got}, this kernel reads {want}: use this "
                              "kernel's prepare()")
+        if ((prepared.k_mean is not None, prepared.qk_rotated)
+                != (self.config.k_smoothing == "mean", self.config.qk_rotation == "hadamard")):
+            raise ValueError(f"prepared inputs are smoothed={prepared.k_mean is not None} "
+                             f"rotated={prepared.qk_rotated}, this config has k_smoothing="
+                             f"{self.config.k_smoothing!r} qk_rotation="
+                             f"{self.config.qk_rotation!r}: use this kernel's prepare()")
         for padded in (prepared.padded_len, prepared.padded_len_kv):
             if padded % self.config.pad_to():
                 raise ValueError(f"padded length {padded} is not a multiple of "
@@ -367,6 +392,8 @@ class CompiledKernel:
         workspace = self._workspace(words, zero_from, device)
         launcher(*launch_values(prepared, out, lse, current_stream_handle(device), extra=extra,
                                 workspace=0 if workspace is None else workspace.data_ptr()))
+        if want_lse and prepared.k_mean is not None:
+            prepared.restore_lse(lse)
         return out, lse
 
 
@@ -383,13 +410,17 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
     (CompiledKernel._single_launch), with this one, so that a search's compile pool leaves both
     on disk."""
     key = codegen_key(family, cfg, problem.head_dim, arch, src_dir, problem.causal)
-    kernel_key = f"{key}/{problem.key()}"
+    # The build is shared by configs that differ in prepare-only knobs; the kernel object (whose
+    # prepare applies them) is not.
+    prepare_knobs = ",".join(f"{k}={getattr(cfg, k, v)}" for k, v in PREPARE_ONLY_KNOBS.items())
+    kernel_key = f"{key}/{problem.key()}/{prepare_knobs}"
     with _LOCK:
         hit = _KERNELS.get(kernel_key)
         if hit is not None:
             return hit
         from_disk = False
         if key not in _FUNCTIONS:
+            _ENTRIES[key] = cache_root() / family / key
             loaded = _load_cached(family, key, src_dir)
             if loaded is not None:
                 _FUNCTIONS[key] = loaded
@@ -403,7 +434,7 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                                 _workspace_words=workspace_words,
                                 _single_launch=None if single_launch is None else single_launch(),
                                 loaded_from_disk=from_disk,
-                                cubin_path=cache_root() / family / key / "kernel.cubin")
+                                cubin_path=_ENTRIES[key] / "kernel.cubin")
         _KERNELS[kernel_key] = kernel
         return kernel
 
@@ -419,7 +450,7 @@ def _build_and_save(family: str, key: str, src_dir: Path, cfg, head_dim: int, ar
     dump_function(fn, key, disk)
     # Last: its presence tells other processes the entry is complete.
     _write_atomic(disk / "meta.json", json.dumps(
-        {"config": cfg.to_dict(), "head_dim": head_dim, "arch": arch,
+        {"config": codegen_knobs(cfg), "head_dim": head_dim, "arch": arch,
          "resources": asdict(resources), "compile_seconds": seconds,
          "dsl": dsl_version(), "src": source_hash(str(src_dir))}, indent=1).encode())
     return fn, resources, seconds

@@ -1,12 +1,13 @@
 """The correctness gate's arithmetic: its own FP8 quantization, the fp32 reference, the metrics.
 
 Independence. The gate never trusts a candidate's `prepare`: `quantize_reference` quantizes the
-original bf16/fp16 inputs with the one plain formula README documents (block scales, amax per
-token of q and per 64 keys of k and v: code = round_e4m3(x * 448 / amax), descale = amax / 448),
-the reference is computed from those
-codes, and `prepare_mismatch` separately checks that the candidate's prepared inputs decode to
-exactly the same numbers. A prepare that permutes keys or mis-scales a head is then a failure
-that names `prepare`, instead of a blind spot the kernel and its reference share.
+original inputs with the one plain block formula (amax per token of q and per 64 keys of k and
+v: code = round_e4m3(x * 448 / amax), descale = amax / 448), after the exact transforms the
+config asks for, written here from their spec's constants (variants/transforms.py: sign bits,
+butterfly order, fl32(d^-0.5), the key sample of the mean); variants/prepare_check.py checks
+that the candidate's prepared inputs decode to exactly these numbers. A prepare that permutes
+keys, mis-scales a head or smooths with another head's mean then fails naming `prepare`. With K
+smoothing the reference LSE adds softmax_scale * q . m from the caller's q.
 
 Metrics. A global relative RMS hides an error confined to a few rows, one head or a small
 systematic scale inside the FP8 rounding noise, so beside it the gate checks the worst row,
@@ -14,11 +15,9 @@ the least-squares output scale of every (batch, head), and LSE against a bound t
 the score magnitude. Every threshold lives in the block below, with its derivation.
 
 Shapes and masks. q is (batch, seq_len, heads, head_dim), k and v (batch, seq_len_kv, kv_heads,
-head_dim) with heads a multiple of kv_heads: query head h reads KV head h // (heads // kv_heads),
-as a view (K and V are never repeated per query head). causal masks aligned to the bottom right,
-as FlashAttention does: query i sees keys j <= i + seq_len_kv - seq_len. A query that sees no key
-(the first seq_len - seq_len_kv when seq_len > seq_len_kv) has output 0 and LSE -inf, exactly;
-`accuracy` demands exactly that of a kernel.
+head_dim); query head h reads KV head h // (heads // kv_heads), as a view. Causal masks align to
+the bottom right (FlashAttention's): query i sees keys j <= i + seq_len_kv - seq_len; a query that
+sees no key has output 0 and LSE -inf, exactly, and `accuracy` demands exactly that.
 
 The error of FP8 quantization itself is reported by `end_to_end_error` (kernel vs fp32
 attention on the original inputs), never gated: it measures the format, not the kernel.
@@ -26,12 +25,14 @@ attention on the original inputs), never gated: it measures the format, not the 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass
 
 import torch
 
-from variants.block_scales import KV_BLOCK, BlockScales, PackedLayout
+from variants.block_scales import KV_BLOCK, BlockScales
+from variants.transforms import HADAMARD_SIGN_BITS, MEAN_SAMPLE_KEYS
 
 E4M3_MAX = 448.0
 DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), the rounding prepare uses
@@ -63,6 +64,18 @@ ROW_FLOOR_PER_SQRT_KEY = 2.0**-16  # x sqrt(S) x RMS of |v_i|: 4x the subnormal 
 # H200, benchmarks/RESULTS.md). A wrong descale, a missing 1/l term or a dropped tile of keys
 # scales a head by a few percent or more; 2^-6 = 1.6% catches a 3% error with 2x margin.
 HEAD_SLOPE_MAX = 2.0**-6
+# ROW_REL_MAX's margin covers QK^T accumulator errors of a few percent of a unit: LSE_QK_REL
+# (below) of a score magnitude up to ROW_QK_COVERED, which the random and structured cases stay
+# under (~7 for unit-variance inputs at head_dim 128, ~11 on peaked rows). The realistic case's
+# K bias and outlier channels reach magnitudes of ~250 without smoothing (~30 with it), where
+# the FP8 wgmma accumulator moves scores by up to ~0.5 of a unit, differently per key: to first
+# order the output moves by sum_i p_i (d_i - mean d)(v_i - o), at most max |d_i - mean d| times
+# the p-weighted spread of the V rows around o, sqrt(sum_i p_i |v_i - o|^2). So a row's scale
+# gains (LSE_QK_REL / ROW_REL_MAX) x (magnitude - ROW_QK_COVERED, if positive) x that spread.
+# (A truncating accumulator emulated on the CPU, -4e-4 of the magnitude on same-sign operands,
+# below the H200's -6.1e-4, puts a correct unsmoothed kernel's realistic rows at 0.128 without
+# this term, at 0.01 with it; the random and structured cases do not move.)
+ROW_QK_COVERED = 16.0
 # LSE = m + log(l) with m from the QK^T accumulator and l an fp32 sum of exp2.approx values
 # (relative error 2^-22 each; a sum of S <= 2^17 terms loses at most ~S 2^-24 relative, in
 # practice sqrt(S) 2^-24): 2^-8 absolute covers that and lg2.approx. On top of it comes the error
@@ -84,6 +97,20 @@ LSE_QK_REL = 2.0**-8
 # rows, sqrt(sum_visible |v_i|^2) (the same number for an unmasked row). The noise, the score
 # magnitude and the head slope weight keys by p and so exclude masked ones already. A row that
 # sees no key has nothing to round: its output must be exactly 0 and its LSE exactly -inf.
+# K smoothing (variants/transforms.py). The candidate's m and the gate's are fp32 sums of the
+# same n keys in different orders (a GPU reduction, torch's, the gate's), then one division: each
+# is within (n - 1) 2^-24 sum_i |k_id| of the exact sum, so they differ by at most about
+# 2 n 2^-24 mean_i |k_id| (the division's rounding is below an ulp of |m_d| <= mean_i |k_id|).
+# The sample holds n < 2 MEAN_SAMPLE_KEYS = 512 keys: 2^-14 of the sample's mean |k_d|, with 2x
+# margin below. Another head's or batch's mean differs by the keys' spread over sqrt(n), >= 2^-5
+# of it, and the gate then quantizes k - m with the candidate's m, so its codes compare exactly.
+MEAN_SUM_REL = 2.0**-13
+# The LSE shift softmax_scale * q . m: the candidate's dot product (the GPU quantization's, or
+# torch's) and the gate's sum the same head_dim products in other orders, each within
+# d 2^-24 sum_d |q_d m_d| of the exact one: 2^-16 of scale * sum_d |q_d m_d| at d = 128 for both,
+# 2x margin below; the add to the LSE rounds once more, inside LSE_ABS_MAX. A shift left out, or
+# of another head's m, is off by scale * |q . m|, which the realistic case makes O(10..100).
+LSE_SHIFT_REL = 2.0**-15
 
 
 @dataclass(frozen=True)
@@ -98,6 +125,14 @@ class ReferenceInputs:
     v: torch.Tensor
     scales: BlockScales
     softmax_scale: float
+    # The transforms applied before quantizing (as a candidate's Fp8Inputs declares them): k's
+    # codes are of k - k_mean, q's and k's of q R and k R with qk_rotated.
+    k_mean: torch.Tensor | None = None
+    qk_rotated: bool = False
+    # softmax_scale * q . m per row (batch, heads, seq_len), the gate's own from the caller's q,
+    # and scale * sum_d |q_d m_d| (its rounding scale); None without smoothing.
+    lse_shift: torch.Tensor | None = None
+    lse_shift_magnitude: torch.Tensor | None = None
 
     @property
     def seq_len(self) -> int:
@@ -134,15 +169,65 @@ def _group(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> int:
     return q.shape[2] // k.shape[2]
 
 
+def reference_key_mean(k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The gate's own smoothing vector of k (batch, seq_len_kv, kv_heads, head_dim): the plain
+    fp32 mean of keys 0, s, 2s, ... with s = max(1, seq_len_kv // MEAN_SAMPLE_KEYS) (the spec's
+    sample rule), and the sample's mean |k| per feature (MEAN_SUM_REL's scale); each (batch,
+    kv_heads, head_dim)."""
+    stride = max(1, k.shape[1] // MEAN_SAMPLE_KEYS)
+    sample = k[:, ::stride].float()
+    return sample.sum(dim=1) / sample.shape[1], sample.abs().sum(dim=1) / sample.shape[1]
+
+
+def reference_rotate(x: torch.Tensor) -> torch.Tensor:
+    """x (..., d) times R = diag(signs) H / sqrt(d) in fp32, from the spec's constants alone:
+    sign i negative where bit i of HADAMARD_SIGN_BITS is set, then for stride 1, 2, ..., d/2 the
+    pairs (i, i + stride), bit `stride` of i clear, become (a + b, a - b), then one multiply by
+    fl32(d^-0.5). Each step is one fp32 operation per element, so the values are prepare's to
+    the bit whatever code computes them."""
+    d = x.shape[-1]
+    signs = torch.tensor([-1.0 if HADAMARD_SIGN_BITS >> i & 1 else 1.0 for i in range(d)],
+                         device=x.device)
+    y = x.float() * signs
+    index = torch.arange(d, device=x.device)
+    stride = 1
+    while stride < d:
+        low = index[(index & stride) == 0]
+        a, b = y[..., low], y[..., low + stride]
+        y = torch.empty_like(y)
+        y[..., low], y[..., low + stride] = a + b, a - b
+        stride *= 2
+    return y * float(torch.tensor(d**-0.5, dtype=torch.float32))
+
+
+def _per_query_head(q32: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """(batch, heads, seq_len) sum_d q_d m_d for q (batch, seq_len, heads, head_dim) and m
+    (batch, kv_heads, head_dim), query head h with KV head h // group."""
+    m_q = m.repeat_interleave(q32.shape[2] // m.shape[1], dim=1)  # (batch, heads, head_dim)
+    return (q32.permute(0, 2, 1, 3) @ m_q[..., None])[..., 0]
+
+
 def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       softmax_scale: float | None = None) -> ReferenceInputs:
+                       softmax_scale: float | None = None, *, k_mean: torch.Tensor | None = None,
+                       rotate: bool = False) -> ReferenceInputs:
     """The documented block formula, written plainly (no fused kernel, no layout, not
     variants/block_scales.py's code): amax in fp32 over head_dim of each q token and head, and
-    over each 64 keys x head_dim of a k or v KV head; code = e4m3(clamp(x * (448 / amax)))."""
+    over each 64 keys x head_dim of a k or v KV head; code = e4m3(clamp(x * (448 / amax))).
+    k_mean (batch, kv_heads, head_dim): k - k_mean is quantized (every key) and the LSE shift
+    softmax_scale * q . k_mean computed from the caller's q; rotate: q and k (after smoothing)
+    are rotated first (reference_rotate)."""
     _group(q, k, v)
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    q32, k32 = q.float(), k.float()
+    shift = magnitude = None
+    if k_mean is not None:
+        shift = _per_query_head(q32, k_mean) * scale
+        magnitude = _per_query_head(q32.abs(), k_mean.abs()) * scale
+        k32 = k32 - k_mean[:, None]
+    if rotate:
+        q32, k32 = reference_rotate(q32), reference_rotate(k32)
     codes, descales = [], []
-    for index, x in enumerate((q, k, v)):
-        x32 = x.float()
+    for index, x32 in enumerate((q32, k32, v.float())):
         batch, length, heads, dim = x32.shape
         if index == 0:
             amax = x32.abs().amax(dim=3, keepdim=True)  # (batch, seq, heads, 1)
@@ -153,15 +238,15 @@ def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             per_block = padded.view(batch, blocks, KV_BLOCK, heads, dim).amax(dim=(2, 4))
             amax = per_block.repeat_interleave(KV_BLOCK, dim=1)[:, :length, :, None]
         amax = amax.clamp_min(TINY_AMAX)
-        scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare
+        x_scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare
         # Rounding can land a hair above 448 and e4m3fn has no Inf: clamp before the cast.
-        codes.append((x32 * scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn))
+        codes.append((x32 * x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn))
         descale = amax * DESCALE_PER_AMAX
         descales.append(descale[..., 0].permute(0, 2, 1) if index == 0
                         else descale[:, ::KV_BLOCK, :, 0].permute(0, 2, 1))
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     return ReferenceInputs(*codes, scales=BlockScales(*(d.contiguous() for d in descales)),
-                           softmax_scale=scale)
+                           softmax_scale=scale, k_mean=k_mean, qk_rotated=rotate,
+                           lse_shift=shift, lse_shift_magnitude=magnitude)
 
 
 def empty_rows(seq_len: int, seq_len_kv: int, causal: bool) -> int:
@@ -175,91 +260,6 @@ def causal_masked(rows: torch.Tensor, seq_len: int, seq_len_kv: int) -> torch.Te
     seq_len_kv - seq_len (FlashAttention's bottom-right alignment)."""
     keys = torch.arange(seq_len_kv, device=rows.device)
     return keys[None, :] > (rows + (seq_len_kv - seq_len))[:, None]
-
-
-def _first_mismatch(name: str, got: torch.Tensor, want: torch.Tensor, dims: str) -> str | None:
-    bad = ~(got == want)  # NaN counts as a mismatch
-    count = int(bad.sum())
-    if not count:
-        return None
-    where = [int(i) for i in bad.nonzero()[0]]
-    place = ", ".join(f"{d} {i}" for d, i in zip(dims.split(), where, strict=True))
-    first = tuple(where)
-    return (f"{name} differs from the gate's quantization at {count} of {bad.numel()} elements "
-            f"(first at {place}: {float(got[first]):.6g} vs {float(want[first]):.6g})")
-
-
-def prepare_mismatch(prepared, ref: ReferenceInputs) -> str | None:
-    """None when the candidate's prepared inputs (variants.prepare.Fp8Inputs) decode, through the
-    layout and key order they declare, to exactly the gate's codes and descales, with zero
-    padding; else what differs, naming prepare."""
-    batch, seq_len, heads, head_dim = ref.q.shape
-    if prepared.seq_len != seq_len or tuple(prepared.q.shape[::2]) != (batch, heads):
-        return (f"prepare: prepared inputs are for seq_len {prepared.seq_len}, shape "
-                f"{tuple(prepared.q.shape)}; the inputs were {tuple(ref.q.shape)}")
-    if not math.isclose(prepared.softmax_scale, ref.softmax_scale, rel_tol=1e-6):
-        return (f"prepare: softmax_scale {prepared.softmax_scale:.6g}, expected "
-                f"{ref.softmax_scale:.6g} (head_dim^-0.5)")
-    problem = _scales_mismatch(prepared, ref)
-    if problem:
-        return f"prepare: {problem}"
-    got = prepared.dequantized()
-    for name, g, want in zip("qkv", got, ref.dequantized(), strict=True):
-        if g.shape != want.shape:
-            return (f"prepare: {name} decodes to shape {tuple(g.shape)}, the input was "
-                    f"{tuple(want.shape)}")
-        problem = _first_mismatch(name, g, want, "batch token head dim")
-        if problem:
-            return (f"prepare: {problem}; the prepared codes are not what the layout and key "
-                    "order they declare say")
-    padding = prepared.padding()
-    for name, pad in zip("qkv", padding, strict=True):
-        if pad.numel() and bool((pad != 0).any()):
-            return (f"prepare: {name}'s padding past seq_len {seq_len} is not zero "
-                    f"({int((pad != 0).sum())} nonzero codes)")
-    return None
-
-
-def _scales_mismatch(prepared, ref: ReferenceInputs) -> str | None:
-    """The packed buffer, what the kernels read, against the gate's descales: q's, k's and v's
-    exactly, V's inverse exactly and its log2 within 2 ulp (torch's log2f and the DSL's may
-    round apart), the padding neutral (1; log2 0). A kernel that quantizes Q itself
-    (prepared.q_in_kernel) reads no q scale, and prepare writes none: q's part is not checked
-    (its codes and scales are, by the kernel's output against the reference)."""
-    batch, _, heads, _ = prepared.q.shape
-    padded = prepared.padded_len
-    _, padded_kv, kv_heads, _ = prepared.k.shape
-    layout = PackedLayout(batch, heads, padded, kv_heads, padded_kv)
-    if prepared.packed.numel() != layout.size:
-        return (f"the packed scales hold {prepared.packed.numel()} values, the layout of these "
-                f"inputs {layout.size}")
-    q, k, log2_v, inv_v, v = layout.views(prepared.packed)
-    s, blocks = ref.seq_len, ref.scales.k.shape[-1]
-    if layout.blocks < blocks:
-        return f"the packed scales hold {layout.blocks} blocks of keys, the inputs {blocks}"
-    sv = ref.scales.v
-    checked_q = () if prepared.q_in_kernel else (
-        ("q descale", q[..., :s], ref.scales.q, "batch head token"),)
-    for name, got, want, dims in (*checked_q,
-                                  ("k descale", k[..., :blocks], ref.scales.k, "batch head block"),
-                                  ("v descale", v[..., :blocks], sv, "batch head block"),
-                                  ("1 / v descale", inv_v[..., :blocks], sv.reciprocal(),
-                                   "batch head block")):
-        problem = _first_mismatch(name, got, want, dims)
-        if problem:
-            return problem
-    log2_sv = sv.log2()
-    far = ~((log2_v[..., :blocks] - log2_sv).abs() <= 2.5e-7 * log2_sv.abs().clamp_min(1.0))
-    if bool(far.any()):
-        return f"log2 of v's descale is off at {int(far.sum())} blocks of the packed scales"
-    padding_q = () if prepared.q_in_kernel else (("q", q[..., s:], 1.0),)
-    for name, part, neutral in (*padding_q, ("k", k[..., blocks:], 1.0),
-                                ("log2 v", log2_v[..., blocks:], 0.0),
-                                ("1 / v", inv_v[..., blocks:], 1.0),
-                                ("v", v[..., blocks:], 1.0)):
-        if bool((part != neutral).any()):
-            return f"packed {name} scales past the real length are not {neutral} (padding)"
-    return None
 
 
 @dataclass
@@ -277,6 +277,21 @@ class ReferenceResult:
     seq_len: int
     seq_len_kv: int | None = None  # None: seq_len
     causal: bool = False
+    # The LSE shift added to `lse` (ReferenceInputs.lse_shift, the rows checked) and scale *
+    # sum_d |q_d m_d|, the scale of its rounding (LSE_SHIFT_REL); None without one.
+    lse_shift: torch.Tensor | None = None
+    shift_magnitude: torch.Tensor | None = None
+    # sqrt(sum_i p_i |v_i - o|^2): how far the output moves per unit of score error between
+    # keys (ROW_QK_COVERED); None: no allowance for it.
+    v_spread: torch.Tensor | None = None
+
+    def unshifted(self) -> ReferenceResult:
+        """This reference with the LSE of the transformed scores (K smoothing's shift taken
+        back out; the bound keeps its rounding term): what a kernel may return to a caller
+        that does not want the LSE."""
+        if self.lse_shift is None:
+            return self
+        return dataclasses.replace(self, lse=self.lse - self.lse_shift, lse_shift=None)
 
     @property
     def empty_rows(self) -> int:
@@ -295,6 +310,7 @@ def reference_attention(inputs, rows: torch.Tensor | None = None, *, causal: boo
                         score_budget_bytes: int = 1 << 29) -> ReferenceResult:
     """fp32 attention on `inputs.dequantized()` (ReferenceInputs, or a family's Fp8Inputs for a
     CPU test double) for the query `rows` (all when None), bottom-right causal if `causal`.
+    A ReferenceInputs' lse_shift (K smoothing) is added to the LSE: the caller's LSE.
 
     One (batch, head) at a time and `score_budget_bytes` of scores per query chunk, so that
     B=1, H=56, S=30272 peaks at well under 2 GB besides the inputs and outputs; a KV head's
@@ -310,8 +326,8 @@ def reference_attention(inputs, rows: torch.Tensor | None = None, *, causal: boo
     n_rows = q.shape[1]
     device = q.device
     out = torch.empty(batch, n_rows, heads, head_dim, dtype=torch.float32, device=device)
-    lse, noise, magnitude, v_norm = (torch.empty(batch, heads, n_rows, dtype=torch.float32,
-                                                 device=device) for _ in range(4))
+    lse, noise, magnitude, v_norm, spread = (
+        torch.empty(batch, heads, n_rows, dtype=torch.float32, device=device) for _ in range(5))
     chunk = _chunk_rows(seq_len_kv, score_budget_bytes)
     for b in range(batch):
         for h in range(heads):
@@ -337,12 +353,20 @@ def reference_attention(inputs, rows: torch.Tensor | None = None, *, causal: boo
                 p.sub_(torch.where(seen > 0, row_max, 0.0)[:, None]).exp_()
                 row_sum = p.sum(dim=-1)
                 p.div_(row_sum.clamp_min(torch.finfo(torch.float32).tiny)[:, None])
-                out[b, at, h] = p @ vh
+                o = out[b, at, h] = p @ vh
+                spread[b, h, at] = ((p @ v_norm2) - o.square().sum(-1)).clamp_min(0.0).sqrt()
                 lse[b, h, at] = row_max + row_sum.log()  # -inf + log 0 = -inf: no key seen
                 magnitude[b, h, at] = (qc.abs() * (p @ k_abs)).sum(-1)
                 v_norm[b, h, at] = v_prefix[seen].sqrt()
                 noise[b, h, at] = (p.square_() @ v_norm2).sqrt()  # p is spent
-    return ReferenceResult(out, lse, noise, magnitude, v_norm, rows, seq_len, seq_len_kv, causal)
+    shift = inputs.lse_shift if isinstance(inputs, ReferenceInputs) else None
+    shift_magnitude = None
+    if shift is not None:  # -inf (no key seen) + a finite shift stays -inf
+        shift = shift[:, :, row_index]
+        lse += shift
+        shift_magnitude = inputs.lse_shift_magnitude[:, :, row_index]
+    return ReferenceResult(out, lse, noise, magnitude, v_norm, rows, seq_len, seq_len_kv, causal,
+                           shift, shift_magnitude, spread)
 
 
 @dataclass(frozen=True)
@@ -451,6 +475,9 @@ def accuracy(out: torch.Tensor, lse: torch.Tensor, ref: ReferenceResult) -> Accu
     floor = ROW_FLOOR_PER_SQRT_KEY * ref.visible_v_norm
     row_scale = torch.maximum(torch.maximum(ref.out.norm(dim=-1).transpose(1, 2), ref.noise),
                               floor.clamp_min(1e-30))
+    if ref.v_spread is not None:  # large scores: the QK^T accumulator's share (ROW_QK_COVERED)
+        excess = (ref.score_magnitude - ROW_QK_COVERED).clamp_min(0.0)
+        row_scale = row_scale + (LSE_QK_REL / ROW_REL_MAX) * excess * ref.v_spread
     row_ratio = row_err / row_scale
     worst = int(row_ratio.argmax())
 
@@ -463,7 +490,10 @@ def accuracy(out: torch.Tensor, lse: torch.Tensor, ref: ReferenceResult) -> Accu
     worst_head = int(slope_err.argmax())
 
     lse_err = torch.nan_to_num((lse32 - ref.lse).abs(), nan=0.0, posinf=0.0) * seeing
-    lse_ratio = lse_err / (LSE_ABS_MAX + LSE_QK_REL * ref.score_magnitude)
+    lse_bound = LSE_ABS_MAX + LSE_QK_REL * ref.score_magnitude
+    if ref.shift_magnitude is not None:
+        lse_bound = lse_bound + LSE_SHIFT_REL * ref.shift_magnitude
+    lse_ratio = lse_err / lse_bound
     worst_lse = int(lse_ratio.argmax())
     shape = tuple(row_ratio.shape)
     return AccuracyMetrics(
@@ -483,12 +513,16 @@ def accuracy(out: torch.Tensor, lse: torch.Tensor, ref: ReferenceResult) -> Accu
 
 
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, rows: torch.Tensor | None = None, *,
-             causal: bool = False) -> AccuracyMetrics:
+             lse: torch.Tensor, rows: torch.Tensor | None = None, *, causal: bool = False,
+             softmax_scale: float | None = None, k_smoothing: str = "off",
+             qk_rotation: str = "none") -> AccuracyMetrics:
     """A kernel's (out, lse) for the original q, k, v against the reference on the gate's own
-    quantization of them (prepare's output is checked apart: `prepare_mismatch`)."""
-    return accuracy(out, lse, reference_attention(quantize_reference(q, k, v), rows,
-                                                  causal=causal))
+    quantization of them (prepare's output is checked apart: variants/prepare_check.py), with
+    the transforms the kernel's config applies (K smoothing by the gate's own mean)."""
+    k_mean = reference_key_mean(k)[0] if k_smoothing == "mean" else None
+    ref_inputs = quantize_reference(q, k, v, softmax_scale, k_mean=k_mean,
+                                    rotate=qk_rotation == "hadamard")
+    return accuracy(out, lse, reference_attention(ref_inputs, rows, causal=causal))
 
 
 def end_to_end_error(

@@ -59,8 +59,8 @@ class CrashingKernel:
     def prepare(self, *args, **kwargs):
         return self._kernel.prepare(*args, **kwargs)
 
-    def run(self, prepared, out=None, lse=None):
-        result = self._kernel.run(prepared, out=out, lse=lse)
+    def run(self, prepared, out=None, lse=None, *, want_lse=True):
+        result = self._kernel.run(prepared, out=out, lse=lse, want_lse=want_lse)
         if self._crash:
             _fault(prepared.q.is_cuda)
         return result

@@ -123,7 +123,7 @@ class FakeKernel:
         self.last_ms = PREPARE_MS
         return quantize_inputs(q, k, v, softmax_scale=softmax_scale)
 
-    def run(self, prepared, out=None, lse=None):
+    def run(self, prepared, out=None, lse=None, *, want_lse=True):
         from variants.reference import reference_attention
 
         planted = _planted(self.config)

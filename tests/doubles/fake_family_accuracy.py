@@ -1,18 +1,15 @@
 """A fake family whose end-to-end accuracy depends on a knob and on the data, as FP8 attention's
-does on real activations (a K channel bias shared by the tokens costs accuracy unless prepare
-smooths it away).
+does on real activations: its prepare is the real one (variants/prepare.py) with the config's
+k_smoothing, and its kernel computes the gate's own FP8 reference on the prepared inputs. So it
+passes the gate as exactly as fake_family, and its error against fp32 attention on the original
+inputs is the FP8 format's: ~0.05 on random inputs, ~0.5 on tuner.activations' "realistic" kind
+with k_smoothing="off", ~0.2-0.3 with "mean" (the kind's outlier channels stay; the K bias goes).
 
 Knobs: `tile` (the cost surface of fake_family: 64 is fastest) and `k_smoothing` ("off" or
-"mean", the real families' knob name). Every kernel computes the gate's own FP8 reference, so it
-passes the gate exactly like fake_family. With k_smoothing="off" it then adds, per (batch, KV
-head), a deterministic error of BIAS_GAIN x (r - BIAS_FREE) times the RMS of that head's output,
-where r = |mean key| / RMS |key - mean key| measures the shared bias: about 1/sqrt(seq_len_kv)
-(0.13 at 64 keys) on the gate's random and structured inputs, none added; about 8 on
-tuner.activations' "realistic" kind (K bias of std 8), an end-to-end error of ~3.7 instead of
-FP8's own ~0.5 at B=1 H=2 S=65 D=64. k_smoothing="mean" adds nothing and costs SMOOTH_MS more
-in prepare, so the fastest config of every tile is the inaccurate one. One config, CRASH_ON_BIAS,
-faults (a sticky CUDA error) on biased keys only: it passes the gate and crashes in the budget's
-check.
+"mean", the real families' knob name). "mean" costs SMOOTH_MS more in prepare, so the fastest
+config of every tile is the inaccurate one. One config, CRASH_ON_BIAS, faults (a sticky CUDA
+error) on biased keys in a batch of one, the shape of the budget's realistic data (the gate's
+realistic case has two): it passes the gate and crashes in the budget's check.
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ from variants.base import ConfigMixin
 DEVICE = "cpu"
 NAME = "tests.doubles.fake_family_accuracy"
 BIAS_FREE = 0.5
-BIAS_GAIN = 0.5
 SMOOTH_MS = 0.5
-CRASH_ON_BIAS = {"tile": 16, "k_smoothing": "mean"}
+CRASH_ON_BIAS = {"tile": 16, "k_smoothing": "off"}
 
 
 @dataclass(frozen=True)
@@ -76,28 +72,23 @@ class AccuracyKernel:
         from variants.prepare import quantize_inputs
 
         self.last_ms = _base.PREPARE_MS + (SMOOTH_MS if self.config.k_smoothing == "mean" else 0)
-        return quantize_inputs(q, k, v, softmax_scale=softmax_scale)
+        return quantize_inputs(q, k, v, softmax_scale=softmax_scale,
+                               k_smoothing=self.config.k_smoothing)
 
-    def run(self, prepared, out=None, lse=None):
+    def run(self, prepared, out=None, lse=None, *, want_lse=True):
         from variants.reference import reference_attention
 
         ref = reference_attention(prepared)
-        result = ref.out.float()
         _, k, _ = prepared.dequantized()
-        excess = (bias_ratio(k) - BIAS_FREE).clamp_min(0.0)  # (batch, kv_heads)
-        if self.config.to_dict() == CRASH_ON_BIAS and bool((excess > 0).any()):
+        if self.config.to_dict() == CRASH_ON_BIAS and k.shape[0] == 1 \
+                and bool((bias_ratio(k) > BIAS_FREE).any()):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        if self.config.k_smoothing == "off":
-            group = result.shape[2] // k.shape[2]
-            excess = excess.repeat_interleave(group, dim=1)[:, None, :, None]
-            rms = result.pow(2).mean(dim=(1, 3), keepdim=True).sqrt()
-            noise = torch.randn(result.shape, generator=torch.Generator().manual_seed(0))
-            result = result + BIAS_GAIN * excess * rms * noise
-        out = result.to(torch.bfloat16) if out is None else out.copy_(result)
+        out = ref.out.to(torch.bfloat16) if out is None else out.copy_(ref.out)
         lse = ref.lse if lse is None else lse.copy_(ref.lse)
+        if want_lse:  # the reference of smoothed keys has the smoothed LSE, as a kernel's
+            prepared.restore_lse(lse)
         self.last_ms = cost_ms(self.config)
         return out, lse
-
 
 def compile(cfg, problem, arch: str):
     _base._log_compile(cfg)

@@ -56,11 +56,11 @@ class NoisyKernel(_base.FakeKernel):
         super().__init__(cfg, problem, cost)
         self.calls = 0
 
-    def run(self, prepared, out=None, lse=None):
+    def run(self, prepared, out=None, lse=None, *, want_lse=True):
         self.calls += 1
         jitter = JITTER_MS if self.calls % 2 else 0.0
         self.cost = lambda cfg: cost_ms(cfg) + jitter
-        return super().run(prepared, out, lse)
+        return super().run(prepared, out, lse, want_lse=want_lse)
 
 
 def compile(cfg, problem, arch: str):

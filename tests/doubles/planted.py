@@ -4,7 +4,9 @@ correctness gate (tuner/gate.py) must reject as `wrong_result`.
 `planted_family(base)` builds the five family functions around a base family module: the space
 is one config per bug (and "none", the base kernel untouched, which must pass), so a real
 `tuner search --families tests.doubles.planted_wgmma` measures every bug once. Each bug copies a
-kind of wrong kernel that really happens; a gate that lets one through fails its test.
+kind of wrong kernel that really happens; a gate that lets one through fails its test. A bug in
+prepare's exact transforms runs on the base default with the knob it needs turned on (KNOBS);
+a base family without that knob cannot plant it (can_implement says so).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from variants.base import ConfigMixin
+from variants.block_scales import quantize_key_blocks, quantize_rows
 
 # bug -> the check of the gate expected to catch it first (variants/reference.py's reasons)
 BUGS = {
@@ -32,7 +35,24 @@ BUGS = {
     "causal_diagonal_dropped": "non-finite",
     # grouped KV heads: query head h reads KV head h // group + 1 (mod kv_heads)
     "kv_head_shifted": "worst row",
+    # K smoothing: prepare subtracts the next KV head's mean (the next batch's with one KV
+    # head) but declares the right one: k's codes are not those of k - m
+    "k_mean_subtracted_wrong": "prepare",
+    # K smoothing: prepare subtracts the right mean but declares the next KV head's
+    "k_mean_declared_wrong": "prepare",
+    # K smoothing: the LSE returned is the kernel's, of the smoothed scores (no q . m added)
+    "lse_unshifted": "LSE",
+    # the Q/K rotation: K's codes rotated, Q's not (both declared rotated)
+    "rotation_k_only": "prepare",
+    # the kernel runs with head_dim^-0.5 whatever softmax scale the caller gave
+    "softmax_scale_ignored": "worst row",
 }
+
+# The prepare-only knobs a bug's base config turns on (variants/transforms.py).
+KNOBS = {"k_mean_subtracted_wrong": {"k_smoothing": "mean"},
+         "k_mean_declared_wrong": {"k_smoothing": "mean"},
+         "lse_unshifted": {"k_smoothing": "mean"},
+         "rotation_k_only": {"qk_rotation": "hadamard"}}
 
 
 def expected_check(bug: str, problem) -> str | None:
@@ -73,26 +93,63 @@ def _swap_first_v_groups(prepared) -> None:
         v[:, 16:32] = first
 
 
+def _another_head(m: torch.Tensor) -> torch.Tensor:
+    """A smoothing vector (batch, kv_heads, head_dim) moved one KV head on (one batch on with a
+    single KV head): every (batch, KV head) gets another one's mean."""
+    return m.roll(1, dims=1 if m.shape[1] >= 2 else 0)
+
+
+def _requantize_k(prepared, k_t: torch.Tensor) -> None:
+    """prepared's k codes and K block scales replaced by those of k_t (batch, seq_len_kv,
+    kv_heads, head_dim), in place (k is token-major in every layout)."""
+    codes, descale = quantize_key_blocks(k_t)
+    prepared.k[:, :prepared.seq_len_kv] = codes
+    k_scales = prepared.scale_layout.views(prepared.packed)[1]
+    k_scales[..., :descale.shape[1]] = descale.permute(0, 2, 1)
+
+
+def _requantize_q(prepared, q_t: torch.Tensor) -> None:
+    """prepared's q codes and scales replaced by those of q_t, in place."""
+    codes, descale = quantize_rows(q_t)
+    prepared.q[:, :prepared.seq_len] = codes
+    prepared.scale_layout.views(prepared.packed)[0][..., :prepared.seq_len] = \
+        descale.permute(0, 2, 1)
+
+
 class PlantedKernel:
+    """The base kernel with `cfg.bug`; `config` is the base kernel's (the transforms its
+    prepare applies, the q dtypes it reads: what the gate asks of it)."""
+
     def __init__(self, kernel, cfg: Config) -> None:
         self._kernel = kernel
-        self.config = cfg
+        self.bug = cfg.bug
+        self.config = kernel.config
         self.resources = kernel.resources
 
     def prepare(self, q, k, v, softmax_scale=None, **kwargs):
         prepared = self._kernel.prepare(q, k, v, softmax_scale, **kwargs)
-        if self.config.bug == "v_group_swap":
+        if self.bug == "v_group_swap":
             _swap_first_v_groups(prepared)
+        elif self.bug == "k_mean_subtracted_wrong":
+            _requantize_k(prepared, k.float() - _another_head(prepared.k_mean)[:, None])
+        elif self.bug == "k_mean_declared_wrong":
+            prepared = dataclasses.replace(prepared, k_mean=_another_head(prepared.k_mean))
+        elif self.bug == "rotation_k_only":
+            _requantize_q(prepared, q)
         return prepared
 
-    def run(self, prepared, out=None, lse=None):
-        out, lse = self._kernel.run(prepared, out=out, lse=lse)
-        bug, s = self.config.bug, prepared.seq_len
+    def run(self, prepared, out=None, lse=None, *, want_lse=True):
+        bug, s = self.bug, prepared.seq_len
+        if bug == "lse_unshifted":
+            want_lse = False
+        elif bug == "softmax_scale_ignored":
+            prepared = dataclasses.replace(prepared, softmax_scale=prepared.q.shape[-1] ** -0.5)
+        out, lse = self._kernel.run(prepared, out=out, lse=lse, want_lse=want_lse)
         if bug == "last_key_masked" and s >= 2:
             # The same kernel over keys 0 .. S-2 gives rows 0 .. S-2 of a kernel whose mask
             # drops the last key.
             short_out, short_lse = self._kernel.run(dataclasses.replace(
-                prepared, seq_len=s - 1, seq_len_kv=prepared.seq_len_kv - 1))
+                prepared, seq_len=s - 1, seq_len_kv=prepared.seq_len_kv - 1), want_lse=want_lse)
             out[:, : s - 1] = short_out
             lse[:, :, : s - 1] = short_lse
         elif bug == "tail_row" and s >= 2:
@@ -111,7 +168,7 @@ class PlantedKernel:
             # Bottom-right causal over keys 0 .. Skv-2: row r sees keys <= r + offset - 1, the
             # real kernel with its diagonal moved one key left.
             short = dataclasses.replace(prepared, seq_len_kv=prepared.seq_len_kv - 1)
-            out, lse = self._kernel.run(short, out=out, lse=lse)
+            out, lse = self._kernel.run(short, out=out, lse=lse, want_lse=want_lse)
         elif bug == "kv_head_shifted" and prepared.k.shape[2] >= 2:
             # K and V read one KV head further on (their descales with them): prepare's codes
             # are right, the kernel's head mapping is not.
@@ -124,16 +181,26 @@ class PlantedKernel:
             shifted = dataclasses.replace(
                 prepared, k=roll(prepared.k, 2),
                 v=roll(prepared.v, 1 if prepared.v_feature_major else 2), packed=packed)
-            out, lse = self._kernel.run(shifted, out=out, lse=lse)
+            out, lse = self._kernel.run(shifted, out=out, lse=lse, want_lse=want_lse)
         return out, lse
 
 
 def planted_family(base_name: str):
     """(space, default, can_implement, compile) of the planted family around `base_name`."""
     base = importlib.import_module(base_name)
+    knob_names = {f.name for f in dataclasses.fields(base.Config)}
 
-    def base_config(arch, problem):
-        return base.default(arch, problem)
+    def base_config(arch, problem, bug):
+        """The base default, with the knobs the bug needs on (None: the base has no such
+        knob). The rotation needs Q quantized in prepare: a config that quantizes it in the
+        kernel runs its twin that does not (the one fp16 callers get)."""
+        cfg = base.default(arch, problem)
+        knobs = KNOBS.get(bug, {})
+        if not set(knobs) <= knob_names:
+            return None
+        if "qk_rotation" in knobs and cfg.q_in_kernel:
+            cfg = cfg.for_q_dtype("float16")
+        return dataclasses.replace(cfg, **knobs)
 
     def space(arch: str) -> dict[str, list]:
         return {"bug": list(BUGS)}
@@ -145,9 +212,13 @@ def planted_family(base_name: str):
         if cfg.bug not in BUGS:
             return False, f"unknown planted bug {cfg.bug!r}"
         arch = gpu.arch if gpu is not None else "cpu"
-        return base.can_implement(base_config(arch, problem), problem, gpu)
+        base_cfg = base_config(arch, problem, cfg.bug)
+        if base_cfg is None:
+            return False, f"{cfg.bug} needs the base family to have the knobs {KNOBS[cfg.bug]}"
+        return base.can_implement(base_cfg, problem, gpu)
 
     def compile(cfg, problem, arch: str):
-        return PlantedKernel(base.compile(base_config(arch, problem), problem, arch), cfg)
+        return PlantedKernel(base.compile(base_config(arch, problem, cfg.bug), problem, arch),
+                             cfg)
 
     return space, default, can_implement, compile

@@ -22,7 +22,8 @@ from tuner.measure import poisoned_outputs
 from tuner.problem import Problem
 from variants.base import enumerate_space
 from variants.mma_sync import Config, can_implement, compile, default, space
-from variants.reference import prepare_mismatch, quantize_reference, validate
+from variants.prepare_check import prepare_mismatch
+from variants.reference import quantize_reference, validate
 
 ARCH = "sm_90a"
 GPU = PROFILES["h200"]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from tuner import runtime
-from variants.reference import prepare_mismatch, quantize_reference, validate
+from variants.prepare_check import prepare_mismatch
+from variants.reference import quantize_reference, validate
 
 pytestmark = pytest.mark.gpu
 

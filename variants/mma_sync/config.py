@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from variants import transforms
 from variants.base import ConfigMixin, load_space
 from variants.block_scales import KV_BLOCK
 from variants.defaults import apply_rules
@@ -41,6 +42,12 @@ class Config(ConfigMixin):
     mma: str
     # Default = the kernel before the knob existed, so stored configs without it still load.
     pv_accum: str = "fp32"
+    # Exact transforms prepare applies before quantizing (variants/transforms.py,
+    # docs/accuracy.md): K smoothing ("off" | "mean") and the Q/K rotation ("none" |
+    # "hadamard"). Prepare-only: the attention kernel is the same build; off and none are what
+    # prepare did before these knobs existed.
+    k_smoothing: str = "off"
+    qk_rotation: str = "none"
 
     # Where P comes from has one name in both families (wgmma's); rows written before load.
     RENAMED_KNOBS: ClassVar[dict[str, str]] = {"p_staging": "p_source"}
@@ -162,6 +169,9 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
                        f"{PV_FP16_ARCHS}, not {arch}")
     if cfg.p_source not in P_SOURCES:
         return False, f"p_source={cfg.p_source!r} unknown; one of {P_SOURCES}"
+    unknown = transforms.check_knobs(cfg.k_smoothing, cfg.qk_rotation)
+    if unknown:
+        return False, unknown
     if cfg.swizzle not in SWIZZLES:
         return False, f"swizzle={cfg.swizzle!r} unknown; one of {SWIZZLES}"
     if cfg.rows_per_warp not in (16, 32):

@@ -6,6 +6,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from variants import transforms
 from variants.base import ConfigMixin, load_space
 from variants.block_scales import KV_BLOCK
 from variants.defaults import apply_rules
@@ -75,6 +76,12 @@ class Config(ConfigMixin):
     # merged by the warp that finishes a tile (variants/wgmma/split_tail.py); False is the
     # kernel built before this knob existed.
     split_tail: bool = False
+    # Exact transforms prepare applies before quantizing (variants/transforms.py,
+    # docs/accuracy.md): K smoothing ("off" | "mean") and the Q/K rotation ("none" |
+    # "hadamard"). Prepare-only: the attention kernel is the same build; off and none are what
+    # prepare did before these knobs existed.
+    k_smoothing: str = "off"
+    qk_rotation: str = "none"
 
     @property
     def block_m(self) -> int:
@@ -117,10 +124,12 @@ class Config(ConfigMixin):
     def for_q_dtype(self, dtype_name: str) -> Config:
         """The config that reads a q of this torch dtype ("bfloat16", "float16",
         "float8_e4m3fn"): an in-kernel quantization reads bf16 only, so fp16 and FP8 callers
-        get the same kernel with Q quantized (or laid out) by prepare."""
-        if self.q_in_kernel and dtype_name != "bfloat16":
-            return dataclasses.replace(self, q_quant="prepare")
-        return self
+        get the same kernel with Q quantized (or laid out) by prepare; FP8 callers get it with
+        prepare's transforms off (ConfigMixin.for_q_dtype)."""
+        cfg = super().for_q_dtype(dtype_name)
+        if cfg.q_in_kernel and dtype_name != "bfloat16":
+            return dataclasses.replace(cfg, q_quant="prepare")
+        return cfg
 
     def pad_to(self) -> int:
         """Sequence padding prepare applies so every Q tile and K/V strip load is in bounds."""
@@ -234,6 +243,13 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, f"tile_order={cfg.tile_order!r} unknown; one of {TILE_ORDERS}"
     if cfg.q_quant not in Q_QUANTS:
         return False, f"q_quant={cfg.q_quant!r} unknown; one of {Q_QUANTS}"
+    unknown = transforms.check_knobs(cfg.k_smoothing, cfg.qk_rotation)
+    if unknown:
+        return False, unknown
+    if cfg.qk_rotation == "hadamard" and cfg.q_in_kernel:
+        return False, ("qk_rotation=hadamard needs q_quant=prepare: with q_quant=kernel the "
+                       "attention kernel quantizes the caller's raw bf16 Q itself, so prepare "
+                       "cannot rotate Q, and K rotated alone would change QK^T")
     if cfg.kv_stages not in (2, 3, 4):
         return False, f"kv_stages={cfg.kv_stages}: 2, 3 or 4"
     if cfg.pingpong and cfg.consumer_wgs < 2:

@@ -31,6 +31,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--families", default="auto", help="tuner search --families")
     parser.add_argument("--timeout", type=float, default=540.0,
                         help="seconds allowed to each tuner search command (default 540)")
+    parser.add_argument("--max-error", type=float, default=None,
+                        help="tuner search --max-error (default: the search's own budget)")
 
 
 def groups(problems) -> list[list]:
@@ -43,7 +45,8 @@ def groups(problems) -> list[list]:
     return list(found.values())
 
 
-def search_command(group: list, trials: int, db: str, families: str, seed: int) -> list[str]:
+def search_command(group: list, trials: int, db: str, families: str, seed: int,
+                   max_error: float | None = None) -> list[str]:
     """The `tuner search` command line of one group."""
     p = group[0]
     cmd = [sys.executable, "-m", "tuner", "search", "--gpu", "auto",
@@ -56,6 +59,8 @@ def search_command(group: list, trials: int, db: str, families: str, seed: int) 
         cmd += ["--kv-heads", str(p.kv_heads)]
     if not p.self_attention:
         cmd += ["--kv-len", str(p.seq_len_kv)]
+    if max_error is not None:
+        cmd += ["--max-error", str(max_error)]
     return cmd
 
 
@@ -97,7 +102,8 @@ def run(args, gpu) -> str:
             label = " ".join(shape_text(p) for p in group)
             for phase in ("cold", "warm"):
                 db = f"sqlite:///{tmp}/{phase}-{g}.sqlite"
-                cmd = search_command(group, trials, db, args.families, args.seed)
+                cmd = search_command(group, trials, db, args.families, args.seed,
+                                     args.max_error)
                 t0 = time.perf_counter()
                 try:
                     done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True,

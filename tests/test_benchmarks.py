@@ -222,8 +222,9 @@ def test_the_search_suite_runs_tuner_search_cold_then_warm_and_reads_back_its_tr
 
     # A CPU family (tuner search takes the profile by name for it): the suite's whole path,
     # the two `tuner search` processes and the stored trials read back, without a GPU.
+    # The doubles' error is FP8's on the realistic data, over the default budget: lift it.
     args = Namespace(shapes=[[Problem(1, 2, 77, 64)]], quick=False, trials=2, seed=0,
-                     families="tests.doubles.planted_fake", timeout=300.0)
+                     families="tests.doubles.planted_fake", timeout=300.0, max_error=10.0)
     text = run(args, common.Gpu(PROFILES["h200"], "a CPU stand-in"))
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| 1,77,2,64")]
     assert [r[1] for r in rows] == ["cold", "warm"]

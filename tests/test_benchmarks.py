@@ -15,6 +15,8 @@ from tuner.problem import Problem
 
 # ---- shapes ------------------------------------------------------------------------------
 
+COMMIT = "abc1234"  # history-ok: a commit id as test data
+
 
 def test_a_shape_lists_lengths_and_optional_fields():
     assert common.parse_shape("1,4096/8192,56,128") == [Problem(1, 56, 4096), Problem(1, 56, 8192)]
@@ -330,8 +332,9 @@ def test_a_page_with_broken_markers_is_left_untouched(tmp_path):
 
 def test_the_stamp_names_device_date_commit_and_command():
     line = results.stamp("NVIDIA H100 80GB HBM3", "python -m benchmarks kernel --quick",
-                         commit="abc1234+dirty", date=dt.date(2026, 12, 6), software="torch 2.11")
-    assert line == ("Measured on NVIDIA H100 80GB HBM3, 2026-12-06, commit abc1234+dirty, "
+                         commit=f"{COMMIT}+dirty", date=dt.date(2026, 12, 6),
+                         software="torch 2.11")
+    assert line == (f"Measured on NVIDIA H100 80GB HBM3, 2026-12-06, commit {COMMIT}+dirty, "
                     "torch 2.11: `python -m benchmarks kernel --quick`")
     assert results.command_line(["e2e", "--shapes", "1,4096,56,128"]) == \
         "python -m benchmarks e2e --shapes 1,4096,56,128"
@@ -356,5 +359,5 @@ def test_the_commit_is_dirty_for_changes_outside_the_results_pages(tmp_path, mon
     assert results.commit_id(tmp_path) == head + "+dirty"
     assert results.commit_id(tmp_path / "benchmarks" / "results" / "missing") == "unknown"
     # A tree copied without .git (a lent GPU machine) is told its commit.
-    monkeypatch.setenv("BENCHMARKS_COMMIT", "abc1234")
-    assert results.commit_id(tmp_path / "benchmarks" / "results" / "missing") == "abc1234"
+    monkeypatch.setenv("BENCHMARKS_COMMIT", COMMIT)
+    assert results.commit_id(tmp_path / "benchmarks" / "results" / "missing") == COMMIT

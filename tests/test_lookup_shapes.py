@@ -1,5 +1,5 @@
 """The runtime lookup over causal, cross-attention and grouped-KV-head winners (the rules of
-tuner/runtime.py's docstring), and issue 19's fallback across head counts: the nearest tuned
+tuner/runtime.py's docstring), and the fallback across head counts: the nearest tuned
 problem by work, logged with its own source, before the default."""
 
 import logging
@@ -95,7 +95,7 @@ def test_a_tie_in_both_lengths_goes_to_the_longer_query(lookup):
 
 def test_other_heads_take_the_nearest_tuned_problem_by_work(lookup, caplog):
     add, _, best, _ = lookup
-    # Issue 19's B=4 S=1024 H=32: 4 x 32 x 8 = 1024 query tiles of 128 rows.
+    # B=4 S=1024 H=32: 4 x 32 x 8 = 1024 query tiles of 128 rows.
     near = Problem(1, 56, 2048)  # 56 x 16 = 896 tiles: ratio 1.14
     same_length = Problem(1, 56, 1024)  # 448: ratio 2.29
     far = Problem(2, 24, 4608)  # 2 x 24 x 36 = 1728: ratio 1.69

@@ -55,7 +55,7 @@ def test_exact_then_nearest_on_a_log_scale(db):
 def test_head_dim_must_match_and_other_heads_fall_back_by_work(db):
     url, store = db
     add_winner(store, 4096, ALT_CFG, heads=56)
-    # No winner with 8 heads: the nearest by work (issue 19), named as such, not the default.
+    # No winner with 8 heads: the nearest by work, named as such, not the default.
     other_heads = runtime.load_best_config(4096, heads=8, db=url, with_source=True)
     assert (other_heads.source, other_heads.config) == ("db-nearest-work", ALT_CFG)
     other_dim = runtime.load_best_config(4096, heads=8, head_dim=64, db=url, with_source=True)

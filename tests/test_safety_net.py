@@ -1,6 +1,5 @@
-"""The safety net of issue #16: each test here fails under one mutation of the production code
-that the rest of the suite let through (benchmarks/mutations.md lists them and how each was
-tried)."""
+"""The safety net: each test here fails under one mutation of the production code that the rest
+of the suite lets through (each test's docstring names its mutation)."""
 
 from __future__ import annotations
 
@@ -178,12 +177,12 @@ def test_a_resumed_tpe_study_tells_stored_configs_instead_of_measuring_them(tmp_
 # reason (a measured spill, a new knob value) in the commit that moves them.
 FEASIBLE = {
     # family, GPU profile (its arch), head_dim: (space size, feasible)
-    # wgmma doubled by tile_order (issue 17): every order fits wherever the other does.
-    # The block scales' registers in the estimate (issue 15) took 3144 -> 2916 and 4704 -> 4368:
+    # wgmma doubled by tile_order: every order fits wherever the other does.
+    # The block scales' registers in the estimate take 3144 -> 2916 and 4704 -> 4368:
     # 1 WG x 256 keys and 3 WG x 128 smem-P at 128, 2 WG x 256 with V in the kernel and 3 WG x
     # 192 smem-P at 64; every such config measured spills 80-264 B after the fold, except 1 WG
     # x 256 without overlap at 128 (0 B, refused by the estimate's margin).
-    # q_quant (issue 15) doubled the space: Q's in-kernel quantization runs before the K/V
+    # q_quant doubles the space: Q's in-kernel quantization runs before the K/V
     # loop, so its registers fit wherever the loop's do (tests/test_wgmma_compile.py: no
     # spills); its 2 * block_m * head_dim bytes of bf16 staging tile leave 2700 of the 2916
     # at head_dim 128 under the 227 KB a CTA (all 4368 at 64).

@@ -1,4 +1,4 @@
-"""Compile-only half of the safety net (issue #16, mutation 5): the mma_sync register estimate
+"""Compile-only half of the safety net: the mma_sync register estimate
 that can_implement trusts stays tied to what ptxas allocates (fake pointers, no GPU; the build
 sets CUTE_DSL_ARCH, as in tests/test_mma_sync_compile.py).
 

@@ -74,7 +74,7 @@ def test_hung_kernel_is_killed_at_its_deadline_and_the_next_candidate_runs():
         ok = result_of(w)
         assert ok.outcome == "ok" and ok.accuracy["passed"] and ok.timing["repeats"] >= 10
         # The double's own clock (fake_family.time_launch): its modelled cost, exactly, however
-        # busy the machine (issue 16), not the wall time of its sleep.
+        # busy the machine, not the wall time of its sleep.
         assert ok.timing["clock"] == "cpu-family-clock"
         assert ok.timing["median_ms"] == fake_family.cost_ms(fake_family.Config(64, 2))
         assert ok.timing["iqr_ms"] == 0.0

@@ -1,4 +1,4 @@
-"""A search ranks what the caller pays (issue 15): kernel plus prepare, wherever the config moves
+"""A search ranks what the caller pays: kernel plus prepare, wherever the config moves
 work between them (wgmma's v_layout=kernel transposes V in the kernel instead of in prepare)."""
 
 from tuner.outcomes import Outcome

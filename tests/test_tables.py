@@ -173,7 +173,7 @@ def test_bench_peers_join_the_plot_data(tmp_path):
 # ---- a table proves it is whole -----------------------------------------------------------------
 
 SHIPPED = Path(__file__).resolve().parents[1] / "db" / "tables" / "h200.yaml"
-# The shipped table as it was before issue 17's schema 3 (self-attention rows only), kept as it was
+# The shipped table in table schema 2 (self-attention rows only), kept as it was
 # exported: the older schema versions are made from it.
 SHIPPED_SCHEMA_2 = Path(__file__).resolve().parent / "data" / "h200_schema2.yaml"
 

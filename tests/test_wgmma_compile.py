@@ -90,7 +90,7 @@ def test_compiles_without_spills(overrides):
 def _assert_consumers_issue_no_global_loads(kernel):
     """The consumer warpgroups' program (after their setmaxnreg increase) reads the block scales
     from shared memory: a global load in flight at a named barrier makes the barrier wait for it,
-    which cost the pingpong turn an L2 round trip every strip (benchmarks/RESULTS.md)."""
+    which cost the pingpong turn an L2 round trip every strip (docs/family-wgmma.md)."""
     from variants.cubin import disassemble, nvdisasm_path
 
     if nvdisasm_path() is None:

@@ -52,7 +52,8 @@ class Budget:
 
     @property
     def label(self) -> str:
-        """Short text for study names and tables: "realistic<=0.1", "calibration:1a2b3c4d<=0.05"."""
+        """Short text for study names and tables: "realistic<=0.1", or "calibration:" and the
+        file's sha256 prefix, "<=0.05"."""
         return f"{self.data[:20]}<={self.max_error:g}"
 
     def to_task(self) -> dict:

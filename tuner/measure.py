@@ -19,7 +19,7 @@ bring its own clock instead, for the kernel and for prepare (`time_launch`, vari
 the sandbox passes it as `cpu_clock`): the test doubles report the cost they model, because
 their work measured with
 perf_counter on a loaded 2-core machine overshoots by the scheduler's latency and reordered their
-candidates (issue 16). A GPU is always timed with CUDA events.
+candidates. A GPU is always timed with CUDA events.
 
 Errors raised by the candidate's own code (compile, prepare, run) become `CandidateFailure` with a
 typed outcome; errors in this module propagate, since they are bugs of the tuner.

@@ -5,7 +5,7 @@ Lookup order for a problem on the local GPU (DESIGN.md; README states the same):
      with the same mask (causal or not: never the other), the same head_dim, and the same heads
      (and batch) when given,
   2. the shipped table db/tables/<gpu>.yaml, same matching,
-  3. only where a head count was given and no winner of a source has it (issue 19): that
+  3. only where a head count was given and no winner of a source has it: that
      source's winner nearest by work, the database's first (`db-nearest-work`, then
      `table-nearest-work`),
   4. the family default for the arch.
@@ -22,7 +22,7 @@ the previous ones left level:
   c. for a cross-attention problem, among cross-attention winners, the same key/value length
      (a self-attention winner whose length happens to equal it is no nearer: on the H200 the
      B=2 S=1024 H=24 winner, 192-key strips, ran B=2 Sq=4608 Skv=1024 in 0.194 ms against
-     0.167 for the S=4608 one, benchmarks/RESULTS.md),
+     0.167 for the S=4608 one, docs/tables-and-database.md),
   d. the least distance on a log scale in both lengths: the ratio max/min of the query
      lengths times that of the key/value lengths (for self-attention: of seq_len alone), exact,
   e. on a tie (2048 and 8192 for 4096), the longer query, then the longer key/value length:

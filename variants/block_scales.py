@@ -1,7 +1,7 @@
-"""Block scales (issue 15, one pass over each input): the quantization formula, the packed
+"""Block scales (one pass over each input): the quantization formula, the packed
 layout the kernels read them in, and a torch emulation of the arithmetic the kernels fold the
 scales into. prepare quantizes by this formula (on a GPU variants/block_quantize_kernel.py
-computes the same codes in one launch); benchmarks/RESULTS.md has the design.
+computes the same codes in one launch); docs/family-wgmma.md has the design.
 
 Why these granularities: every scale must be decided by the block of input that is being cast,
 so that one read of that block both measures and casts it (no amax pass over a whole head first),

@@ -78,7 +78,7 @@ def dsl_toolkit() -> str:
     with both flavors installed the DSL picks by the driver (the newest flavor without one, as on
     a CPU-only machine), and each flavor's ptxas schedules the same kernel differently (the cu12
     and cu13 builds of the default's strip loop are 483 and 462 instructions, with the PV wait
-    in different places: benchmarks/RESULTS.md, twentieth session). So it is part of the key."""
+    in different places). So it is part of the key."""
     from importlib import import_module
 
     loaded = import_module("cutlass._mlir._mlir_libs._cutlass_ir")

@@ -61,7 +61,7 @@ ROW_FLOOR_PER_SQRT_KEY = 2.0**-16  # x sqrt(S) x RMS of |v_i|: 4x the subnormal 
 # The least-squares slope of a head's output on its reference, sum(o r) / sum(r r), is 1 up to
 # unbiased rounding (round-to-nearest-even P and bf16; their mean over S x D elements vanishes
 # like 1/sqrt(S D)) plus the systematic part of the accumulators' error (< 2^-10 measured on the
-# H200, benchmarks/RESULTS.md). A wrong descale, a missing 1/l term or a dropped tile of keys
+# H200, docs/gate.md). A wrong descale, a missing 1/l term or a dropped tile of keys
 # scales a head by a few percent or more; 2^-6 = 1.6% catches a 3% error with 2x margin.
 HEAD_SLOPE_MAX = 2.0**-6
 # ROW_REL_MAX's margin covers QK^T accumulator errors of a few percent of a unit: LSE_QK_REL
@@ -80,7 +80,7 @@ ROW_QK_COVERED = 16.0
 # (relative error 2^-22 each; a sum of S <= 2^17 terms loses at most ~S 2^-24 relative, in
 # practice sqrt(S) 2^-24): 2^-8 absolute covers that and lg2.approx. On top of it comes the error
 # of the scores, which LSE averages with the row's own weights (d LSE / d s_j = p_j). The FP8
-# wgmma accumulator is no fp32 accumulator: it truncates (benchmarks/RESULTS.md, "QK^T
+# wgmma accumulator is no fp32 accumulator: it truncates (docs/gate.md, "QK^T
 # accumulator", H200): a score's error grows with sum_d |q_d k_d| (cuBLAS FP8 GEMM with the
 # tensor core accumulating alone: -6.1e-4 mean, 1.9e-3 max of it at K = 128 on same-sign
 # operands, 10x less at K = 32), and the wgmma kernel's LSE on peaked rows is off by up to

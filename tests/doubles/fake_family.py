@@ -6,7 +6,7 @@ find. Planted configs exercise every outcome (see PLANTED). `DEVICE = "cpu"` tel
 kernels run on the CPU; `time_launch` is its clock there (variants/base.py): a launch counts for
 the cost it models, not for the wall time of its sleep. Measured with perf_counter, a sleep on a
 loaded 2-core machine overshoots by the scheduler's latency, and the winner of
-test_workers_share_one_study_and_decide_once once flipped on it (issue 16). The sleep stays so
+test_workers_share_one_study_and_decide_once can flip on it. The sleep stays so
 that a search still takes wall time (the time-budget and kill-mid-search tests need that).
 
 Set FAKE_FAMILY_COMPILE_LOG to a file path to get one JSON line per compile() call, in whatever

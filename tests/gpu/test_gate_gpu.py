@@ -1,7 +1,7 @@
 """The planted-bug suite on the GPU: each bug of tests/doubles/planted.py wrapped around the real
 default kernel of each family is rejected by the check that exists for it, and the untouched
 kernel passes. (`tuner search --families tests.doubles.planted_wgmma` runs the same through the
-search; benchmarks/RESULTS.md has that run.) `-m gpu` plants each bug once in each family, the
+search.) `-m gpu` plants each bug once in each family, the
 two families on different shapes where the bug applies to both; `-m gpu_full` every bug in every
 family on every shape."""
 

@@ -36,7 +36,7 @@ FEASIBLE = [c for c in enumerate_space(wgmma.Config, wgmma.space("sm_90a"))
             and wgmma.can_implement(c, _SPACE_PROBLEM, H200)[0]]
 COVER = pairwise_cover(FEASIBLE)
 
-# The fastest three of benchmarks/wgmma_h200.py on the H200 (see the family default's comment).
+# The fastest three head_dim-128 configs of a full sweep on the H200 (docs/family-wgmma.md).
 BEST = [
     dict(consumer_wgs=2, block_n=128, kv_stages=stages, p_source="registers",
          intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")

@@ -131,7 +131,8 @@ def _fmt(x, spec=".3f") -> str:
 
 
 def _e2e(error, data) -> str:
-    """The accuracy budget's error and its data ("0.0663 realistic", "0.0412 calib:1a2b3c4d")."""
+    """The accuracy budget's error and its data ("0.0663 realistic", or the error and
+    "calibration:" with the file's sha256 prefix)."""
     if error is None:
         return "-"
     return f"{error:.4f} " + (data or "?").replace("calibration:", "calib:")[:14]

@@ -110,7 +110,7 @@ def decision_pipeline():
     """A GPU sandbox for a run of decisions (ProblemSearch.decide): `--workers N` decides every
     problem in the parent process, and a sandbox of its own per problem cost a process start,
     imports and a CUDA context each time (7-8 s per problem on the two-H200 machine, serially
-    after the children's parallel search: benchmarks/RESULTS.md)."""
+    after the children's parallel search: docs/design.md)."""
     pipeline = Pipeline(compile_jobs=1)  # sandboxes start on first use: only the GPU one does
     try:
         yield pipeline

@@ -127,7 +127,7 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     a time (4 registers per m16 tile), and over the 272 fp16 configs of the sm_120a space ptxas
     uses -37 to +24 registers against each one's fp32 twin, never keeps local memory where the
     twin has none, and drops it in 21 that have it (the seed default: 246 -> 255 registers, no
-    local memory; benchmarks/sm120_space.md).
+    local memory; docs/family-mma_sync.md).
     """
     t = cfg.m_tiles
     live = t * head_dim // 2 + t * cfg.block_n // 2 + t * cfg.block_n // 8
@@ -140,14 +140,14 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
 # space (`tuner space --gpu 5080 --compile`). With 28, accepted configs top out at 32 rows/warp with
 # 32-key strips (estimate 252, ptxas 246-255 registers; the seed default 246 with no local memory,
 # 10 of 48 others 8-48 B of it) and 128-key strips with 16 rows/warp (estimate 244, 230-255
-# registers, 20 of 32 with 8-104 B of local memory; benchmarks/sm120_space.md, regenerated after
-# the parallel-compile cubin race was fixed). Everything rejected (resident Q with 32 rows/warp or
+# registers, 20 of 32 with 8-104 B of local memory; docs/family-mma_sync.md). Everything
+# rejected (resident Q with 32 rows/warp or
 # 128-key strips, 64-key strips with 32 rows/warp) spills 8 to 600 B. The search sees each
 # candidate's spill bytes; an sm_120 GPU should decide whether small frames cost anything.
 _REGISTER_OVERHEAD = 28
 
 
-# ---- Problem shapes the kernel does not implement yet (issue 17) -------------------------------
+# ---- Problem shapes the kernel does not implement yet ------------------------------------------
 # One rejection per feature, each lifted on its own (delete its two lines) when the kernel and
 # prepare implement it. Problems written before the features existed have none of them set.
 

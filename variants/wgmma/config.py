@@ -27,7 +27,7 @@ TILE_ORDERS = ("per_head", "longest_first")
 # Where Q is quantized: prepare (its one launch writes e4m3 codes and per-token scales the kernel
 # TMA-loads) or kernel (TMA loads the caller's bf16 Q tile into a staging tile; the consumer
 # warpgroups take each row's amax and write its e4m3 codes into the Q tile themselves: prepare
-# then reads and writes only K and V, a third less of its traffic; issue 15).
+# then reads and writes only K and V, a third less of its traffic).
 Q_QUANTS = ("prepare", "kernel")
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
@@ -210,7 +210,7 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
 _REGISTER_OVERHEAD = 32
 
 
-# ---- Problem shapes the kernel does not implement yet (issue 17) -------------------------------
+# ---- Problem shapes the kernel does not implement yet ------------------------------------------
 # One rejection per feature, each lifted on its own (delete its two lines) when the kernel and
 # prepare implement it. Problems written before the features existed have none of them set.
 

@@ -35,7 +35,7 @@ PIECES_PER_CTA = 2
 # tile): the counters' zeroing launch, each piece's pipeline start and Q load, the partial O
 # stores, fence and counter update, and the merge's reads. The split runs only where the strips
 # it saves, strips * (1 - tail / grid) of the last tile's critical path, exceed this. Measured on
-# the H200 (benchmarks/split_tail_h200.py, 2026-12-03, the tail always split): a gain
+# the H200 (2026-12-03, the tail always split; docs/family-wgmma.md): a gain
 # at 13.4 saved strips (S=4096 H=56: 76 of 132, 32 strips, 1.03x) and more, a loss at 9.6 and
 # fewer (S=4096 H=40: 0.98x; S=1024 H=56: 0.90x; B=4 S=1024 H=32: 0.95x).
 MIN_SAVED_STRIPS = 12

@@ -63,9 +63,9 @@ class VTransposeMixin:
         lane's constant offsets moved by the step (_ldmatrix_offset, _stmatrix_offset): integer
         arithmetic on the swizzled offsets instead of crd2idx, whose generic layout algebra on
         runtime coordinates cost ~200 instructions per 4x4-byte step. The copy shares issue
-        slots with the consumers, so its instruction count is the kernel's cost: RESULTS.md has
-        the H200 timings of each version. tests/test_wgmma_v_transpose.py replays these
-        addresses through models of the instructions against CuTe's layouts."""
+        slots with the consumers, so its instruction count is the kernel's cost
+        (docs/family-wgmma.md). tests/test_wgmma_v_transpose.py replays these addresses
+        through models of the instructions against CuTe's layouts."""
         strip = self.block_n * self.head_dim
         src_base = src.iterator + raw_stage * strip
         dst_base = dst.iterator + v_stage * strip

@@ -115,7 +115,9 @@ def test_self_and_cross_attention_route_through_tuner_attention(lookup, spy, cap
 
 
 def test_grouped_query_attention_routes_and_a_masked_layer_falls_back(lookup, spy, caplog):
-    from diffusers.models.transformers.ace_step_transformer import AceStepTransformer1DModel
+    ace_step = pytest.importorskip("diffusers.models.transformers.ace_step_transformer",
+                                   reason="no ACE-Step in this diffusers")
+    AceStepTransformer1DModel = ace_step.AceStepTransformer1DModel
 
     torch.manual_seed(0)
     model = AceStepTransformer1DModel(
@@ -181,6 +183,14 @@ def test_a_cpu_model_falls_back_with_its_reason_logged_once_per_shape(name, spy,
     assert {_shapes_of(m) for m in logged} == shapes
     assert all("query is on cpu; the kernels run on a CUDA GPU" in m for m in logged)
     assert spy == []
+
+
+def test_one_reason_for_one_shape_is_logged_once_whatever_the_call_flags(caplog):
+    q = torch.randn(1, 2, 16, 64, dtype=torch.bfloat16)
+    with routing.SdpaRouter(), torch.no_grad():
+        for causal in (False, True, False):
+            torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=causal)
+    assert len(fallbacks(caplog)) == 1 and "query is on cpu" in fallbacks(caplog)[0]
 
 
 def _shapes_of(message: str) -> tuple:

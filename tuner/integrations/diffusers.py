@@ -1,26 +1,25 @@
 """tuner.attention in a diffusers model or pipeline: `enable(target)`, `disable(target)` and the
 context manager `enabled(target)`.
 
-diffusers (0.42) offers no public way to add an attention backend: the names that
-`set_attention_backend` and `attention_backend` take are the members of the closed enum
-AttentionBackendName, and the registry behind them is private. What is public is the processor
-of every attention module (`module.processor`, `module.set_processor`, which
-`model.set_attn_processor` calls), so `enable` wraps each in a `Routed<its class>` that runs it
-unchanged inside a
-routing.SdpaRouter: projections, norms and RoPE stay the model's own code, in every model class,
-and the processor's torch SDPA call (diffusers' default "native" backend, or the processor's own
-F.scaled_dot_product_attention) goes to tuner.attention, or falls back to torch's SDPA with a
-logged reason (routing's docstring lists them). `disable` puts the original processor objects
-back. A processor whose call reaches no torch SDPA (another attention backend is set, or it
-writes attention out) runs as it is, logged once per class.
+diffusers offers no public way to add an attention backend: `set_attention_backend` and
+`attention_backend` take the members of the closed enum AttentionBackendName, and the registry
+behind them is private. Public is the processor of each attention module (`module.processor`,
+`module.set_processor`, which `model.set_attn_processor` calls), so `enable` wraps each in a
+`Routed<its class>` that runs it unchanged inside a routing.SdpaRouter: projections, norms and
+RoPE stay the model's own code, whatever the model class, and its torch SDPA call (diffusers'
+default "native" backend, or the processor's own F.scaled_dot_product_attention) goes to
+tuner.attention or falls back to torch's SDPA with a logged reason (routing's docstring).
+`disable` puts the original processor objects back. A processor whose call reaches no torch SDPA
+(another attention backend is set, or it writes attention out) runs as it is, logged once.
 
-return_lse is never asked of a routed call: diffusers passes it to a registered backend only,
-from its context-parallel ring templates, and its native backend refuses it before any SDPA
-call. Eager calls pay for the TorchFunctionMode (each torch call inside a processor runs through
-it, about 5 us of host time on this project's CPU machine); torch.compile traces it away.
+return_lse is never asked of a routed call: diffusers asks a registered backend for it only from
+its context-parallel ring templates, and its native backend refuses it before calling SDPA.
+In eager code every torch call inside a processor passes through the mode's Python handler (Wan's
+processor makes 45; each costs about what one more small torch op does); torch.compile traces
+the handler away, and a CUDA graph replays without it.
 
-Supported: diffusers >= 0.35 (the first with attention dispatch), < 0.43, tested with 0.35.2 and
-0.42.1 (docs/diffusers.md); `enable` outside that raises a TunerError saying so.
+Supported: diffusers >= 0.35, < 0.43 (tested with 0.35.2, 0.38.0 and 0.42.1); `enable` outside
+that range raises a TunerError saying so.
 """
 
 from __future__ import annotations

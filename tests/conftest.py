@@ -12,13 +12,30 @@ PG_SKIP = ("TUNER_TEST_PG_URL is not set: no PostgreSQL server to test against "
            "(.ci/run starts one on loopback; export the URL of one to run these here)")
 
 
+# The GPU tiers (tests/gpu/__init__.py): the covering one and the exhaustive sweeps.
+GPU_MARKERS = ("gpu", "gpu_full")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU (run on the device: pytest -m gpu)")
     for item in items:
-        if "gpu" in item.keywords:
+        if any(item.get_closest_marker(name) for name in GPU_MARKERS):
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _gpu_builds_ahead(request):
+    """On a GPU machine, the kernels the selected GPU tests build, compiled in parallel before
+    the first test (tests/gpu/__init__.py: compile time dominates the GPU tiers)."""
+    if not torch.cuda.is_available():
+        return
+    from tests.gpu import compile_ahead, selected_builds
+
+    builds = selected_builds(request.session.items)
+    if builds:
+        compile_ahead(builds, jobs=max(1, (os.cpu_count() or 2) - 1))
 
 
 @pytest.fixture

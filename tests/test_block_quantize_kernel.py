@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from variants.block_quantize_kernel import ROWS, compile_kernel
+from variants.block_quantize_kernel import ROTATED_LANES, ROWS, compile_kernel
+from variants.cubin import cubin_resources
 
 pytestmark = pytest.mark.compile
 
@@ -89,10 +90,122 @@ def test_head_scale_expansion_compiles(arch, tmp_path):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_the_launch_without_q_compiles_and_a_bad_name_is_refused(arch, tmp_path):
-    """quant_kv (for a kernel that quantizes Q itself) is the same code with no q CTAs in its
-    grid, which is host code: its codes on a GPU are checked by tests/test_prepare.py."""
+    """quant_kv (for a kernel that quantizes Q itself) is the same code without q's part, and
+    no q CTAs in its grid: its codes on a GPU are checked by tests/test_prepare.py."""
     fn, slots = compile_kernel("quant_kv", torch.bfloat16, 128, arch)
     assert fn is not None and len(slots) == len(compile_kernel("quant", torch.bfloat16, 128,
                                                                arch)[1])
     with pytest.raises(ValueError, match="unknown kernel 'quant_q'"):
         compile_kernel("quant_q", torch.bfloat16, 128, arch)
+
+
+# ---- K smoothing and the Q/K rotation (variants/transforms.py, variants/hadamard_dsl.py) ----
+
+FLAGS = {"smooth": dict(smooth_k=True), "rotate": dict(rotate_qk=True),
+         "both": dict(smooth_k=True, rotate_qk=True)}
+VEC = 8  # features of a chunk
+
+
+def _build(tmp_path, name, dtype, head_dim, arch, v_feature_major, permute_keys, **flags):
+    """(PTX, cubin resources) of one compile."""
+    compile_kernel(name, dtype, head_dim, arch, v_feature_major, permute_keys,
+                   keep_ptx_in=str(tmp_path), **flags)
+    ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
+    cubin = next(Path(tmp_path).glob("*.cubin")).read_bytes()
+    return ptx, cubin_resources(cubin, 0)
+
+
+@pytest.fixture(scope="module")
+def plain_ptx(tmp_path_factory):
+    """The kernel without transforms, per arch: the FMAs and correctly rounded multiplies it has
+    of its own (V's log2, the casts) are the baseline the transforms add to."""
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            cache[arch] = _build(tmp_path_factory.mktemp(arch), "quant", torch.bfloat16, 128,
+                                 arch, True, True)[0]
+        return cache[arch]
+
+    return get
+
+
+def _expected(head_dim: int, with_q: bool, smooth_k: bool = False, rotate_qk: bool = False):
+    """Per-thread instruction counts the transforms must give: a rotated row on ROTATED_LANES
+    lanes, log2(head_dim) butterfly stages of 64 exact adds each per rotated input, of which
+    log2(lanes) cross lanes (64 shuffles each)."""
+    lanes = head_dim // VEC // (head_dim // VEC // ROTATED_LANES if rotate_qk else 1)
+    rows = ROWS * lanes // (head_dim // VEC)
+    steps = lanes.bit_length() - 1  # a row's lane butterflies
+    rotated = (1 + with_q) * rotate_qk
+    dot = with_q * smooth_k  # q . m: 64 fmas a thread, then the row's lanes summed
+    return {
+        "shfl": with_q * rows * steps * (1 + smooth_k) + 2 * 5 + rotated * ROWS * VEC * steps,
+        "exact": rotated * ROWS * VEC * (head_dim.bit_length() - 1) + smooth_k * ROWS * VEC
+        + dot * rows * steps,
+        "fma": dot * ROWS * VEC, "mul_rn": rotated * ROWS * VEC,
+        "loads": (2 + with_q) * ROWS + smooth_k * (1 + with_q) * 2 * (ROWS // rows),
+        "scalar_stores": with_q * rows * (1 + smooth_k) + 4,  # q's descales, shifts; k's, v's
+        "row_stores": (1 + with_q) * ROWS + ROWS,  # q's and k's codes 8 bytes a chunk, V's
+    }
+
+
+def _check_transform_ptx(ptx, plain, head_dim, with_q, flags):
+    want = _expected(head_dim, with_q, **flags)
+    assert ptx.count(".entry ") == 1
+    assert ptx.count("shfl.sync.bfly.b32") == want["shfl"]
+    # Every add of the butterflies, the smoothing and the shift's lane sum is add.rn / sub.rn
+    # (never contracted): a dropped stage or a butterfly made an FMA changes this count.
+    assert ptx.count("add.rn.f32") + ptx.count("sub.rn.f32") == want["exact"]
+    # The only FMAs beyond the plain kernel's are q . m's; the norm multiply is mul.rn.
+    assert ptx.count("fma.rn.f32") - plain.count("fma.rn.f32") == want["fma"]
+    assert "fma.f32" not in ptx and ".ftz" not in ptx and "approx" not in ptx
+    assert ptx.count("mul.rn.f32") - plain.count("mul.rn.f32") == want["mul_rn"]
+    assert ptx.count("ld.global.v4.b32") == want["loads"]  # each input row once, m 16 bytes
+    assert ptx.count("st.global.b32") == want["scalar_stores"]
+    assert ptx.count("st.global.v2.b32") == want["row_stores"]
+    assert _cast_operand_ops(ptx) <= {"mul.f32", "mul.rn.f32", "mul.f32x2"}
+    assert "max.NaN.f32" in ptx and "max.f32" not in ptx
+
+
+@pytest.mark.parametrize("flags", list(FLAGS))
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 128), (torch.float16, 128),
+                                                 (torch.bfloat16, 64), (torch.float16, 64)],
+                         ids=["bf16-128", "fp16-128", "bf16-64", "fp16-64"])
+@pytest.mark.parametrize(("v_feature_major", "permute_keys"), [(True, True), (False, False)],
+                         ids=["v-feature-major", "v-token-major"])
+def test_transforms_compile_on_sm90_without_spills(flags, dtype, head_dim, v_feature_major,
+                                                   permute_keys, plain_ptx, tmp_path):
+    ptx, usage = _build(tmp_path, "quant", dtype, head_dim, "sm_90a", v_feature_major,
+                        permute_keys, **FLAGS[flags])
+    assert usage.spill_bytes == 0 and usage.registers <= 128, usage
+    _check_transform_ptx(ptx, plain_ptx("sm_90a"), head_dim, True, FLAGS[flags])
+
+
+@pytest.mark.parametrize("flags", list(FLAGS))
+@pytest.mark.parametrize(("dtype", "head_dim", "v_feature_major"),
+                         [(torch.bfloat16, 128, True), (torch.float16, 64, False)],
+                         ids=["bf16-128-v-feature-major", "fp16-64-v-token-major"])
+def test_transforms_compile_on_sm120(flags, dtype, head_dim, v_feature_major, plain_ptx,
+                                     tmp_path):
+    ptx, usage = _build(tmp_path, "quant", dtype, head_dim, "sm_120a", v_feature_major,
+                        v_feature_major, **FLAGS[flags])
+    assert usage.spill_bytes == 0, usage
+    _check_transform_ptx(ptx, plain_ptx("sm_120a"), head_dim, True, FLAGS[flags])
+
+
+def test_smoothing_without_q_writes_no_shift(plain_ptx, tmp_path):
+    """quant_kv smooths k (m read once per thread) and has no q rows to shift."""
+    ptx, usage = _build(tmp_path, "quant_kv", torch.bfloat16, 128, "sm_90a", True, True,
+                        smooth_k=True)
+    assert usage.spill_bytes == 0
+    _check_transform_ptx(ptx, plain_ptx("sm_90a"), 128, False, {"smooth_k": True})
+
+
+def test_transforms_the_launch_cannot_do_are_refused():
+    with pytest.raises(ValueError, match="rotate_qk needs q rotated like k"):
+        compile_kernel("quant_kv", torch.bfloat16, 128, "sm_90a", rotate_qk=True)
+    with pytest.raises(ValueError, match="no smooth_k or rotate_qk"):
+        compile_kernel("expand", torch.float32, 0, "sm_90a", smooth_k=True)
+    with pytest.raises(ValueError, match="power-of-two head_dim"):
+        compile_kernel("quant", torch.bfloat16, 96, "sm_90a", rotate_qk=True)

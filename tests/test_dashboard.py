@@ -6,11 +6,12 @@ import json
 
 import optuna
 
+from tests.doubles import ANY_ACCURACY
 from tuner.cli import main
 
 SEARCH = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
           "--families", "tests.doubles.fake_family", "--trials", "3", "--repeats", "10",
-          "--timeout", "5", "--compile-jobs", "1", "--seed", "1", "--json"]
+          "--timeout", "5", "--compile-jobs", "1", "--seed", "1", "--json", *ANY_ACCURACY]
 
 
 def test_optuna_opens_a_search_storage_with_our_attributes(tmp_path, capsys):

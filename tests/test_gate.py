@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from tests.doubles import planted_fake
+from tests.doubles import ANY_ACCURACY, planted_fake
 from tests.doubles.planted import BUGS, expected_check
 from tuner.cli import main
 from tuner.gate import EDGE_ROWS, case_inputs, checked_rows, gate_cases, validate_kernel
@@ -80,7 +80,7 @@ def test_a_search_stores_every_planted_bug_as_a_wrong_result_with_its_check(tmp_
     db = f"sqlite:///{tmp_path / 'planted.sqlite'}"
     args = ["search", "--gpu", "h200", "--families", "tests.doubles.planted_fake", "--seq-lens",
             "77", "--heads", "2", "--head-dim", "64", "--repeats", "10", "--compile-jobs", "1",
-            "--trials", "20", "--db", db, "--json"]
+            "--trials", "20", "--db", db, "--json", *ANY_ACCURACY]
     assert main(args) == 0
     (result,) = json.loads(capsys.readouterr().out)["results"]
     assert result["winner"]["config"] == {"bug": "none"}

@@ -42,7 +42,7 @@ def test_wrong_local_gpu_names_the_found_gpu_and_the_flag(fake_h200):
     with pytest.raises(TunerError) as err:
         resolve_gpu("5080")
     message = str(err.value)
-    assert "NVIDIA H200" in message and "--gpu h200" in message and "RTX 5080" in message
+    assert "NVIDIA H200" in message and "gpu='h200'" in message and "RTX 5080" in message
 
 
 def test_matching_local_gpu_is_accepted(fake_h200):
@@ -53,7 +53,7 @@ def test_no_gpu_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(gpus, "_cuda_available", lambda: False)
     with pytest.raises(TunerError, match="no CUDA GPU found"):
         resolve_gpu("auto")
-    with pytest.raises(TunerError, match="--gpu 5080 needs that GPU"):
+    with pytest.raises(TunerError, match="gpu='5080' needs that GPU"):
         resolve_gpu("5080")
 
 

@@ -237,8 +237,9 @@ def test_json_keys_of_show(imported_db):
     assert code == 0 and rows
     assert set(rows[0]) == {"device", "device_id", "problem", "seq_len", "heads", "seq_len_kv",
                             "kv_heads", "causal", "family_set", "family", "config", "median_ms",
-                            "iqr_ms", "tflops", "default_ms", "default_tflops",
-                            "speedup_over_default", "rel_rms", "decided_at", "code_version"}
+                            "prepare_ms", "iqr_ms", "tflops", "default_ms", "default_prepare_ms",
+                            "default_tflops", "speedup_over_default", "rel_rms", "e2e_error",
+                            "e2e_data", "max_error", "decided_at", "code_version"}
 
 
 def test_json_keys_of_show_trials(imported_db):
@@ -248,6 +249,7 @@ def test_json_keys_of_show_trials(imported_db):
     assert code == 0 and problems
     assert set(problems[0]) == {"problem", "outcomes", "trials"}
     assert set(problems[0]["trials"][0]) == {"id", "family", "config", "outcome", "median_ms",
+                                             "prepare_ms", "e2e_error", "e2e_data", "max_error",
                                              "message"}
 
 
@@ -271,7 +273,8 @@ def test_json_keys_of_bench_and_its_peers_stored(tmp_path, monkeypatch):
     assert code == 0, err
     assert set(doc) == {"device", "rows"}
     assert set(doc["rows"][0]) == {"seq_len", "system", "detail", "median_ms", "iqr_ms", "tflops",
-                                   "pct_of_fp8_peak", "tuned_speedup", "rel_rms", "note"}
+                                   "pct_of_fp8_peak", "tuned_speedup", "rel_rms", "note",
+                                   "prepare_ms"}
     # The peer's row is stored for `tuner show --plot`; the tuned row is not (search owns it).
     stored = sqlite3.connect(db).execute(
         "SELECT family, role FROM tuner_trials").fetchall()

@@ -19,7 +19,7 @@ from variants.mma_sync.config import (
     register_estimate,
     smem_bytes,
 )
-from variants.mma_sync.kernel import _register_p_slots
+from variants.mma_sync.layouts import register_p_slots
 from variants.prepare import register_p_key_order
 
 GPU_5080 = PROFILES["5080"]
@@ -150,7 +150,7 @@ def test_pad_to_covers_both_tiles():
 def test_register_p_slots_match_prepare_key_order(m_tiles, block_n):
     """Replay the kernel's C->A register move for every lane and compare with prepare's V order."""
     order = register_p_key_order(block_n).tolist()  # stored position -> original key
-    slots = _register_p_slots(m_tiles, block_n)
+    slots = register_p_slots(m_tiles, block_n)
     assert sorted(slots) == list(range(len(slots)))
     for t in range(4):  # lane % 4; the row (lane // 4) does not change the key mapping
         a_key = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_tables import shipped_entry_count
-from tuner import runtime, store
+from tuner import runtime, store_engine
 from tuner.cli import main
 from tuner.errors import TunerError
 from tuner.store import Store
@@ -53,8 +53,8 @@ def test_readers_read_at_once_while_another_process_writes(db, writer_holding_th
 
 def test_a_waiting_writer_says_what_it_waits_on_and_gives_up_clearly(
         db, writer_holding_the_lock, monkeypatch, caplog):
-    monkeypatch.setattr(store, "BUSY_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(store, "LOCK_NOTICE_S", 0.2)
+    monkeypatch.setattr(store_engine, "BUSY_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(store_engine, "LOCK_NOTICE_S", 0.2)
     with caplog.at_level(logging.WARNING, logger="tuner.store"):
         with pytest.raises(TunerError, match=r"still locked by another process's write "
                                              r"transaction after 1 s; retry"):

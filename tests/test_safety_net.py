@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.doubles import ANY_ACCURACY
 from tests.doubles import fake_family_noisy as noisy
 from tests.test_runtime import ALT_CFG, SEED_CFG
 from tuner import runtime
@@ -21,7 +22,7 @@ NOISY = "tests.doubles.fake_family_noisy"
 PROBLEM = Problem(1, 2, 64, 64)
 REPO = Path(__file__).resolve().parents[1]
 SEARCH = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
-          "--repeats", "10", "--timeout", "5", "--compile-jobs", "1", "--json"]
+          "--repeats", "10", "--timeout", "5", "--compile-jobs", "1", "--json", *ANY_ACCURACY]
 
 
 # ---- 1. the spread rule, end to end ------------------------------------------------------------
@@ -236,6 +237,17 @@ def test_an_import_that_fails_midway_stores_nothing(tmp_path, monkeypatch, capsy
     finally:
         event.remove(_Trial, "before_insert", fail_on_the_fifth)
     assert "planted: the database fails midway" in capsys.readouterr().err
+    assert len(inserts) == 5
+    # The database did not exist before this import: it is not left behind, empty or not.
+    assert list(tmp_path.iterdir()) == []
+    # Into an existing (empty) database: not one of the entries before the failure is stored.
+    Store(f"sqlite:///{db}").close()
+    inserts.clear()
+    event.listen(_Trial, "before_insert", fail_on_the_fifth)
+    try:
+        assert main(["import", str(shipped), "--db", f"sqlite:///{db}", "--force"]) != 0
+    finally:
+        event.remove(_Trial, "before_insert", fail_on_the_fifth)
     assert len(inserts) == 5
     con = sqlite3.connect(db)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.doubles import fake_family, fake_family_large
+from tests.doubles import ANY_ACCURACY, fake_family, fake_family_large
 from tuner.cli import main
 from tuner.commands._args import duration
 from tuner.problem import Problem
@@ -36,7 +36,7 @@ PROBLEM = Problem(1, 2, 64, 64)
 # Small enough that the reference and the fake kernels take microseconds; timeouts short enough
 # that the planted hang costs 2 s.
 BASE = ["search", "--gpu", "h200", "--seq-lens", "64", "--heads", "2", "--head-dim", "64",
-        "--repeats", "10", "--timeout", "2", "--compile-jobs", "1", "--json"]
+        "--repeats", "10", "--timeout", "2", "--compile-jobs", "1", "--json", *ANY_ACCURACY]
 # The TPE searches over the large fake space, with their own candidate timeout (the planted hang
 # costs it once a trial samples it). Not 1 s: a candidate's modelled 2-40 ms a run, slept, takes
 # more than that on a slow 2-core CI machine, and then every candidate timed out and no winner
@@ -427,10 +427,12 @@ def test_workers_share_one_study_and_decide_once(db_url_any):
     doc = json.loads(_finish(proc)[0])
     (result,) = doc["results"]
     # The --json keys of `tuner search` (README, Usage), as with one process.
-    assert set(doc) == {"device", "gpu", "families", "results"}
+    assert set(doc) == {"device", "gpu", "families", "accuracy", "results"}
+    assert set(doc["accuracy"]) == {"data", "max_error"}
     assert set(result) == {"problem", "seq_len", "study", "seed", "mode", "feasible", "stopped",
                            "measured_here", "outcomes", "winner", "default",
-                           "speedup_over_default", "default_kept"}
+                           "speedup_over_default", "default_kept", "no_winner"}
+    assert {"e2e_error", "e2e_data"} <= set(result["winner"])
     done = _check_shared_study(db_url_any, [doc])
     # Exhaustive over 14 feasible configs: each measured once, by one process or the other.
     assert len({r["config_hash"] for r in done}) == len(done) == 14

@@ -53,9 +53,9 @@ def test_new_database_is_wal_and_versioned(db_url, tmp_path):
 
 @pytest.mark.parametrize(("tamper", "message"), [
     ("UPDATE tuner_schema_version SET version = 999",
-     r"schema version 999, this tuner expects 2 \(a newer tuner wrote it\): upgrade .*--db"),
-    ("UPDATE tuner_schema_version SET version = 0", r"schema version 0, this tuner expects 2; "
-     r"export its winners .*--db"),
+     r"schema version 999, this tuner expects 3 \(a newer tuner wrote it\): upgrade .*db="),
+    ("UPDATE tuner_schema_version SET version = 0", r"schema version 0, this tuner expects 3; "
+     r"export its winners .*db="),
     ("DELETE FROM tuner_schema_version", "schema version None"),
 ], ids=["newer-version", "unknown-older-version", "no-version-row"])
 def test_a_database_of_another_schema_version_is_refused_with_the_fix(db_url, tmp_path, tamper,

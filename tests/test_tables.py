@@ -71,7 +71,7 @@ def _corrupt(text, old, new):
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda t: _corrupt(t, "schema_version: 4", "schema_version: 7"),
+        (lambda t: _corrupt(t, "schema_version: 5", "schema_version: 7"),
          r"line \d+: schema_version: schema version 7"),
         (lambda t: _corrupt(t, "    warps: 4", "    warps: 4\n    wraps: 4"),
          r"line \d+: entries\.\d+\.config: .*unknown knobs \['wraps'\]"),
@@ -101,9 +101,9 @@ def test_bad_tables_change_nothing_and_name_line_and_field(exported, tmp_path, m
 def test_wrong_fingerprint_is_refused_unless_forced(exported, tmp_path):
     path, _ = exported
     store = Store(f"sqlite:///{tmp_path / 'd.sqlite'}")
-    with pytest.raises(TableError, match=r"line \d+: device: tuned on NVIDIA H200 .* --force"):
+    with pytest.raises(TableError, match=r"line \d+: device: tuned on NVIDIA H200 .* force=True"):
         import_table(store, path, local_fingerprint=OTHER_GPU)
-    with pytest.raises(TableError, match="no local GPU. Re-run with --force"):
+    with pytest.raises(TableError, match="no local GPU. Re-run with force=True"):
         import_table(store, path, local_fingerprint=None)
     assert store.winners() == []
     assert import_table(store, path, force=True, local_fingerprint=None) == 2
@@ -302,7 +302,7 @@ def test_the_lookup_takes_the_newest_decision_of_a_problems_family_sets():
     # One where the older entry's time is the faster: the case the rule exists for.
     assert any(max(entries, key=lambda e: e["decided_at"])["median_ms"]
                > min(e["median_ms"] for e in entries) for entries in several.values())
-    loaded = {problem.key(): config for problem, _, config in load_table_entries(SHIPPED)}
+    loaded = {problem.key(): config for problem, _, config, _ in load_table_entries(SHIPPED)}
     assert len(loaded) == len(by_key)
     for key, entries in by_key.items():
         newest = max(entries, key=lambda e: e["decided_at"])

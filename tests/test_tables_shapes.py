@@ -48,7 +48,7 @@ def _winners(store):
 def test_shaped_winners_round_trip_through_a_table(tmp_path):
     store = shaped_store(f"sqlite:///{tmp_path / 'a.sqlite'}")
     text = dump_table(build_table(store, DEVICE, "h200"))
-    assert "schema_version: 4" in text and "kv_heads: 8" in text and "seq_len_kv: 512" in text
+    assert "schema_version: 5" in text and "kv_heads: 8" in text and "seq_len_kv: 512" in text
     path = tmp_path / "h200.yaml"
     path.write_text(text)
     fresh = Store(f"sqlite:///{tmp_path / 'b.sqlite'}")
@@ -102,7 +102,7 @@ def test_a_version_2_table_imports_as_self_attention_with_the_same_winners(tmp_p
     # Re-exported, it is a table of this version with the same problems, now with every field
     # spelled (and no code version: the old table recorded none).
     again = yaml.safe_load(dump_table(build_table(store, DEVICE, "h200")))
-    assert again["schema_version"] == 4
+    assert again["schema_version"] == 5
     assert {e["code_version"] for e in again["entries"]} == {None}
     assert [e["problem"] for e in again["entries"]] == [
         dict(batch=2, heads=24, seq_len=4608, head_dim=64, causal=False, seq_len_kv=4608,
@@ -123,14 +123,14 @@ def test_a_version_2_table_with_a_version_3_field_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("edit, expected", [
-    (lambda d: d.update(schema_version=5), r"line \d+: schema_version: schema version 5 is not "
-     r"one of \(1, 2, 3, 4\); a newer tuner wrote it: upgrade fp8-attn-tuner"),
+    (lambda d: d.update(schema_version=6), r"line \d+: schema_version: schema version 6 is not "
+     r"one of \(1, 2, 3, 4, 5\); a newer tuner wrote it: upgrade fp8-attn-tuner"),
     (lambda d: d["entries"][0]["problem"].update(kv_heads=3),
      r"entries\.0\.problem: Problem\.kv_heads=3 does not divide heads=56"),
     (lambda d: d["entries"][0]["problem"].update(seq_len_kv=0),
      r"entries\.0\.problem\.seq_len_kv: Problem\.seq_len_kv must be >= 1"),
     (lambda d: d["entries"][0]["problem"].update(window=128),
-     r"entries\.0\.problem\.window: unknown problem field in a version-4 table; known: batch, "
+     r"entries\.0\.problem\.window: unknown problem field in a version-5 table; known: batch, "
      r"heads, seq_len, head_dim, causal, seq_len_kv, kv_heads"),
 ], ids=["future-version", "kv-heads-not-a-divisor", "kv-len-0", "unknown-field"])
 def test_a_bad_table_of_this_version_changes_nothing(tmp_path, edit, expected):

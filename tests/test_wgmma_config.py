@@ -141,7 +141,7 @@ def test_the_long_causal_default_at_128_deals_per_head_tiles_to_a_hardware_sched
 @pytest.mark.parametrize("seq_len, seq_len_kv", [(2048, 2048), (8192, 8192), (16384, 8192)])
 def test_the_short_causal_default_at_128_quantizes_q_in_the_kernel_without_pingpong(
         seq_len, seq_len_kv):
-    from variants.wgmma.config import CAUSAL_SHORT_KEYS_UP_TO
+    from variants.wgmma.defaults import CAUSAL_SHORT_KEYS_UP_TO
 
     causal = Problem(1, 32, seq_len, causal=True, seq_len_kv=seq_len_kv, kv_heads=8)
     full = Problem(1, 32, seq_len, seq_len_kv=seq_len_kv, kv_heads=8)
@@ -248,7 +248,7 @@ def test_for_q_dtype_gives_fp16_and_fp8_callers_the_prepare_twin():
 
 def test_the_default_quantizes_q_in_the_kernel_up_to_1024_keys_at_128_and_4608_at_64():
     # (causal at 128: up to 8192 keys, the test above)
-    from variants.wgmma.config import HEAD_DIM_64_SHORT_UP_TO, Q_IN_KERNEL_UP_TO
+    from variants.wgmma.defaults import HEAD_DIM_64_SHORT_UP_TO, Q_IN_KERNEL_UP_TO
 
     for seq, kv, causal, head_dim, want in ((1024, 1024, False, 128, "kernel"),
                                             (77, 77, True, 128, "kernel"),

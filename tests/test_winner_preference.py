@@ -71,14 +71,14 @@ def test_the_database_and_its_exported_table_run_the_newest_codes_winner(tmp_pat
     url = f"sqlite:///{tmp_path / 'a.sqlite'}"
     store, _, second = _store_with_two_family_sets(url)
     assert store.best_for(DEVICE, PROBLEM).config == second
-    (problem, _, config), = _Resolver._db_winners(url, DEVICE)
+    (problem, _, config, _), = _Resolver._db_winners(url, DEVICE)
     assert (problem, config) == (PROBLEM, second)
 
     # The table keeps each entry's code version, so its lookup picks the same entry.
     table = tmp_path / "h200.yaml"
     table.write_text(dump_table(build_table(store, DEVICE, "h200")))
     assert "code_version: bbb" in table.read_text()
-    (problem, _, config), = load_table_entries(table)
+    (problem, _, config, _), = load_table_entries(table)
     assert (problem, config) == (PROBLEM, second)
     fresh = Store(f"sqlite:///{tmp_path / 'b.sqlite'}")
     assert import_table(fresh, table, local_fingerprint=FINGERPRINT) == 2

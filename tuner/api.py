@@ -11,6 +11,10 @@ import functools
 
 import torch
 
+# The active tuner.capture recorder (tuner/capturing.py sets it): None unless capturing, so a call
+# pays one global check for the hook.
+_CAPTURE = None
+
 
 def _eager(*tensors) -> bool:
     """Plain CUDA tensors outside any tracing and without autograd: the op's dispatch (~tens of
@@ -35,6 +39,7 @@ def attention(
     gpu: str = "auto",
     db: str | None = None,
     check_finite: bool = False,
+    max_error: float | None = None,
 ):
     """FP8 attention forward with the tuned kernel: q (batch, seq_len, heads, head_dim) and k, v
     (batch, seq_len_kv, kv_heads, head_dim) bf16/fp16 on CUDA -> bf16 output of q's shape (and
@@ -53,7 +58,9 @@ def attention(
     calls reuse that plan and only quantize and launch, without a device sync, which also makes
     them capturable in a CUDA graph. A NaN or Inf in an input makes NaN the outputs that read it
     (the scales propagate it); check_finite=True raises a TunerError naming the input instead,
-    at the cost of a scan and a device sync per call.
+    at the cost of a scan and a device sync per call. max_error passes over tuned winners whose
+    stored end-to-end error is above it (tuner.runtime). Inside `tuner.capture(path)` the call's
+    q, k, v are recorded (eager calls only).
     """
     from variants.prepare import check_qkv
 
@@ -61,16 +68,20 @@ def attention(
     # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the body.
     check_qkv(q, k, v, require_cuda=True, check_finite=False)
     causal = _flag("causal", causal)
+    if _CAPTURE is not None:
+        _CAPTURE.record(q, k, v, softmax_scale, causal)
     if _eager(q, k, v):
         from tuner.runtime import run_attention
 
         key = "" if config is None else _eager_config_key(config)
-        out, lse = run_attention(q, k, v, softmax_scale, key, gpu, db, check_finite, causal)
+        out, lse = run_attention(q, k, v, softmax_scale, key, gpu, db, check_finite, causal,
+                                 max_error)
     else:
         from tuner.ops import attention_op, config_key
 
         key = "" if config is None else config_key(config)
-        out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite, causal)
+        out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite, causal,
+                                max_error)
     return (out, lse) if return_lse else out
 
 
@@ -97,6 +108,7 @@ def attention_fp8(
     config=None,
     gpu: str = "auto",
     db: str | None = None,
+    max_error: float | None = None,
 ):
     """Attention over inputs that are FP8 already: q float8_e4m3fn (batch, seq_len, heads,
     head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA, contiguous, with fp32
@@ -114,7 +126,7 @@ def attention_fp8(
     zero-padded; V too for a config that reads it in this layout (wgmma v_layout=kernel), else
     re-laid out feature-major in one pass over its codes.
     Returns bf16 (batch, seq_len, heads, head_dim) (and fp32 LSE (batch, heads, seq_len) with
-    return_lse), with the same tuned config as tuner.attention for the shape.
+    return_lse), with the same tuned config as tuner.attention for the shape (and max_error).
     """
     from tuner.runtime import run_attention_fp8
     from variants.prepare import check_fp8_qkv
@@ -123,7 +135,8 @@ def attention_fp8(
     check_fp8_qkv(q, k, v, descales)
     causal = _flag("causal", causal)
     key = "" if config is None else _eager_config_key(config)
-    out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal)
+    out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal,
+                                 max_error)
     return (out, lse) if return_lse else out
 
 

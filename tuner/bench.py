@@ -25,6 +25,7 @@ class BenchRow:
     tuned_speedup: float | None = None  # this system's ms / tuned ms: > 1 means tuned is faster
     rel_rms: float | None = None
     note: str = ""
+    prepare_ms: float | None = None  # what the caller pays before the kernel (its prepare)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -76,6 +77,7 @@ def bench_seq_len(
             else:
                 timing = _time(kernel, problem, gpu, repeats, seed)
                 row.median_ms, row.iqr_ms = timing.median_ms, timing.iqr_ms
+                row.prepare_ms = timing.prepare_ms
         except CandidateFailure as exc:
             row.note = f"{exc.outcome}: {exc.message[:120]}"
         rows.append(row)
@@ -88,6 +90,7 @@ def bench_seq_len(
         try:
             timing = _time(make_peer(name, problem), problem, gpu, repeats, seed)
             row.median_ms, row.iqr_ms = timing.median_ms, timing.iqr_ms
+            row.prepare_ms = timing.prepare_ms
         except (PeerUnavailable, ImportError) as exc:
             row.note = f"skipped: {exc}"
         except (CandidateFailure, RuntimeError) as exc:

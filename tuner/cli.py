@@ -3,8 +3,9 @@
 Each command module defines `NAME`, `HELP`, `add_arguments(parser)` and `run(args) -> int`.
 Errors a user can fix (TunerError) and usage errors print as one line and exit 2; anything else
 prints one line and exits 1; `--debug` shows the traceback. A reader of stdout that goes away
-(`| head`) ends the command quietly with exit 141, as SIGPIPE ends other tools. Database URLs in
-messages are masked (tuner.dburl.display_url).
+(`| head`) ends the command quietly with exit 141, as SIGPIPE ends other tools, whether print or
+rich was writing (commands print through _args.wide_console). Messages name the flags the user
+typed (tuner.errors.argument); database URLs in them are masked (tuner.dburl.display_url).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import importlib
 import os
 import sys
 
-from tuner.errors import TunerError
+from tuner.errors import TunerError, cli_arguments
 
 # Subcommands in the order `tuner --help` lists them.
 COMMAND_MODULES = ("search", "show", "export", "import_", "bench", "space", "gpus")
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        code = int(args._run(args) or 0)
+        with cli_arguments():  # messages name the flags the user typed
+            code = int(args._run(args) or 0)
         sys.stdout.flush()  # inside the try: a reader gone by now is a broken pipe here too
         return code
     except BrokenPipeError:

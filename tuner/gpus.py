@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from functools import cache
 
-from tuner.errors import TunerError
+from tuner.errors import TunerError, argument
 
 KIB = 1024
 MIB = 1024 * 1024
@@ -209,8 +209,9 @@ def local_profile(device: int = 0) -> GpuProfile:
 
 
 def resolve_gpu(name: str, *, require_local: bool = True) -> GpuProfile:
-    """--gpu NAME -> profile. 'auto' is the local device. With require_local (search, bench), a
-    named profile must be the local GPU, because timings of another GPU would be meaningless."""
+    """A GPU name (--gpu NAME, gpu=NAME) -> profile. 'auto' is the local device. With
+    require_local (search, bench, the runtime), a named profile must be the local GPU, because
+    timings of another GPU would be meaningless."""
     key = str(name).strip().lower()
     if key == "auto":
         return local_profile()
@@ -225,16 +226,17 @@ def resolve_gpu(name: str, *, require_local: bool = True) -> GpuProfile:
     if require_local:
         if not _cuda_available():
             raise TunerError(
-                f"--gpu {key} needs that GPU on this machine, but no CUDA GPU was found. "
-                f"Without a GPU, `tuner space --gpu {key} --compile` checks its kernels"
+                f"{argument('gpu', key)} needs that GPU on this machine, but no CUDA GPU was "
+                f"found. Without a GPU, `tuner space --gpu {key} --compile` checks its kernels"
             )
         found, cc = _local_device_name()
         if profile_for_device_name(found) is not profile:
             local = profile_for_device_name(found)
-            hint = f"--gpu {local.name} or --gpu auto" if local else "--gpu auto"
+            auto = argument("gpu", "auto")
+            hint = f"{argument('gpu', local.name)} or {auto}" if local else auto
             raise TunerError(
-                f"--gpu {key} asks for the {profile.marketing_name}, but this machine has "
-                f"{found!r} (compute capability {cc[0]}.{cc[1]}); use {hint}"
+                f"{argument('gpu', key)} asks for the {profile.marketing_name}, but this machine "
+                f"has {found!r} (compute capability {cc[0]}.{cc[1]}); use {hint}"
             )
     return profile
 

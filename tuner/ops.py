@@ -21,17 +21,18 @@ from torch import Tensor
 @torch.library.custom_op("fp8_attn_tuner::attention", mutates_args=())
 def attention_op(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None, config: str,
                  gpu: str, db: str | None, check_finite: bool,
-                 causal: bool = False) -> tuple[Tensor, Tensor]:
+                 causal: bool = False, max_error: float | None = None) -> tuple[Tensor, Tensor]:
     """(out bf16 (batch, seq_len, heads, head_dim), lse fp32 (batch, heads, seq_len)) of q
     (batch, seq_len, heads, head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA;
     checked by tuner.attention before the call."""
     from tuner.runtime import run_attention
 
-    return run_attention(q, k, v, softmax_scale, config, gpu, db, check_finite, causal)
+    return run_attention(q, k, v, softmax_scale, config, gpu, db, check_finite, causal, max_error)
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, softmax_scale, config, gpu, db, check_finite, causal=False):
+def _attention_fake(q, k, v, softmax_scale, config, gpu, db, check_finite, causal=False,
+                    max_error=None):
     # The output and LSE follow the queries, whatever the key/value length and head count.
     batch, seq_len, heads, head_dim = q.shape
     out = q.new_empty((batch, seq_len, heads, head_dim), dtype=torch.bfloat16)

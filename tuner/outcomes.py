@@ -19,6 +19,9 @@ class Outcome(StrEnum):
     CRASH = "crash"  # the process died or the CUDA context is poisoned
     TIMEOUT = "timeout"
     WRONG_RESULT = "wrong_result"  # ran, and failed the correctness gate
+    # Passed the gate, and its end-to-end error on the accuracy data is over the search's budget
+    # (tuner/budget.py): correct, but not accurate enough for this data. Never timed.
+    TOO_INACCURATE = "too_inaccurate"
 
 
 class Role(StrEnum):

@@ -11,7 +11,9 @@ Lookup order for a problem on the local GPU (DESIGN.md; README states the same):
   4. the family default for the arch.
 Every candidate is re-checked with can_implement on the local GPU before it is returned; a
 fallback (anything but an exact database hit) is logged once per key with its source, never
-silent.
+silent. With `max_error`, steps 1-3 take only winners whose stored end-to-end error
+(tuner/budget.py) is at most it, logging a nearer one passed over; a winner without a stored
+error, and the default, are used as unknown, and the log says so (docs/tables-and-database.md).
 
 The nearest winner (`_nearest`), in order of preference, each deciding only among the winners
 the previous ones left level:
@@ -35,6 +37,7 @@ The lookup is memoized per key; a SQLite database is re-read only when its files
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -66,6 +69,7 @@ class BestConfig:
     source: str
     detail: str = ""
     tuned_problem: Problem | None = None
+    e2e_error: float | None = None  # the winner's stored end-to-end error (None: unknown)
 
     @property
     def tuned_seq_len(self) -> int | None:
@@ -169,17 +173,18 @@ class _Resolver:
         gpu,
         db: str | None,
         device_id: str | None,
+        max_error: float | None = None,
     ) -> BestConfig:
         url = db_url(db)
-        key = (problem, heads, batch, gpu.name, url, device_id)
+        key = (problem, heads, batch, gpu.name, url, device_id, max_error)
         stamp = self._db_stamp(url)
         hit = self._memo.get(key)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        best = self._lookup(problem, heads, batch, gpu, url, device_id)
+        best, noted = self._lookup(problem, heads, batch, gpu, url, device_id, max_error)
         with self._lock:
             self._memo[key] = (stamp, best)
-            if best.source != "db-exact" and key not in self._warned:
+            if (best.source != "db-exact" or noted) and key not in self._warned:
                 self._warned.add(key)
                 log.warning(
                     "tuner: %s on %s: using %s config (%s)",
@@ -190,10 +195,22 @@ class _Resolver:
                 )
         return best
 
-    def _lookup(self, problem, heads, batch, gpu, url, device_id) -> BestConfig:
-        rejected = []
-        for source, entry in self._candidates(problem, heads, batch, gpu, url, device_id):
-            tuned_problem, family_name, config_dict = entry
+    def _lookup(self, problem, heads, batch, gpu, url, device_id, max_error):
+        """(the BestConfig, whether its detail holds something max_error made worth logging)."""
+        rejected, passed = [], []
+        found = self._first(problem, heads, batch, gpu, url, device_id, max_error, rejected,
+                            passed)
+        if max_error is not None and found.e2e_error is None:
+            passed.append(f"its end-to-end error is not stored: unknown against max_error="
+                          f"{max_error:g}")
+        if passed:
+            found = dataclasses.replace(found, detail="; ".join([found.detail, *passed]))
+        return found, bool(passed)
+
+    def _first(self, problem, heads, batch, gpu, url, device_id, max_error, rejected, passed):
+        for source, entry in self._candidates(problem, heads, batch, gpu, url, device_id,
+                                              max_error, passed):
+            tuned_problem, family_name, config_dict, error = entry
             from variants import load_family
 
             family = load_family(family_name)
@@ -216,19 +233,29 @@ class _Resolver:
                     kind,
                     detail + ("; " + "; ".join(rejected) if rejected else ""),
                     tuned_problem,
+                    error,
                 )
             rejected.append(f"{kind} {family_name} rejected: {reason}")
         return self._default(problem, gpu, rejected)
 
-    def _candidates(self, problem, heads, batch, gpu, url, device_id):
-        """Yield (source, (problem, family, config)) in lookup order: the database's nearest,
-        the table's, then (heads given, and none with them) each one's nearest by work."""
-        sources = {"db": lambda: self._db_winners(url, device_id),
-                   "table": lambda: self._table_entries(gpu)}
+    def _candidates(self, problem, heads, batch, gpu, url, device_id, max_error, passed):
+        """Yield (source, (problem, family, config, e2e_error)) in lookup order: the database's
+        nearest, the table's, then (heads given, and none with them) each one's nearest by work;
+        with max_error, of the winners within it, and the nearest of a source passed over for
+        its error described in `passed`."""
+        sources = {"db": lambda keep: self._db_winners(url, device_id, keep),
+                   "table": lambda keep: self._table_entries(gpu, keep)}
+        keep = None if max_error is None else (lambda e: e is None or e <= max_error)
         without_heads = {}
         for name, read in sources.items():
-            entries = read()
+            entries = read(keep)
             found = _nearest(entries, problem, heads, batch)
+            if keep is not None:
+                nearest = _nearest(read(None), problem, heads, batch)
+                if nearest is not None and not keep(nearest[3]):
+                    passed.append(f"passed over the {name} winner {nearest[1]} for "
+                                  f"{nearest[0].key()}: end-to-end error {nearest[3]:.4g} > "
+                                  f"max_error={max_error:g}")
             if found:
                 yield name, found
             elif heads is not None and entries:
@@ -239,7 +266,9 @@ class _Resolver:
                 yield f"{name}-nearest-work", found
 
     @staticmethod
-    def _db_winners(url, device_id) -> list[tuple[Problem, str, dict]]:
+    def _db_winners(url, device_id, keep=None) -> list[tuple[Problem, str, dict, float | None]]:
+        """(problem, family, config, e2e_error) of the winner that runs of each problem, among
+        those whose e2e_error `keep` keeps (None: all)."""
         if device_id is None:
             return []
         from tuner.store import NoResults, Store, sqlite_path
@@ -255,16 +284,20 @@ class _Resolver:
             winners = store.winners(device_id)
         finally:
             store.close()
-        return [(Problem.from_key(w.problem_key), w.family, w.config)
+        winners = [w for w in winners if keep is None or keep(w.trial.e2e_error)]
+        return [(Problem.from_key(w.problem_key), w.family, w.config, w.trial.e2e_error)
                 for w in preferred_per_problem(winners, lambda w: w.problem_key,
                                                lambda w: w.stored_time)]
 
     @staticmethod
-    def _table_entries(gpu) -> list[tuple[Problem, str, dict]]:
+    def _table_entries(gpu, keep=None) -> list[tuple[Problem, str, dict, float | None]]:
         from tuner.tables import load_table_entries
 
         table = TABLES_DIR / f"{gpu.name}.yaml"
-        return load_table_entries(table) if table.exists() else []
+        if not table.exists():
+            return []
+        return load_table_entries(table, None if keep is None else
+                                  lambda e: keep(e.fields.get("e2e_error")))
 
     @staticmethod
     def _default(problem, gpu, rejected) -> BestConfig:
@@ -336,6 +369,7 @@ def load_best_config(
     gpu: str = "auto",
     db: str | None = None,
     with_source: bool = False,
+    max_error: float | None = None,
 ):
     """The config to run attention over `seq_len` query tokens with on this GPU.
 
@@ -343,22 +377,24 @@ def load_best_config(
     docstring); None matches any. seq_len_kv (None: seq_len) and kv_heads (None: heads) pick
     the nearest winner by the module docstring's rules; causal must match exactly. Returns the
     family's Config; with `with_source=True`, a BestConfig that also says which family, where
-    the config came from and which tuned problem it was taken from.
+    the config came from and which tuned problem it was taken from. max_error passes over
+    winners whose stored end-to-end error is above it (module docstring).
     """
     if kv_heads is not None and heads is None:
         raise TunerError(f"kv_heads={kv_heads} needs heads: the group size is heads // kv_heads; "
                          "pass heads= as well")
     problem = Problem(batch or 1, heads or 1, seq_len, head_dim, causal, seq_len_kv, kv_heads)
     profile, device_id = _local_gpu_and_device(gpu)
-    best = _RESOLVER.resolve(problem, heads, batch, profile, db, device_id)
+    best = _RESOLVER.resolve(problem, heads, batch, profile, db, device_id, max_error)
     return best if with_source else best.config
 
 
-def config_for_problem(problem: Problem, *, gpu: str = "auto", db: str | None = None) -> BestConfig:
+def config_for_problem(problem: Problem, *, gpu: str = "auto", db: str | None = None,
+                       max_error: float | None = None) -> BestConfig:
     """The BestConfig tuner.attention runs `problem` with: a winner with its heads (any batch),
     else the nearest by work, where the problem's own batch counts, else the default."""
     profile, device_id = _local_gpu_and_device(gpu)
-    return _RESOLVER.resolve(problem, problem.heads, None, profile, db, device_id)
+    return _RESOLVER.resolve(problem, problem.heads, None, profile, db, device_id, max_error)
 
 
 def family_of(config) -> str:
@@ -371,21 +407,21 @@ def family_of(config) -> str:
 
 
 def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool,
-                  causal: bool = False):
+                  causal: bool = False, max_error: float | None = None):
     """The body of the custom op on real tensors: the plan (config pinned or looked up, its
     kernel compiled once), prepare and launch on the current stream."""
     if check_finite:
         from variants.prepare import check_finite_inputs
 
         check_finite_inputs(q, k, v)
-    kernel = _plan(q, k, causal, config_text, gpu, db)
+    kernel = _plan(q, k, causal, config_text, gpu, db, max_error)
     return kernel.run(kernel.prepare(q, k, v, softmax_scale, validate=False))
 
 
 def run_attention_fp8(q, k, v, descales, softmax_scale, config_text: str, gpu: str, db,
-                      causal: bool = False):
+                      causal: bool = False, max_error: float | None = None):
     """attention_fp8's body: the same plan as bf16 inputs of this shape, without quantizing."""
-    kernel = _plan(q, k, causal, config_text, gpu, db)
+    kernel = _plan(q, k, causal, config_text, gpu, db, max_error)
     return kernel.run(kernel.prepare_fp8(q, k, v, descales, softmax_scale))
 
 
@@ -399,9 +435,9 @@ class _Plan:
     stamp: tuple
 
 
-# (q shape, k shape, causal, device, config text, gpu, db argument, $TUNER_DB_URL) -> _Plan. A
-# hot call costs a dict lookup and two stat() calls instead of the lookup's Problem keys, URL
-# parsing and GPU checks.
+# (q shape, k shape, causal, device, config text, gpu, db argument, $TUNER_DB_URL, max_error) ->
+# _Plan. A hot call costs a dict lookup and two stat() calls instead of the lookup's Problem
+# keys, URL parsing and GPU checks.
 _PLANS: dict[tuple, _Plan] = {}
 
 
@@ -413,11 +449,11 @@ def problem_of(q, k, causal: bool = False) -> Problem:
                    kv_heads=k.shape[2])
 
 
-def _plan(q, k, causal: bool, config_text: str, gpu: str, db):
+def _plan(q, k, causal: bool, config_text: str, gpu: str, db, max_error=None):
     # q's dtype: a config may read bf16 q only (wgmma q_quant=kernel); an fp16 or FP8 q runs
     # its twin that quantizes or lays out q in prepare (Config.for_q_dtype).
     key = (q.shape, k.shape, q.dtype, causal, q.device, config_text, gpu, db,
-           os.environ.get("TUNER_DB_URL"))
+           os.environ.get("TUNER_DB_URL"), max_error)
     plan = _PLANS.get(key)
     if plan is not None and (plan.url is None or _Resolver._db_stamp(plan.url) == plan.stamp):
         return plan.kernel
@@ -428,7 +464,7 @@ def _plan(q, k, causal: bool, config_text: str, gpu: str, db):
     else:
         url = db_url(db)
         stamp = _Resolver._db_stamp(url)
-        best = config_for_problem(problem, gpu=gpu, db=db)
+        best = config_for_problem(problem, gpu=gpu, db=db, max_error=max_error)
         family_name, config = best.family, best.config
     config = config.for_q_dtype(str(q.dtype).removeprefix("torch."))
     kernel = _kernel_for(family_name, config, problem, gpu)

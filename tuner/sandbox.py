@@ -2,8 +2,9 @@
 
 A candidate's kernel can fault (illegal address poisons the CUDA context for good), hang, or take
 the whole process down; none of that may reach the search. So each candidate is compiled,
-validated and timed in a `Sandbox`: a multiprocessing *spawn* child (fork after CUDA init would
-copy a context the child cannot use) that serves tasks over a pipe, one at a time. The parent
+validated, held to the accuracy budget (tuner/budget.py) and timed in a `Sandbox`: a
+multiprocessing *spawn* child (fork after CUDA init would copy a context the child cannot use)
+that serves tasks over a pipe, one at a time. The parent
 enforces a deadline per task and kills the child on timeout; a child that dies is seen as EOF
 and reported as a crash; either way the next task starts a fresh child.
 
@@ -53,6 +54,7 @@ class Task:
     repeats: int = 20
     warmup: int = 3
     timeout_s: float = 600.0
+    accuracy: dict | None = None  # budget.Budget.to_task(): the check after the gate (None: none)
 
 
 @dataclass
@@ -114,14 +116,26 @@ def _evaluate(task: Task) -> CandidateResult:
     if not metrics.passed:
         return CandidateResult(Outcome.WRONG_RESULT, metrics.reason, compile_s, _resources(kernel),
                                accuracy=metrics.to_dict())
+    # Wall time of each stage (inputs, reference, launches): where a search's time goes.
+    stages, accuracy = {"validate_s": round(validate_s, 4)}, metrics.to_dict()
+    if task.accuracy is not None:
+        from tuner.budget import check
+
+        budget = check(kernel, problem, device, task.accuracy)
+        stages["accuracy_s"] = budget.pop("accuracy_s")
+        accuracy.update(budget)
+        if not budget["e2e_error"] <= budget["max_error"]:
+            return CandidateResult(
+                Outcome.TOO_INACCURATE, f"end-to-end error {budget['e2e_error']:.4g} on "
+                f"{budget['e2e_data']} is over the budget {budget['max_error']:g}", compile_s,
+                _resources(kernel), timing=stages, accuracy=accuracy)
     t0 = time.perf_counter()
     timing = time_kernel(kernel, problem, device, task.seed + 2, task.l2_bytes,
                          repeats=task.repeats, warmup=task.warmup,
                          cpu_clock=_cpu_clock(family, kernel, device))
-    # Wall time of each stage (inputs, reference, launches): where a search's time goes.
-    stages = {"validate_s": round(validate_s, 4), "time_s": round(time.perf_counter() - t0, 4)}
+    stages["time_s"] = round(time.perf_counter() - t0, 4)
     return CandidateResult(Outcome.OK, None, compile_s, _resources(kernel),
-                           {**timing.to_dict(), **stages}, metrics.to_dict())
+                           {**timing.to_dict(), **stages}, accuracy)
 
 
 def _run_task(task: Task) -> CandidateResult:

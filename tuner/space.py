@@ -55,16 +55,19 @@ def enumerate_rows(gpu: GpuProfile, family_name: str, problem: Problem) -> list[
 COMPILE_TIMEOUT_S = 600.0
 
 
-def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: int,
-                 progress=None) -> None:
+def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem | list[Problem],
+                 jobs: int, progress=None, *, sass: bool = True) -> None:
     """Compile the feasible rows in `jobs` isolated compile sandboxes (the search's own
     tuner.sandbox.Sandbox: spawned, killed on a hang, restarted after a crash), filling the rows
-    in place. A build that fails, crashes or hangs becomes that row's error."""
+    in place; `problem` is every row's, or a list with each row's. A build that fails, crashes or
+    hangs becomes that row's error. With sass, each build's MMA class is read from its SASS."""
     from tuner.outcomes import Outcome
     from tuner.sandbox import Sandbox, Task, poll
     from variants.cubin import disassemble, mma_class, mma_opcodes, nvdisasm_path
 
-    can_disassemble = nvdisasm_path() is not None
+    can_disassemble = sass and nvdisasm_path() is not None
+    problems = problem if isinstance(problem, list) else [problem] * len(rows)
+    problem_of = {id(r): p for r, p in zip(rows, problems, strict=True)}
     todo = [r for r in rows if r.feasible]
     sandboxes = [Sandbox(f"space-{i}", preload=("variants",)) for i in range(max(1, jobs))]
     try:
@@ -73,7 +76,7 @@ def compile_rows(rows: list[SpaceRow], gpu: GpuProfile, problem: Problem, jobs: 
                 if not sandbox.busy and todo:
                     row = todo.pop(0)
                     sandbox.submit(Task(kind="compile", family=row.family, config=row.config,
-                                        problem=problem.to_dict(), arch=gpu.arch,
+                                        problem=problem_of[id(row)].to_dict(), arch=gpu.arch,
                                         timeout_s=COMPILE_TIMEOUT_S), row)
             for _, (row, result) in poll(sandboxes, 1.0):
                 if result.outcome == Outcome.OK:

@@ -12,8 +12,12 @@ length and head count (`seq_len_kv`, `kv_heads`, written always); a version-1 or
 neither and reads as self-attention over all heads (its `causal` was always false), so tables of
 every readable version give the same winners. Version 4 gave each entry the `code_version` that
 measured it (the runtime compares the times of one problem's entries only where the same code
-measured them); older entries have none. A table of a version this tuner does not know, a
-newer one included, is refused before anything is written. A file over MAX_TABLE_BYTES is refused
+measured them); older entries have none. Version 5 gave each entry the prepare times behind its
+speedup (`prepare_ms`, `default_prepare_ms`: the speedup compares kernel + prepare) and the
+accuracy budget's result (`e2e_error` on `e2e_data`, "realistic" or "calibration:<sha256>",
+under `max_error`), which the runtime's max_error reads; older entries have none (their error is
+unknown). A table of a version this tuner does not know, a newer one included, is refused before
+anything is written. A file over MAX_TABLE_BYTES is refused
 before it is parsed. Export is deterministic (sorted, dates from the data, not from the clock),
 so export -> import -> export gives the same bytes.
 """
@@ -25,6 +29,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +37,7 @@ from typing import Any
 import yaml
 
 from tuner.dburl import display_url
-from tuner.errors import TunerError
+from tuner.errors import TunerError, argument
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem, StoredTime, check_dimension, preferred_per_problem
 
@@ -41,8 +46,10 @@ log = logging.getLogger("tuner.tables")
 # 2 added entry_count and entries_sha256; version 1 tables are read without them.
 # 3 added the problem's seq_len_kv and kv_heads; older tables are read without them.
 # 4 added each entry's code_version; older entries have none.
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+# 5 added prepare_ms, default_prepare_ms, e2e_error, e2e_data and max_error; older entries have
+#   none.
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 # The fields of an entry's problem, by the first version that has them.
 PROBLEM_FIELDS = {"batch": 1, "heads": 1, "seq_len": 1, "head_dim": 1, "causal": 1,
                   "seq_len_kv": 3, "kv_heads": 3}
@@ -66,14 +73,23 @@ ENTRY_FIELDS = {
     "trials",
     "decided_at",
     "code_version",
+    "prepare_ms",
+    "default_prepare_ms",
+    "e2e_error",
+    "e2e_data",
+    "max_error",
 }
 # Entry fields by the first version that has them (the others: every version).
-ENTRY_FIELDS_SINCE = {"code_version": 4}
+ENTRY_FIELDS_SINCE = {"code_version": 4, "prepare_ms": 5, "default_prepare_ms": 5,
+                      "e2e_error": 5, "e2e_data": 5, "max_error": 5}
+# What e2e_data may name: the realistic activations, or a calibration file by its sha256.
+E2E_DATA = re.compile(r"realistic|calibration:[0-9a-f]{64}")
 # records.code_version is 12 hex digits; the column holds 64.
 MAX_CODE_VERSION_CHARS = 64
 REQUIRED_ENTRY_FIELDS = {"problem", "family", "config", "median_ms"}
 # Optional numbers of an entry: null or a finite number (`trials`: a count).
-OPTIONAL_NUMBERS = ("iqr_ms", "tflops", "speedup_over_default", "default_median_ms", "rel_rms")
+OPTIONAL_NUMBERS = ("iqr_ms", "tflops", "speedup_over_default", "default_median_ms", "rel_rms",
+                    "prepare_ms", "default_prepare_ms", "e2e_error", "max_error")
 # The only YAML types a table holds: plain mappings, lists and scalars. Anything tagged otherwise
 # (!!python/object, !!set, a custom tag) is refused, never constructed.
 _COLLECTION_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
@@ -260,6 +276,14 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
         for field in OPTIONAL_NUMBERS:
             if entry.get(field) is not None and not _number(entry[field]):
                 fail((*at, field), f"must be a number or null, got {entry[field]!r}")
+        for field in ("prepare_ms", "default_prepare_ms", "e2e_error", "max_error"):
+            if entry.get(field) is not None and entry[field] < 0:
+                fail((*at, field), f"must be >= 0, got {entry[field]!r}")
+        data_name = entry.get("e2e_data")
+        if data_name is not None and not (isinstance(data_name, str)
+                                          and E2E_DATA.fullmatch(data_name)):
+            fail((*at, "e2e_data"), "must be 'realistic', 'calibration:' and a file's sha256 (64 "
+                 f"hex digits), or null; got {data_name!r}")
         code = entry.get("code_version")
         if code is not None and not (isinstance(code, str) and 0 < len(code)
                                      <= MAX_CODE_VERSION_CHARS):
@@ -340,14 +364,17 @@ def read_table(path: Path, gpu=None) -> tuple[dict, list[TableEntry]]:
     return data, validate_table(data, lines, str(path), gpu)
 
 
-def load_table_entries(path: Path) -> list[tuple[Problem, str, dict]]:
-    """(problem, family, config dict) of a shipped table, for the runtime lookup: one per
-    problem, where winners of several family sets were stored for it (a search over wgmma alone
-    beside one over both families) the one store.best_for picks in a database
-    (problem.preferred_per_problem)."""
+def load_table_entries(path: Path, keep=None) -> list[tuple[Problem, str, dict, float | None]]:
+    """(problem, family, config dict, e2e_error) of a shipped table, for the runtime lookup: one
+    per problem, where winners of several family sets were stored for it (a search over wgmma
+    alone beside one over both families) the one store.best_for picks in a database
+    (problem.preferred_per_problem), among the entries `keep(entry)` keeps (the runtime's
+    max_error)."""
     _, entries = read_table(path)
-    preferred = preferred_per_problem(entries, lambda e: e.problem.key(), entry_time)
-    return [(e.problem, e.family, e.config.to_dict()) for e in preferred]
+    kept = [e for e in entries if keep is None or keep(e)]
+    preferred = preferred_per_problem(kept, lambda e: e.problem.key(), entry_time)
+    return [(e.problem, e.family, e.config.to_dict(), e.fields.get("e2e_error"))
+            for e in preferred]
 
 
 def entry_time(entry: TableEntry) -> StoredTime:
@@ -399,14 +426,20 @@ def build_table(store, device_id: str, gpu_name: str, keep=None) -> dict:
                 "family": w.family,
                 "config": dict(w.config),
                 "median_ms": _round(t.median_ms),
+                "prepare_ms": _round(t.prepare_ms),
                 "iqr_ms": _round(t.iqr_ms),
                 "tflops": _round(t.tflops),
                 "speedup_over_default": _round(w.speedup_over_default),
                 "default_median_ms": _round(w.default_trial.median_ms) if w.default_trial else None,
+                "default_prepare_ms": (_round(w.default_trial.prepare_ms) if w.default_trial
+                                       else None),
                 "rel_rms": _round(t.rel_rms),
                 "trials": trials,
                 "decided_at": _iso(w.decided_at),
                 "code_version": t.code_version,
+                "e2e_error": _round(t.e2e_error),
+                "e2e_data": t.e2e_data,
+                "max_error": _round(t.max_error),
             }
         )
     entries.sort(
@@ -448,10 +481,18 @@ def dump_table(doc: dict) -> str:
 # ---- import ------------------------------------------------------------------------------------
 
 
-def import_table(
-    store, path: Path, *, force: bool = False, local_fingerprint: dict | None = None
-) -> int:
-    """Validate `path` completely, then write its winners in one transaction. Returns the count.
+@dataclass(frozen=True)
+class CheckedTable:
+    """A table that may be imported: its device (fingerprint id and fingerprint) and entries."""
+
+    device_id: str
+    device: dict
+    entries: list[TableEntry]
+
+
+def check_import(path: Path, *, force: bool = False,
+                 local_fingerprint: dict | None = None) -> CheckedTable:
+    """Validate `path` completely for an import, touching no database.
 
     The table's device must be the local one (same fingerprint id) unless `force`: a table tuned
     on another GPU model would route this GPU to configs nobody measured on it.
@@ -481,13 +522,24 @@ def import_table(
         if local_fingerprint is None:
             raise TableError(
                 f"{path}: cannot check the table's device ({table_device.get('name')}) against "
-                "this machine: no local GPU. Re-run with --force to import it anyway"
+                f"this machine: no local GPU. Re-run with {argument('force', True)} to import it "
+                "anyway"
             )
         if fingerprint_id(local_fingerprint) != table_id:
             raise TableError(
                 f"{_where(str(path), lines, ('device',))}: tuned on {table_device.get('name')} "
                 f"({table_id}), this machine has {local_fingerprint.get('name')} "
-                f"({fingerprint_id(local_fingerprint)}); use --force to import it anyway"
+                f"({fingerprint_id(local_fingerprint)}); use {argument('force', True)} to "
+                "import it anyway"
             )
-    store.import_winners(table_id, table_device, entries)
-    return len(entries)
+    return CheckedTable(table_id, table_device, entries)
+
+
+def import_table(
+    store, path: Path, *, force: bool = False, local_fingerprint: dict | None = None
+) -> int:
+    """Validate `path` completely (check_import), then write its winners in one transaction.
+    Returns the count of entries."""
+    checked = check_import(path, force=force, local_fingerprint=local_fingerprint)
+    store.import_winners(checked.device_id, checked.device, checked.entries)
+    return len(checked.entries)

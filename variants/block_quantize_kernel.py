@@ -7,30 +7,24 @@ launch, each byte of each input read once.
                                                    padded_kv), keys in register_p_key_order if
                                                    asked, or token-major like k
 
-code = e4m3(x * fl(fl(1 / amax) * 448)), descale = amax * fl32(1 / 448), amax = max(amax, 1e-12)
-with a NaN kept (a NaN input gives NaN scales and NaN codes, never a silently finite output):
-the arithmetic of block_scales.quantize, so the codes are bit for bit the torch formula's.
+code = e4m3(x * fl(fl(1 / amax) * 448)), descale = amax * fl32(1 / 448), amax = max(amax, 1e-12),
+a NaN kept: block_scales.quantize's arithmetic, so the codes are bit for bit the torch formula's.
+Optional exact transforms first (variants/transforms.py, bit for bit): smooth_k, k's real rows
+less m (fp32 (batch, kv_heads, head_dim)) and q . m of each real q row to `shift` (batch, heads,
+seq_len); rotate_qk, q's and k's rows rotated (variants/hadamard_dsl.py). V is never transformed.
 
-A CTA owns 64 rows (tokens, or stored key slots) of one (batch, head) of one input: the 1-D grid
-holds q's CTAs, then k's, then v's, heads fastest within each (the CTAs resident together read
-one contiguous span of tokens). Its threads are 8 groups of head_dim / 8 lanes; a thread loads 8
-consecutive rows of 8 features (16-byte loads, all 8 in flight before the first use), keeps them
-in registers, reduces the amax (q: across the row's lanes; k, v: the whole CTA, through shared
-memory), and casts from the registers. So no input is read twice and no amax scratch is zeroed.
-V's feature-major codes go through a shared tile (the 8 x 8 codes of a thread transposed in
-registers, then whole 64-byte feature rows per 8 lanes), as variants/quantize_kernel.py's cast.
+A CTA owns 64 rows (tokens, or stored key slots) of one (batch, head) of one input: the grid holds
+q's CTAs, then k's, then v's, heads fastest. A thread loads its rows' features (16-byte loads, all
+8 in flight before the first use: v and unrotated rows 8 rows of 8 features; rotated ones 8 / c
+rows of c chunks, the row on 4 lanes), keeps them in registers, reduces the amax (q: across the
+row's lanes; k, v: the CTA, through shared memory) and casts from the registers. V's feature-major
+codes go through a shared tile (a thread's 8 x 8 codes transposed in registers).
 
 The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views): q's descale
 (batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of
-V's, 1 / V's and V's descale. Padding rows and blocks get the neutral 1 (log2: 0), as
-BlockScales.packed writes them.
-
-BlockQuant(quantize_q=False) is the same launch without q's CTAs, for a kernel that quantizes
-Q itself (wgmma q_quant=kernel): q's part of the buffer is left unwritten (that kernel reads
-none of it).
-
-ExpandScales writes that buffer from the FP8 entry point's descales (per head, per token of q,
-per 64-key block of k and v), one thread per value.
+V's, 1 / V's and V's; padding rows and blocks get the neutral 1 (log2: 0). BlockQuant(quantize_q=
+False) ("quant_kv") has no q CTAs, for a kernel that quantizes Q itself: q's part is unwritten.
+ExpandScales writes the buffer from the FP8 entry point's descales, one thread per value.
 """
 
 from __future__ import annotations
@@ -40,6 +34,7 @@ import cutlass
 import cutlass.cute as cute
 import torch
 
+from variants import hadamard_dsl
 from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
 from variants.key_order import key_at_slot
 from variants.launch import STREAM, FastLaunch, LauncherCache, device_arch, pointer, scalar
@@ -48,6 +43,10 @@ VEC = 8  # features per thread and row: 16 bytes of bf16 in, 8 bytes of e4m3 out
 ROWS = 8  # consecutive rows a thread owns: 8 loads in flight, and V's 8 x 8 transpose
 GROUPS = KV_BLOCK // ROWS  # thread groups of a CTA: 64 rows, one K/V scale block
 TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fewer conflicts)
+# A rotated q or k row on 4 lanes: 2 butterfly stages cross lanes, not log2(head_dim / 8), and
+# each load and store instruction still covers whole 32-byte sectors of a row.
+ROTATED_LANES = 4
+MEAN_ALIGN = 16  # bytes: m is read 16 bytes at a time
 EXPAND_THREADS = 256
 
 LAUNCHERS = LauncherCache("block quantize kernel")
@@ -68,10 +67,14 @@ def packed_size(batch: int, heads: int, padded: int, kv_heads: int, padded_kv: i
 
 
 class BlockQuant:
-    """The one launch for one input dtype, head_dim and V layout; shapes are runtime."""
+    """The one launch for one input dtype, head_dim, V layout and transform set; shapes are
+    runtime. Arguments: q, k, v, their codes, the packed scales, m (16-byte aligned) and shift
+    (both read and written only with smooth_k: pass 0 otherwise), batch, heads, kv_heads,
+    seq_len, padded, seq_len_kv, padded_kv, stream."""
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
-                 permute_keys: bool = False, quantize_q: bool = True) -> None:
+                 permute_keys: bool = False, quantize_q: bool = True, smooth_k: bool = False,
+                 rotate_qk: bool = False) -> None:
         self.in_dtype = in_dtype
         self.quantize_q = quantize_q
         self.head_dim = head_dim
@@ -79,11 +82,22 @@ class BlockQuant:
         self.threads = GROUPS * self.lanes  # 128 at head_dim 128, 64 at 64
         self.v_feature_major = v_feature_major
         self.permute_keys = permute_keys
+        self.smooth_k = smooth_k
+        self.rotate_qk = rotate_qk
+        # q's and k's rows: `chunks` pieces of 8 features a thread (head_dim / 8 / chunks lanes).
+        self.chunks = max(1, self.lanes // ROTATED_LANES) if rotate_qk else 1
+
+    def mapping(self, is_v: bool) -> tuple[int, int, int]:
+        """A thread's (rows, chunks of 8 features of each, lanes a row): V's 8 rows of one chunk
+        (its 8 x 8 transpose), q's and k's 8 / chunks rows; a CTA's threads are the same."""
+        chunks = 1 if is_v else self.chunks
+        return ROWS // chunks, chunks, self.lanes // chunks
 
     def slots(self):
         x = pointer(self.in_dtype.__name__, VEC * self.in_dtype.width // 8)
         out = pointer("Float8E4M3FN", VEC)
-        return (x, x, x, out, out, out, pointer("Float32", 4), *(scalar("Int32"),) * 7, STREAM)
+        return (x, x, x, out, out, out, pointer("Float32", 4), pointer("Float32", MEAN_ALIGN),
+                pointer("Float32", 4), *(scalar("Int32"),) * 7, STREAM)
 
     def compile_args(self):
         """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
@@ -92,15 +106,18 @@ class BlockQuant:
         gmem = cute.AddressSpace.gmem
         x = make_ptr(self.in_dtype, 0, gmem, assumed_align=VEC * self.in_dtype.width // 8)
         out = make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=VEC)
-        return (x, x, x, out, out, out, make_ptr(cutlass.Float32, 0, gmem, assumed_align=4),
-                *(cutlass.Int32(1),) * 7, make_fake_stream())
+        f32 = make_ptr(cutlass.Float32, 0, gmem, assumed_align=4)
+        mean = make_ptr(cutlass.Float32, 0, gmem, assumed_align=MEAN_ALIGN)
+        return (x, x, x, out, out, out, f32, mean, f32, *(cutlass.Int32(1),) * 7,
+                make_fake_stream())
 
     @cute.jit
     def __call__(self, q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
                  q8_ptr: cute.Pointer, k8_ptr: cute.Pointer, v8_ptr: cute.Pointer,
-                 scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
-                 kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
-                 seq_len_kv: cutlass.Int32, padded_kv: cutlass.Int32, stream: cuda.CUstream):
+                 scales_ptr: cute.Pointer, mean_ptr: cute.Pointer, shift_ptr: cute.Pointer,
+                 batch: cutlass.Int32, heads: cutlass.Int32, kv_heads: cutlass.Int32,
+                 seq_len: cutlass.Int32, padded: cutlass.Int32, seq_len_kv: cutlass.Int32,
+                 padded_kv: cutlass.Int32, stream: cuda.CUstream):
         tile_bytes = self.head_dim * TILE_PITCH if cutlass.const_expr(self.v_feature_major) \
             else 16
 
@@ -113,108 +130,179 @@ class BlockQuant:
         if cutlass.const_expr(not self.quantize_q):
             q_ctas = 0
         kv_ctas = batch * kv_heads * ((padded_kv + KV_BLOCK - 1) // KV_BLOCK)
-        self.kernel(q_ptr, k_ptr, v_ptr, q8_ptr, k8_ptr, v8_ptr, scales_ptr, batch, heads,
-                    kv_heads, seq_len, padded, seq_len_kv, padded_kv, q_ctas, kv_ctas,
-                    SharedStorage).launch(
+        self.kernel(q_ptr, k_ptr, v_ptr, q8_ptr, k8_ptr, v8_ptr, scales_ptr, mean_ptr, shift_ptr,
+                    batch, heads, kv_heads, seq_len, padded, seq_len_kv, padded_kv, q_ctas,
+                    kv_ctas, SharedStorage).launch(
             grid=[q_ctas + 2 * kv_ctas, 1, 1], block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(self, q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
                q8_ptr: cute.Pointer, k8_ptr: cute.Pointer, v8_ptr: cute.Pointer,
-               scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
-               kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
-               seq_len_kv: cutlass.Int32, padded_kv: cutlass.Int32, q_ctas: cutlass.Int32,
-               kv_ctas: cutlass.Int32, SharedStorage: cutlass.Constexpr):
+               scales_ptr: cute.Pointer, mean_ptr: cute.Pointer, shift_ptr: cute.Pointer,
+               batch: cutlass.Int32, heads: cutlass.Int32, kv_heads: cutlass.Int32,
+               seq_len: cutlass.Int32, padded: cutlass.Int32, seq_len_kv: cutlass.Int32,
+               padded_kv: cutlass.Int32, q_ctas: cutlass.Int32, kv_ctas: cutlass.Int32,
+               SharedStorage: cutlass.Constexpr):
         cta, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
         kv_size = batch * kv_heads * blocks
         k_scales = scales_ptr + batch * heads * padded
-        if cta < q_ctas:
-            self._q_cta(q_ptr, q8_ptr, scales_ptr, cta, batch * heads, seq_len, padded, heads)
-        elif cta < q_ctas + kv_ctas:
-            self._kv_cta(k_ptr, k8_ptr, k_scales, storage, cta - q_ctas, batch * kv_heads,
-                         seq_len_kv, padded_kv, kv_heads, blocks, kv_size, False)
+        kv_args = (k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
+                   batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size)
+        if cutlass.const_expr(self.quantize_q):  # quant_kv: no q code at all
+            if cta < q_ctas:
+                self._q_cta(q_ptr, q8_ptr, scales_ptr, mean_ptr, shift_ptr, cta, batch * heads,
+                            seq_len, padded, heads, kv_heads)
+            else:
+                self._k_or_v(cta - q_ctas, *kv_args)
         else:
-            self._kv_cta(v_ptr, v8_ptr, k_scales, storage, cta - q_ctas - kv_ctas,
-                         batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size,
-                         True)
+            self._k_or_v(cta, *kv_args)
 
     @cute.jit
-    def _load(self, x_ptr, b, h, first, length, heads, permute: cutlass.Constexpr):
-        """The thread's 8 rows (stored slots first .. first + 7, each the key at that slot when
-        permuted) of its 8 features as fp32 (ROWS, VEC); rows at or past `length` are zero."""
+    def _k_or_v(self, cta, k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
+                bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size):
+        if cta < kv_ctas:
+            self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count, seq_len_kv,
+                         padded_kv, kv_heads, blocks, kv_size, False)
+        else:
+            self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - kv_ctas, bh_count,
+                         seq_len_kv, padded_kv, kv_heads, blocks, kv_size, True)
+
+    @cute.jit
+    def _load(self, x_ptr, b, h, first, length, heads, permute: cutlass.Constexpr,
+              is_v: cutlass.Constexpr):
+        """The thread's rows (stored slots first .., each the key at that slot when permuted) of
+        its features as fp32 (rows, chunks, 8); rows at or past `length` are zero."""
+        rows, chunks, lanes = self.mapping(is_v)
         tidx, _, _ = cute.arch.thread_idx()
-        col = (tidx % self.lanes) * VEC
-        values = cute.make_rmem_tensor(cute.make_layout((ROWS, VEC), stride=(VEC, 1)),
-                                       cutlass.Float32)
+        col = (tidx % lanes) * VEC
+        values = cute.make_rmem_tensor(
+            cute.make_layout((rows, chunks, VEC), stride=(chunks * VEC, VEC, 1)),
+            cutlass.Float32)
         values.fill(0.0)
-        for i in cutlass.range_constexpr(ROWS):
+        for i in cutlass.range_constexpr(rows):
             row = first + i
             if cutlass.const_expr(permute):
                 row = key_at_slot(first + i)
             if row < length:
-                src = cute.make_tensor(x_ptr + ((b * length + row) * heads + h) * self.head_dim
-                                       + col, cute.make_layout(VEC))
-                values[i, None].store(src.load().to(cutlass.Float32))
+                at = x_ptr + ((b * length + row) * heads + h) * self.head_dim + col
+                for c in cutlass.range_constexpr(chunks):
+                    src = cute.make_tensor(at + c * (self.head_dim // chunks),
+                                           cute.make_layout(VEC))
+                    values[i, c, None].store(src.load().to(cutlass.Float32))
         return values
 
     @cute.jit
-    def _store_token_major(self, out_ptr, values, scale, b, h, first, padded, heads, i):
-        """Row first + i of the codes (batch, padded, heads, head_dim): 8 bytes a thread."""
+    def _load_mean(self, mean_ptr, bh):
+        """The thread's features of m (batch * kv_heads, head_dim) fp32 at bh: (chunks, 8)."""
+        _, chunks, lanes = self.mapping(False)
         tidx, _, _ = cute.arch.thread_idx()
-        col = (tidx % self.lanes) * VEC
-        if first + i < padded:
-            # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
-            dst = cute.make_tensor(out_ptr + ((b * padded + first + i) * heads + h)
-                                   * self.head_dim + col, cute.make_layout(VEC))
-            dst.store((values[i, None].load() * scale).to(cutlass.Float8E4M3FN))
+        mean = cute.make_rmem_tensor(cute.make_layout((chunks, VEC), stride=(VEC, 1)),
+                                     cutlass.Float32)
+        at = mean_ptr + bh * self.head_dim + (tidx % lanes) * VEC
+        for c in cutlass.range_constexpr(chunks):
+            src = cute.make_tensor(at + c * (self.head_dim // chunks), cute.make_layout(VEC))
+            mean[c, None].store(src.load())
+        return mean
 
     @cute.jit
-    def _q_cta(self, x_ptr, out_ptr, scales_ptr, cta, bh_count, seq_len, padded, heads):
-        """64 rows of one (batch, head) of q: a scale per row, from the row's lanes."""
+    def _rotate(self, values, first, length):
+        """q's or k's rows rotated (hadamard_dsl.rotate); padding rows back to +0 (the rotation
+        of a zero row holds -0s, whose codes would not be the formula's zero bytes)."""
+        rows, _, lanes = self.mapping(False)
+        tidx, _, _ = cute.arch.thread_idx()
+        hadamard_dsl.rotate(values, tidx % lanes, lanes)
+        for i in cutlass.range_constexpr(rows):
+            if first + i >= length:
+                values[i, None, None].fill(0.0)
+
+    @cute.jit
+    def _store_token_major(self, out_ptr, values, scale, b, h, first, padded, heads, i,
+                           is_v: cutlass.Constexpr):
+        """Row first + i of the codes (batch, padded, heads, head_dim): 8 bytes a chunk."""
+        _, chunks, lanes = self.mapping(is_v)
+        tidx, _, _ = cute.arch.thread_idx()
+        col = (tidx % lanes) * VEC
+        if first + i < padded:
+            at = out_ptr + ((b * padded + first + i) * heads + h) * self.head_dim + col
+            for c in cutlass.range_constexpr(chunks):
+                # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
+                dst = cute.make_tensor(at + c * (self.head_dim // chunks), cute.make_layout(VEC))
+                dst.store((values[i, c, None].load() * scale).to(cutlass.Float8E4M3FN))
+
+    @cute.jit
+    def _q_cta(self, x_ptr, out_ptr, scales_ptr, mean_ptr, shift_ptr, cta, bh_count, seq_len,
+               padded, heads, kv_heads):
+        """64 rows of one (batch, head) of q: a scale per row, from the row's lanes; with
+        smooth_k each row's q . m first (from the caller's q), with rotate_qk rotated rows."""
+        rows, chunks, lanes = self.mapping(False)
         tidx, _, _ = cute.arch.thread_idx()
         bh = cta % bh_count
         b, h = bh // heads, bh % heads
-        first = (cta // bh_count) * KV_BLOCK + (tidx // self.lanes) * ROWS
-        values = self._load(x_ptr, b, h, first, seq_len, heads, False)
-        for i in cutlass.range_constexpr(ROWS):
+        first = (cta // bh_count) * KV_BLOCK + (tidx // lanes) * rows
+        values = self._load(x_ptr, b, h, first, seq_len, heads, False, False)
+        if cutlass.const_expr(self.smooth_k):
+            mean = self._load_mean(mean_ptr, b * kv_heads + h // (heads // kv_heads))
+            for i in cutlass.range_constexpr(rows):
+                dot = cutlass.Float32(0.0)
+                for c in cutlass.range_constexpr(chunks):
+                    for j in cutlass.range_constexpr(VEC):
+                        dot = cute.math.fma(values[i, c, j], mean[c, j], dot)
+                dot = cute.arch.warp_reduction(dot, hadamard_dsl.add_exact,
+                                               threads_in_group=lanes)
+                if tidx % lanes == 0 and first + i < seq_len:
+                    _put(shift_ptr + (bh * seq_len + first + i), dot)
+        if cutlass.const_expr(self.rotate_qk):
+            self._rotate(values, first, seq_len)
+        for i in cutlass.range_constexpr(rows):
             m = cutlass.Float32(0.0)
-            for j in cutlass.range_constexpr(VEC):
-                m = cute.arch.fmax(m, abs(values[i, j]), nan=True)
+            for c in cutlass.range_constexpr(chunks):
+                for j in cutlass.range_constexpr(VEC):
+                    m = cute.arch.fmax(m, abs(values[i, c, j]), nan=True)
             # The row's lanes are consecutive lanes of one warp, aligned to their count.
-            for step in cutlass.range_constexpr(self.lanes.bit_length() - 1):
-                other = cute.arch.shuffle_sync_bfly(m, offset=self.lanes >> (step + 1))
-                m = cute.arch.fmax(m, other, nan=True)
+            m = cute.arch.warp_reduction(m, lambda x, y: cute.arch.fmax(x, y, nan=True),
+                                         threads_in_group=lanes)
             amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
             # fl(fl(1 / amax) * 448): torch's amax.reciprocal() * 448.
             self._store_token_major(out_ptr, values, (1.0 / amax) * E4M3_MAX, b, h, first,
-                                    padded, heads, i)
+                                    padded, heads, i, False)
             row = first + i
-            if tidx % self.lanes == 0 and row < padded:
+            if tidx % lanes == 0 and row < padded:
                 descale = cutlass.Float32(1.0)  # padding rows: neutral
                 if row < seq_len:
                     descale = amax * DESCALE_PER_AMAX
                 _put(scales_ptr + (bh * padded + row), descale)
 
     @cute.jit
-    def _kv_cta(self, x_ptr, out_ptr, scales_ptr, storage, cta, bh_count, seq_len_kv, padded_kv,
-                kv_heads, blocks, kv_size, is_v: cutlass.Constexpr):
-        """One 64-key block of one (batch, KV head) of k or v: one scale for the block."""
+    def _kv_cta(self, x_ptr, out_ptr, scales_ptr, mean_ptr, storage, cta, bh_count, seq_len_kv,
+                padded_kv, kv_heads, blocks, kv_size, is_v: cutlass.Constexpr):
+        """One 64-key block of one (batch, KV head) of k or v: one scale for the block; k's rows
+        less m with smooth_k, then rotated with rotate_qk."""
+        rows, chunks, lanes = self.mapping(is_v)
         tidx, _, _ = cute.arch.thread_idx()
         bh = cta % bh_count
         block = cta // bh_count
         b, h = bh // kv_heads, bh % kv_heads
-        group = tidx // self.lanes
-        first = block * KV_BLOCK + group * ROWS
+        first = block * KV_BLOCK + (tidx // lanes) * rows
         permute = is_v and self.permute_keys
-        values = self._load(x_ptr, b, h, first, seq_len_kv, kv_heads, permute)
+        values = self._load(x_ptr, b, h, first, seq_len_kv, kv_heads, permute, is_v)
+        if cutlass.const_expr(not is_v and self.smooth_k):
+            mean = self._load_mean(mean_ptr, bh)
+            for i in cutlass.range_constexpr(rows):
+                if first + i < seq_len_kv:  # padding rows stay zero
+                    for c in cutlass.range_constexpr(chunks):
+                        for j in cutlass.range_constexpr(VEC):
+                            values[i, c, j] = hadamard_dsl.sub_exact(values[i, c, j], mean[c, j])
+        if cutlass.const_expr(not is_v and self.rotate_qk):
+            self._rotate(values, first, seq_len_kv)
         m = cutlass.Float32(0.0)
-        for i in cutlass.range_constexpr(ROWS):
-            for j in cutlass.range_constexpr(VEC):
-                m = cute.arch.fmax(m, abs(values[i, j]), nan=True)
+        for i in cutlass.range_constexpr(rows):
+            for c in cutlass.range_constexpr(chunks):
+                for j in cutlass.range_constexpr(VEC):
+                    m = cute.arch.fmax(m, abs(values[i, c, j]), nan=True)
         m = cute.arch.warp_reduction(m, lambda x, y: cute.arch.fmax(x, y, nan=True))
         warp_max = storage.warp_max.get_tensor(cute.make_layout(GROUPS))
         warps = self.threads // 32
@@ -228,9 +316,9 @@ class BlockQuant:
         if cutlass.const_expr(is_v and self.v_feature_major):
             self._store_feature_major(out_ptr, storage, values, scale, bh, first, padded_kv)
         else:
-            for i in cutlass.range_constexpr(ROWS):
+            for i in cutlass.range_constexpr(rows):
                 self._store_token_major(out_ptr, values, scale, b, h, first, padded_kv,
-                                        kv_heads, i)
+                                        kv_heads, i, is_v)
         if tidx == 0:
             descale = cutlass.Float32(1.0)  # a block of padding only: neutral
             if block * KV_BLOCK < seq_len_kv:
@@ -257,7 +345,7 @@ class BlockQuant:
         codes = cute.make_rmem_tensor(cute.make_layout((ROWS, VEC), stride=(VEC, 1)),
                                       cutlass.Float8E4M3FN)
         for i in cutlass.range_constexpr(ROWS):
-            codes[i, None].store((values[i, None].load() * scale).to(cutlass.Float8E4M3FN))
+            codes[i, None].store((values[i, 0, None].load() * scale).to(cutlass.Float8E4M3FN))
         for j in cutlass.range_constexpr(VEC):
             feature = cute.make_rmem_tensor((ROWS,), cutlass.Float8E4M3FN)
             for i in cutlass.range_constexpr(ROWS):
@@ -375,34 +463,50 @@ def _put(ptr, value):
 KERNELS = ("quant", "quant_kv", "expand")
 
 
-def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool):
-    if name == "expand":
-        return ExpandScales()
+def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
+          smooth_k: bool = False, rotate_qk: bool = False):
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
+    if name == "expand":
+        if smooth_k or rotate_qk:
+            raise ValueError("the scale expansion takes codes already quantized: it has no "
+                             "smooth_k or rotate_qk; quantize with 'quant' for those")
+        return ExpandScales()
+    if rotate_qk and name == "quant_kv":
+        raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
+                         "attention kernel: quantize q here ('quant') or leave rotate_qk off")
+    if rotate_qk:
+        hadamard_dsl.sign_words(head_dim)  # a power of two up to 128, or a ValueError saying so
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
-                      quantize_q=name == "quant")
+                      quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    v_feature_major: bool = True, permute_keys: bool = False, *,
+                   smooth_k: bool = False, rotate_qk: bool = False,
                    keep_ptx_in: str | None = None):
     """(compiled function, its launch slots) of "quant" (BlockQuant), "quant_kv" (BlockQuant
-    without q's CTAs) or "expand"
-    (ExpandScales; dtype and head_dim unused) for `arch`, without a GPU; keep_ptx_in: a
-    directory to leave the PTX in (the CPU tests read it)."""
+    without q's CTAs) or "expand" (ExpandScales; dtype and head_dim unused) for `arch`, without
+    a GPU; keep_ptx_in: a directory to leave the PTX and the cubin in (the CPU tests read
+    them)."""
     from variants.dsl_compile import compile_for_arch
 
-    kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys)
+    kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk)
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
-                                keep="--keep-ptx" if keep_ptx_in else "", dump_dir=keep_ptx_in)
+                                keep="--keep-ptx --keep-cubin" if keep_ptx_in else "",
+                                dump_dir=keep_ptx_in)
     return fn, kernel.slots()
 
 
 def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
-             v_feature_major: bool = True, permute_keys: bool = False,
-             compile_now: bool = True) -> FastLaunch | None:
+             v_feature_major: bool = True, permute_keys: bool = False, smooth_k: bool = False,
+             rotate_qk: bool = False, compile_now: bool = True) -> FastLaunch | None:
     """The launcher of "quant", "quant_kv" or "expand" for this GPU, or None where there is none
     (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
-    key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys)
-    return LAUNCHERS.get(key, lambda: compile_kernel(*key), compile_now=compile_now)
+    key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys,
+           smooth_k, rotate_qk)
+
+    def build():
+        return compile_kernel(*key[:6], smooth_k=smooth_k, rotate_qk=rotate_qk)
+
+    return LAUNCHERS.get(key, build, compile_now=compile_now)

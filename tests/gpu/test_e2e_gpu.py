@@ -1,4 +1,4 @@
-"""The caller's path on the GPU (issue 15): the low-overhead launch gives the DSL call's bits, the
+"""The caller's path on the GPU: the low-overhead launch gives the DSL call's bits, the
 FP8 entry point gives attention()'s bits on the same codes, a NaN input poisons its head only."""
 
 import dataclasses

@@ -1,7 +1,9 @@
 """The planted-bug suite on the GPU: each bug of tests/doubles/planted.py wrapped around the real
 default kernel of each family is rejected by the check that exists for it, and the untouched
 kernel passes. (`tuner search --families tests.doubles.planted_wgmma` runs the same through the
-search; benchmarks/RESULTS.md has that run.)"""
+search; benchmarks/RESULTS.md has that run.) `-m gpu` plants each bug once in each family, the
+two families on different shapes where the bug applies to both; `-m gpu_full` every bug in every
+family on every shape."""
 
 import os
 
@@ -9,11 +11,9 @@ import pytest
 import torch
 
 from tests.doubles.planted import APPLIES, BUGS, expected_check
+from tests.gpu import tiered
 from tuner.gate import validate_kernel
 from tuner.problem import Problem
-
-pytestmark = pytest.mark.gpu
-
 
 PROBLEMS = {
     "self": Problem(1, 8, 4097),
@@ -22,9 +22,26 @@ PROBLEMS = {
 }
 
 
-@pytest.mark.parametrize("family", ["planted_wgmma", "planted_mma_sync"])
-@pytest.mark.parametrize("bug", list(BUGS))
-@pytest.mark.parametrize("shape", list(PROBLEMS))
+FAMILIES = ["planted_wgmma", "planted_mma_sync"]
+
+
+def _applies(bug: str, shape: str) -> bool:
+    return bug not in APPLIES or APPLIES[bug](PROBLEMS[shape])
+
+
+def _once_per_family_and_bug(_, case) -> bool:
+    """The family's shape for the bug: the n-th bug's n-th shape (cycling) for the first family,
+    the next for the second, so that where a bug applies to both shapes each one sees it; the
+    shape it applies to where that is one."""
+    family, bug, shape = case
+    shapes = [s for s in PROBLEMS if _applies(bug, s)] or list(PROBLEMS)
+    n = list(BUGS).index(bug) + FAMILIES.index(family)
+    return shape == shapes[n % len(shapes)]
+
+
+@pytest.mark.parametrize("family, bug, shape", tiered(
+    [(f, b, s) for f in FAMILIES for b in BUGS for s in PROBLEMS], _once_per_family_and_bug,
+    ids=lambda case: f"{case[2]}-{case[1]}-{case[0]}"))
 def test_planted_bug_is_rejected_on_the_gpu(family, bug, shape):
     import importlib
 
@@ -40,3 +57,13 @@ def test_planted_bug_is_rejected_on_the_gpu(family, bug, shape):
     else:
         check = expected_check(bug, problem)
         assert not report.passed and check in report.reason, f"seed={seed}: {report.reason}"
+
+
+def gpu_builds(name, params):
+    """The kernels a test here builds (tests/conftest.py compiles them ahead, in parallel): a
+    planted family wraps its base family's default (tests/doubles/planted.py)."""
+    from variants import load_family
+
+    base = params["family"].removeprefix("planted_")
+    problem = PROBLEMS[params["shape"]]
+    return [(base, load_family(base).default("sm_90a", problem), problem)]

@@ -24,9 +24,12 @@ PROBLEM = Problem(1, 56, 4096, 128)
 
 
 def search(db: Path, *extra: str, env: dict | None = None, families: str = "mma_sync") -> dict:
+    # A budget every config that passes the gate meets (FP8's own error on the realistic data is
+    # at most 0.65 without the transforms): these tests are about the search's machinery on the
+    # GPU; tests/gpu/test_budget_gpu.py holds candidates to the default budget.
     args = [sys.executable, "-m", "tuner", "search", "--gpu", "h200", "--families", families,
             "--seq-lens", "4096", "--heads", "56", "--trials", "12", "--seed", "0", "--json",
-            "--db", f"sqlite:///{db}", *extra]
+            "--max-error", "1", "--db", f"sqlite:///{db}", *extra]
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,
                           env={**os.environ, **(env or {})})
     assert done.returncode == 0, done.stderr[-4000:]
@@ -63,7 +66,7 @@ def test_planted_crash_is_recorded_and_the_search_goes_on(tmp_path):
 
 
 def test_a_causal_grouped_head_search_stores_a_winner_only_causal_problems_get(tmp_path):
-    """Issue 17: the search takes the new problem fields through to the stored key, and the
+    """The search takes the causal mask and KV heads through to the stored key, and the
     runtime gives its winner to that problem only (a non-causal twin falls back)."""
     from tuner import runtime
 

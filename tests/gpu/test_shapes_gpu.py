@@ -5,7 +5,9 @@ quantization), and end to end through tuner.attention.
 
 Lengths on both axes: one token, inside one tile, ragged across tiles, queries outnumbering keys
 (causal: rows that see no key, output 0 and LSE -inf) and keys outnumbering queries (the
-diagonal aligned to the bottom right)."""
+diagonal aligned to the bottom right). `-m gpu` runs both families' defaults on every shape and
+each other config on one causal and one unmasked shape (a different pair for each); `-m gpu_full`
+every config on every shape."""
 
 import os
 
@@ -13,14 +15,13 @@ import pytest
 import torch
 
 import tuner
+from tests.gpu import tiered
 from tuner import runtime
 from tuner.gate import validate_kernel
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import load_family
 from variants.reference import validate
-
-pytestmark = pytest.mark.gpu
 
 # (batch, heads, seq_len, seq_len_kv, kv_heads, causal)
 SHAPES = [
@@ -46,10 +47,10 @@ CONFIGS = {
               dict(intra_wg_overlap=False, pingpong=False, persistent=False, split_tail=False),
               dict(tile_order="per_head"), dict(tile_order="longest_first"),
               # The causal default turns pingpong off up to 8192 keys at head_dim 128
-              # (config.CAUSAL_SHORT_KEYS_UP_TO); longer causal problems keep it on.
+              # (wgmma.defaults.CAUSAL_SHORT_KEYS_UP_TO); longer causal problems keep it on.
               dict(pingpong=True),
               # Both Q placements pinned (the default picks one by the key length,
-              # config.Q_IN_KERNEL_UP_TO): rows past seq_len, GQA heads, both loops.
+              # wgmma.defaults.Q_IN_KERNEL_UP_TO): rows past seq_len, GQA heads, both loops.
               dict(q_quant="prepare"), dict(q_quant="kernel"),
               dict(q_quant="kernel", intra_wg_overlap=False, pingpong=False, persistent=False,
                    split_tail=False,
@@ -58,14 +59,24 @@ CONFIGS = {
 }
 
 
+def _config(family_name, problem, overrides=None):
+    """The family's default for the problem, with overrides."""
+    import dataclasses
+
+    cfg = load_family(family_name).default("sm_90a", problem)
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
+
+
+def _problem(shape, head_dim):
+    batch, heads, seq, seq_kv, kv_heads, causal = shape
+    return Problem(batch, heads, seq, head_dim, causal, seq_kv, kv_heads)
+
+
 def _gate_passes(family_name, problem, overrides=None):
     """The family's default for the problem (with overrides) is implementable on the H200 and
     passes the gate there."""
-    import dataclasses
-
     family = load_family(family_name)
-    cfg = family.default("sm_90a", problem)
-    cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
+    cfg = _config(family_name, problem, overrides)
     ok, reason = family.can_implement(cfg, problem, PROFILES["h200"])
     assert ok, reason
     seed = int.from_bytes(os.urandom(4), "little")
@@ -79,15 +90,36 @@ def _config_id(family_name, overrides):
     return f"{family_name}-{knobs or 'default'}"
 
 
-@pytest.mark.parametrize("family_name, overrides",
-                         [pytest.param(f, o, id=_config_id(f, o))
-                          for f, configs in CONFIGS.items() for o in configs])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}".format(
-    *s[:5], "causal" if s[5] else "full"))
+def _shape_id(shape) -> str:
+    return "b{}-h{}-s{}-kv{}-kvh{}-{}".format(*shape[:5], "causal" if shape[5] else "full")
+
+
+def _on_one_causal_and_one_full_shape(configs, shapes):
+    """in_gpu for tiered((family, overrides, shape) cases): a default on every shape; the
+    other configs, the n-th of them on the n-th causal and the n-th unmasked shape (cycling)."""
+    causal = [s for s in shapes if s[5]]
+    full = [s for s in shapes if not s[5]]
+    others = [c for c in configs if c[1] is not None]
+
+    def in_gpu(_, case) -> bool:
+        family_name, overrides, shape = case
+        if overrides is None:
+            return True
+        n = others.index((family_name, overrides))
+        return shape in (causal[n % len(causal)], full[n % len(full)])
+
+    return in_gpu
+
+
+SHAPE_CONFIGS = [(f, o) for f, configs in CONFIGS.items() for o in configs]
+
+
+@pytest.mark.parametrize("family_name, overrides, shape", tiered(
+    [(f, o, s) for f, o in SHAPE_CONFIGS for s in SHAPES],
+    _on_one_causal_and_one_full_shape(SHAPE_CONFIGS, SHAPES),
+    ids=lambda case: f"{_config_id(*case[:2])}-{_shape_id(case[2])}"))
 def test_the_gate_passes_the_kernels_on_every_shape(family_name, overrides, shape):
-    batch, heads, seq, seq_kv, kv_heads, causal = shape
-    _gate_passes(family_name, Problem(batch, heads, seq, seq_len_kv=seq_kv, kv_heads=kv_heads,
-                                      causal=causal), overrides)
+    _gate_passes(family_name, _problem(shape, 128), overrides)
 
 
 # head_dim 64: the families' head_dim-64 defaults (wgmma: three consumer warpgroups, P in
@@ -101,21 +133,31 @@ SHAPES_HEAD_DIM_64 = [
 ]
 
 
-@pytest.mark.parametrize("family_name, overrides",
-                         [pytest.param(f, o, id=_config_id(f, o)) for f, o in
-                          (("wgmma", None), ("mma_sync", None), ("wgmma", dict(q_quant="kernel")),
-                           ("wgmma", dict(intra_wg_overlap=True, pingpong=False, kv_stages=3,
-                                          q_quant="prepare")),
-                           ("wgmma", dict(p_source="smem", intra_wg_overlap=True,
-                                          pingpong=False, kv_stages=4)))])
-@pytest.mark.parametrize("shape", SHAPES_HEAD_DIM_64, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-{}"
-                         .format(*s[:5], "causal" if s[5] else "full"))
+HEAD_DIM_64_CONFIGS = [
+    ("wgmma", None), ("mma_sync", None), ("wgmma", dict(q_quant="kernel")),
+    ("wgmma", dict(intra_wg_overlap=True, pingpong=False, kv_stages=3, q_quant="prepare")),
+    ("wgmma", dict(p_source="smem", intra_wg_overlap=True, pingpong=False, kv_stages=4))]
+
+
+@pytest.mark.parametrize("family_name, overrides, shape", tiered(
+    [(f, o, s) for f, o in HEAD_DIM_64_CONFIGS for s in SHAPES_HEAD_DIM_64],
+    _on_one_causal_and_one_full_shape(HEAD_DIM_64_CONFIGS, SHAPES_HEAD_DIM_64),
+    ids=lambda case: f"{_config_id(*case[:2])}-{_shape_id(case[2])}"))
 def test_the_gate_passes_head_dim_64_on_the_new_shapes(family_name, overrides, shape):
-    batch, heads, seq, seq_kv, kv_heads, causal = shape
-    _gate_passes(family_name, Problem(batch, heads, seq, 64, causal, seq_kv, kv_heads),
-                 overrides)
+    _gate_passes(family_name, _problem(shape, 64), overrides)
 
 
+def gpu_builds(name, params):
+    """The kernels a test here builds (tests/conftest.py compiles them ahead, in parallel)."""
+    if "shape" not in params:
+        return []
+    head_dim = 64 if name == "test_the_gate_passes_head_dim_64_on_the_new_shapes" else 128
+    problem = _problem(params["shape"], head_dim)
+    return [(params["family_name"], _config(params["family_name"], problem, params["overrides"]),
+             problem)]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_end_to_end_with_grouped_heads_and_its_own_kv_length(causal, tmp_path,
                                                                         monkeypatch):

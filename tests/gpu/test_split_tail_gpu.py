@@ -2,7 +2,8 @@
 the warp that completes each tile (variants/wgmma/split_tail.py), through the correctness gate
 (tuner.gate.validate_kernel: random and structured inputs, NaN-poisoned outputs, the fp32
 reference) at shapes whose tile counts put the split in each of its cases on the H200's 132
-SMs, and end to end through tuner.attention."""
+SMs, and end to end through tuner.attention. `-m gpu` runs each shape with one of the configs
+(cycling, so each config meets three shapes); `-m gpu_full` every config on every shape."""
 
 import dataclasses
 import os
@@ -11,14 +12,13 @@ import pytest
 import torch
 
 import tuner
+from tests.gpu import tiered
 from tuner.gate import validate_kernel
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
 from variants.reference import validate
 from variants.wgmma.split_tail import split_tiles
-
-pytestmark = pytest.mark.gpu
 
 # (batch, heads, seq_len, seq_len_kv, kv_heads, head_dim, whether the tail is split): tiles of
 # 128 rows (192 at head_dim 64, three consumer warpgroups) and strips of 128 keys against the
@@ -49,12 +49,28 @@ def _config(problem, overrides):
     return cfg
 
 
-@pytest.mark.parametrize("overrides", CONFIGS, ids=lambda o: ",".join(
-    f"{k}={v}" for k, v in o.items()))
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-h{}-s{}-kv{}-kvh{}-d{}".format(*s))
+def _problem(shape):
+    batch, heads, seq, seq_kv, kv_heads, head_dim, _ = shape
+    return Problem(batch, heads, seq, head_dim, seq_len_kv=seq_kv, kv_heads=kv_heads)
+
+
+def gpu_builds(name, params):
+    """The kernels a test here builds (tests/conftest.py compiles them ahead, in parallel; a
+    split_tail build brings its split_tail=False twin)."""
+    if "shape" not in params:
+        return []
+    problem = _problem(params["shape"])
+    return [("wgmma", _config(problem, params["overrides"]), problem)]
+
+
+@pytest.mark.parametrize("overrides, shape", tiered(
+    [(o, s) for s in SHAPES for o in CONFIGS],
+    lambda _, case: CONFIGS.index(case[0]) == SHAPES.index(case[1]) % len(CONFIGS),
+    ids=lambda case: ",".join(f"{k}={v}" for k, v in case[0].items())
+    + "-b{}-h{}-s{}-kv{}-kvh{}-d{}".format(*case[1])))
 def test_the_gate_passes_split_tail(overrides, shape):
     batch, heads, seq, seq_kv, kv_heads, head_dim, splits = shape
-    problem = Problem(batch, heads, seq, head_dim, seq_len_kv=seq_kv, kv_heads=kv_heads)
+    problem = _problem(shape)
     cfg = _config(problem, overrides)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tiles = batch * heads * -(-seq // cfg.block_m)
@@ -66,6 +82,7 @@ def test_the_gate_passes_split_tail(overrides, shape):
     assert report.passed, f"seed={seed} {cfg.short()}: {report.reason}"
 
 
+@pytest.mark.gpu
 def test_split_tail_agrees_with_the_whole_tiles_and_repeats(tmp_path, monkeypatch):
     """The same inputs with and without the split: outputs within the rounding of a different
     summation order (the merge adds the pieces' fp32 partial sums, each P rounded to e4m3 the
@@ -101,6 +118,7 @@ def _kernels_launched(kernel, prepared) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+@pytest.mark.gpu
 def test_a_tail_the_rule_keeps_whole_runs_in_one_launch():
     """Where the cost rule keeps the tail whole, a split_tail kernel runs its split_tail=False
     twin: one kernel, no counters' zeroing and no empty pieces launch; where it splits, the

@@ -7,7 +7,10 @@ a command looks for a GPU or opens a database.
 from __future__ import annotations
 
 import argparse
+import errno
 import math
+
+from rich.console import Console
 
 from tuner.errors import TunerError
 from tuner.problem import MAX_DIMS, SUPPORTED_HEAD_DIMS, check_dimension
@@ -38,19 +41,53 @@ def dimension(name: str):
 
 
 def int_list(text: str, item=_int) -> list[int]:
-    """'4096,8192, 30272' -> [4096, 8192, 30272]; argparse turns the error into a usage line."""
-    parts = [x for x in text.replace(" ", "").split(",") if x]
-    if not parts:
-        raise argparse.ArgumentTypeError("expected at least one value")
+    """'4096,8192, 30272' -> [4096, 8192, 30272] (blanks around an item are allowed); an empty
+    item, a repeated value or an item that is no integer is a usage error naming the list."""
+    items = _items(text, "4096,8192")
     try:
-        return [item(x) for x in parts]
+        values = [item(x) for x in items]
     except argparse.ArgumentTypeError as exc:
         raise argparse.ArgumentTypeError(
             f"{exc} (in {text!r}; expected comma-separated integers)") from None
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(map(str, repeated))} given more than once in {text!r}; give each value "
+            "once")
+    return values
+
+
+def _items(text: str, example: str) -> list[str]:
+    """The comma-separated items of `text`, stripped; a list with an empty item (',,', a
+    leading or trailing comma) or none at all is refused with an example of a good one."""
+    items = [x.strip() for x in text.split(",")]
+    if not any(items):
+        raise argparse.ArgumentTypeError(f"expected at least one value, e.g. {example}")
+    if not all(items):
+        raise argparse.ArgumentTypeError(
+            f"empty item in {text!r} (item {items.index('') + 1}); separate values by single "
+            f"commas, e.g. {example}")
+    return items
 
 
 def seq_lens(text: str) -> list[int]:
     return int_list(text, dimension("seq_len"))
+
+
+def name_list(example: str):
+    """An argparse type for a comma-separated list of names ('default,sdpa'): the same text,
+    stripped, once no item is empty or repeated; the command checks the names themselves."""
+
+    def parse(text: str) -> str:
+        items = _items(text, example)
+        repeated = sorted({x for x in items if items.count(x) > 1})
+        if repeated:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(repeated)} given more than once in {text!r}; name each once")
+        return ",".join(items)
+
+    parse.__name__ = "list"
+    return parse
 
 
 def at_least(minimum: int):
@@ -154,9 +191,20 @@ def shape_filter(args):
     return keep
 
 
-def wide_console(width_when_piped: int):
-    """A rich Console that keeps wide tables on one line when output is piped (rich assumes 80
-    columns without a terminal)."""
-    from rich.console import Console
+class _Console(Console):
+    """rich's Console, but a reader of stdout that goes away raises BrokenPipeError, which the
+    CLI ends with exit 141 (rich's own handling exits 1, before the CLI sees it)."""
 
-    return Console(width=None if Console().is_terminal else width_when_piped)
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(errno.EPIPE, "the reader of stdout has gone")
+
+
+# A log has no width: rows as long as their cells, never wrapped (rich assumes 80 columns).
+_PIPED_WIDTH = 10_000
+
+
+def wide_console() -> Console:
+    """The Console a command prints its output with: in a terminal, the terminal's width;
+    piped or written to a file, rows at their full length, one line each."""
+    return _Console(width=None if Console().is_terminal else _PIPED_WIDTH)

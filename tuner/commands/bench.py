@@ -9,6 +9,7 @@ from tuner.commands._args import (
     add_problem_arguments,
     add_shape_arguments,
     at_least,
+    name_list,
     problems_from_args,
 )
 
@@ -22,6 +23,7 @@ def add_arguments(parser) -> None:
     add_shape_arguments(parser)
     parser.add_argument(
         "--against",
+        type=name_list("default,sdpa"),
         default="default,sdpa",
         help="comma-separated: default, sdpa (cuDNN + flash backends), "
         "sdpa-cudnn, sdpa-flash, cudnn-fp8, fa3-fp8 (FlashAttention-3 FP8 where installed)",

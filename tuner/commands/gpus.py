@@ -62,7 +62,7 @@ def run(args) -> int:
             f"{p.bf16_tflops:g}",
             f"{p.mem_bandwidth_gbs:g}",
         )
-    console = wide_console(140)
+    console = wide_console()
     console.print(table)
     if "error" in local:
         console.print(f"local device: none usable ({local['error']})")

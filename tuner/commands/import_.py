@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from tuner.dburl import display_url
+import contextlib
+from pathlib import Path
+
+from tuner.dburl import display_url, engine_url
 
 NAME = "import"
 HELP = "import a YAML tuning table (all or nothing; --force for another device's table)"
@@ -28,15 +31,36 @@ def _local_fingerprint() -> dict | None:
 
 
 def run(args) -> int:
-    from tuner.store import Store
-    from tuner.tables import import_table
+    from tuner.store import Store, default_db_url, sqlite_path
+    from tuner.tables import check_import
 
-    store = Store(args.db)
-    try:
-        count = import_table(
-            store, args.file, force=args.force, local_fingerprint=_local_fingerprint()
-        )
-    finally:
-        store.close()
-    print(f"imported {count} tuned problems from {args.file} into {display_url(store.url)}")
+    # The whole table first, without a database: a table that cannot be imported creates none.
+    checked = check_import(args.file, force=args.force, local_fingerprint=_local_fingerprint())
+    url = engine_url(args.db or default_db_url())
+    with _removed_on_failure(sqlite_path(url)):
+        store = Store(url)
+        try:
+            present = store.import_winners(checked.device_id, checked.device, checked.entries)
+        finally:
+            store.close()
+    total, where = len(checked.entries), display_url(url)
+    if present == total:
+        print(f"nothing new from {args.file}: its {total} tuned problems are already in {where}")
+    else:
+        already = f" ({present} already there)" if present else ""
+        print(f"imported {total - present} tuned problems from {args.file} into {where}{already}")
     return 0
+
+
+@contextlib.contextmanager
+def _removed_on_failure(path: Path | None):
+    """A SQLite database (and its lock, WAL and shared-memory files) that did not exist before
+    is removed again if the import into it fails: a failed import leaves nothing behind."""
+    files = [] if path is None else [Path(f"{path}{s}") for s in ("", "-wal", "-shm", ".lock")]
+    new = [f for f in files if not f.exists()]
+    try:
+        yield
+    except BaseException:
+        for f in new:
+            f.unlink(missing_ok=True)
+        raise

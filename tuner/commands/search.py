@@ -1,9 +1,11 @@
-"""`tuner search`: find the fastest correct kernel config per sequence length on this GPU."""
+"""`tuner search`: find the fastest correct kernel config within the accuracy budget per sequence
+length on this GPU."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -12,6 +14,7 @@ from tuner.commands._args import (
     add_shape_arguments,
     at_least,
     duration,
+    name_list,
     problems_from_args,
 )
 from tuner.errors import TunerError
@@ -26,6 +29,18 @@ class DEFAULTS:
     patience = 32
     timeout_s = 600.0
     repeats = 20
+
+
+def max_error(text: str) -> float:
+    """An argparse type: a positive, finite relative RMS."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(
+            f"must be a positive relative RMS (e.g. 0.1), got {text!r}")
+    return value
 
 
 def _default_compile_jobs() -> int:
@@ -44,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_shape_arguments(parser)
     parser.add_argument(
         "--families",
+        type=name_list("mma_sync,wgmma"),
         default="auto",
         help="comma-separated families, or 'auto': every family that targets the GPU's arch "
         "(a dotted module path loads a test double)",
@@ -117,6 +133,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="search processes on this host, one per visible GPU, sharing one study; the "
         "winner is decided once, after all of them (default 1)",
     )
+    from tuner.budget import DEFAULT_MAX_ERROR
+
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        default=None,
+        help="hold candidates to the accuracy budget on your own attention inputs, a file "
+        "written by tuner.capture (default: the realistic synthetic activations)",
+    )
+    parser.add_argument(
+        "--max-error",
+        type=max_error,
+        default=DEFAULT_MAX_ERROR,
+        help="the accuracy budget: the largest end-to-end relative RMS against fp32 attention a "
+        "winner may have on the accuracy data (the worst call of a calibration file; default "
+        f"{DEFAULT_MAX_ERROR:g})",
+    )
     # Set by --workers on the processes it starts: the parent decides once, they do not.
     parser.add_argument("--no-decide", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true", help="print results as JSON on stdout")
@@ -141,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from variants import load_family
 
     problems = problems_from_args(args)  # before looking for a GPU: a bad combination first
+    budget = _budget(args, problems)  # before anything is created: a bad file changes nothing
     if args.families.strip() == "auto":
         from tuner.gpus import resolve_gpu
         from variants import families_for_arch
@@ -170,6 +204,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         repeats=args.repeats,
         resume=args.resume,
+        budget=budget,
     )
     store = Store(_results_url(args))
     storage = open_storage(args.storage or store.url)
@@ -195,6 +230,7 @@ def run(args: argparse.Namespace) -> int:
                 "device": target.device_id,
                 "gpu": target.gpu.name,
                 "families": families,
+                "accuracy": {"data": budget.data, "max_error": budget.max_error},
                 "results": [summary(r) for r in results],
             },
             sys.stdout,
@@ -218,7 +254,7 @@ def summary(result) -> dict:
         return {"family": rec.family, "config": rec.config, "median_ms": rec.median_ms,
                 "iqr_ms": rec.iqr_ms, "prepare_ms": rec.prepare_ms,
                 "caller_ms": record_cost(rec), "tflops": rec.tflops, "rel_rms": rec.rel_rms,
-                "trial_id": rec.id}
+                "e2e_error": rec.e2e_error, "e2e_data": rec.e2e_data, "trial_id": rec.id}
 
     return {
         "problem": result.problem.key(), "seq_len": result.problem.seq_len,
@@ -229,7 +265,22 @@ def summary(result) -> dict:
         "outcomes": dict(result.outcomes),
         "winner": trial(result.winner), "default": trial(result.default),
         "speedup_over_default": result.speedup, "default_kept": result.default_kept,
+        # One line when candidates ran but none qualified (all over the accuracy budget).
+        "no_winner": result.no_winner or None,
     }
+
+
+def _budget(args, problems):
+    """The accuracy budget of --max-error on --calibration's file (checked whole, and holding
+    every problem searched), else on the realistic activations."""
+    from tuner import calibration
+    from tuner.budget import Budget
+
+    if args.calibration is None:
+        return Budget(args.max_error)
+    found = calibration.read(args.calibration)
+    found.require(problems)
+    return Budget(args.max_error, found.data, str(found.path.resolve()))
 
 
 def _results_url(args) -> str | None:
@@ -333,19 +384,21 @@ class SearchView:
 
     @staticmethod
     def table(results) -> None:
-        from rich.console import Console
         from rich.table import Table
 
+        from tuner.commands._args import wide_console
+
         table = Table(title="tuner search")
-        for col in ("seq_len", "winner", "kernel ms", "prepare ms", "TFLOP/s", "vs default",
-                    "rel err"):
+        for col in ("seq_len", "winner", "kernel ms", "prepare ms", "TFLOP/s",
+                    "vs default (kernel+prepare)", "gate rel err", "e2e err"):
             table.add_column(col, justify="left" if col == "winner" else "right")
         for r in results:
             w = r.winner
             if w is None:
                 why = (f"decided by {r.deferred_to} (still searching)" if r.deferred_to
+                       else "[red]none within the accuracy budget (below)" if r.no_winner
                        else "[red]no valid candidate")
-                table.add_row(str(r.problem.seq_len), why, "", "", "", "", "")
+                table.add_row(str(r.problem.seq_len), why, "", "", "", "", "", "")
                 continue
             label = SearchView.short_label(w, r.default)
             if r.default_kept:
@@ -359,5 +412,9 @@ class SearchView:
                 f"{w.tflops:.1f}",
                 speedup,
                 f"{w.rel_rms:.2e}",
+                f"{w.e2e_error:.4f} {w.e2e_data[:20]}" if w.e2e_error is not None else "-",
             )
-        Console().print(table)
+        wide_console().print(table)
+        for r in results:
+            if r.no_winner:  # one unwrapped line each, for a reader and for grep
+                print(f"s={r.problem.seq_len}: {r.no_winner}")

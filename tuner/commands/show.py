@@ -1,5 +1,12 @@
-"""`tuner show`: the stored winners with the default's time beside each, a problem's trial
-history, and a TFLOP/s-vs-seq_len plot."""
+"""`tuner show`: the stored winners with the default's times beside each, a problem's trial
+history, and a TFLOP/s-vs-seq_len plot.
+
+A winner's speedup over the default is what the search ranked by: (kernel + prepare) of the
+default over (kernel + prepare) of the winner (tuner/search/cost.py), so a winner whose kernel is
+slower than the default's can still be ahead; the table labels the ratio and shows the four
+times it is made of. One problem searched with several family sets has a winner of each, told
+apart by the family set column; the runtime runs the one problem.preferred_per_problem picks.
+"""
 
 from __future__ import annotations
 
@@ -68,6 +75,7 @@ def winner_rows(store, devices: dict[str, dict], keep=None) -> list[dict]:
             if keep is not None and not keep(p):
                 continue
             d = w.default_trial
+            t = w.trial
             rows.append(
                 {
                     "device": fp.get("name"),
@@ -81,19 +89,26 @@ def winner_rows(store, devices: dict[str, dict], keep=None) -> list[dict]:
                     "family_set": w.family_set,
                     "family": w.family,
                     "config": w.config,
-                    "median_ms": w.trial.median_ms,
-                    "iqr_ms": w.trial.iqr_ms,
-                    "tflops": w.trial.tflops,
+                    "median_ms": t.median_ms,
+                    "prepare_ms": t.prepare_ms,
+                    "iqr_ms": t.iqr_ms,
+                    "tflops": t.tflops,
                     "default_ms": d.median_ms if d else None,
+                    "default_prepare_ms": d.prepare_ms if d else None,
                     "default_tflops": d.tflops if d else None,
+                    # (default kernel + prepare) / (winner kernel + prepare), what the search
+                    # ranked by.
                     "speedup_over_default": w.speedup_over_default,
-                    "rel_rms": w.trial.rel_rms,
+                    "rel_rms": t.rel_rms,
+                    "e2e_error": t.e2e_error,
+                    "e2e_data": t.e2e_data,
+                    "max_error": t.max_error,
                     "decided_at": w.decided_at.isoformat() if w.decided_at else None,
-                    "code_version": w.trial.code_version,
+                    "code_version": t.code_version,
                 }
             )
     return sorted(rows, key=lambda r: (r["device"] or "", r["causal"], r["heads"], r["kv_heads"],
-                                       r["seq_len"], r["seq_len_kv"]))
+                                       r["seq_len"], r["seq_len_kv"], r["family_set"]))
 
 
 def peer_rows(store, devices: dict[str, dict], rows: list[dict]) -> list[dict]:
@@ -115,36 +130,40 @@ def _fmt(x, spec=".3f") -> str:
     return "-" if x is None else format(x, spec)
 
 
+def _e2e(error, data) -> str:
+    """The accuracy budget's error and its data ("0.0663 realistic", "0.0412 calib:1a2b3c4d")."""
+    if error is None:
+        return "-"
+    return f"{error:.4f} " + (data or "?").replace("calibration:", "calib:")[:14]
+
+
 def _print_winners(rows: list[dict]) -> None:
     from rich.table import Table
 
-    table = Table(title="Stored winners (times hold on the device they were measured on)")
-    for col in (
-        "device",
-        "problem",
-        "family",
-        "config",
-        "ms",
-        "TFLOP/s",
-        "default ms",
-        "speedup",
-        "rel err",
-    ):
+    table = Table(title="Stored winners (times hold on the device they were measured on; the "
+                  "speedup compares kernel + prepare, what the search ranks by)")
+    for col in ("device", "problem", "family set", "family", "config", "kernel ms", "prepare ms",
+                "default kernel ms", "default prepare ms", "speedup (kernel+prepare)", "TFLOP/s",
+                "gate rel err", "e2e err"):
         table.add_column(col)
     for r in rows:
         cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
         table.add_row(
             r["device"],
             r["problem"],
+            r["family_set"],
             r["family"],
             cfg,
             _fmt(r["median_ms"]),
-            _fmt(r["tflops"], ".0f"),
+            _fmt(r["prepare_ms"]),
             _fmt(r["default_ms"]),
+            _fmt(r["default_prepare_ms"]),
             _fmt(r["speedup_over_default"], ".3f"),
+            _fmt(r["tflops"], ".0f"),
             _fmt(r["rel_rms"], ".4f"),
+            _e2e(r["e2e_error"], r["e2e_data"]),
         )
-    wide_console(220).print(table)
+    wide_console().print(table)
 
 
 def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool, keep) -> int:
@@ -177,6 +196,10 @@ def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool, keep
                                 "config": t.config,
                                 "outcome": t.outcome,
                                 "median_ms": t.median_ms,
+                                "prepare_ms": t.prepare_ms,
+                                "e2e_error": t.e2e_error,
+                                "e2e_data": t.e2e_data,
+                                "max_error": t.max_error,
                                 "message": t.message,
                             }
                             for t in ts
@@ -191,14 +214,15 @@ def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool, keep
         return 0
     from rich.table import Table
 
-    console = wide_console(220)
+    console = wide_console()
     for p, ts in out:
         counts = Counter(t.outcome for t in ts)
         table = Table(
             title=f"{p.key()}: {len(ts)} trials, "
             + ", ".join(f"{k} {v}" for k, v in counts.most_common())
         )
-        for col in ("#", "role", "family", "config", "outcome", "ms", "TFLOP/s", "message"):
+        for col in ("#", "role", "family", "config", "outcome", "kernel ms", "prepare ms",
+                    "TFLOP/s", "e2e err", "message"):
             table.add_column(col)
         for t in ts:
             cfg = " ".join(f"{k}={v}" for k, v in t.config.items())
@@ -209,7 +233,9 @@ def _trials(store, devices, seq_len: int, heads: int | None, as_json: bool, keep
                 cfg,
                 t.outcome,
                 _fmt(t.median_ms),
+                _fmt(t.prepare_ms),
                 _fmt(t.tflops, ".0f"),
+                _e2e(t.e2e_error, t.e2e_data),
                 (t.message or "")[:80],
             )
         console.print(table)

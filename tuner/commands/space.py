@@ -6,7 +6,13 @@ import contextlib
 import json
 import os
 
-from tuner.commands._args import add_shape_arguments, dimension, problem_from_args, wide_console
+from tuner.commands._args import (
+    add_shape_arguments,
+    at_least,
+    dimension,
+    problem_from_args,
+    wide_console,
+)
 from tuner.errors import TunerError
 from tuner.gpus import resolve_gpu
 from tuner.space import compile_rows, enumerate_rows, summarize
@@ -23,18 +29,11 @@ def add_arguments(parser) -> None:
         help="family to enumerate (default: every family that targets the arch)",
     )
     parser.add_argument("--compile", action="store_true", help="compile each feasible config")
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=os.cpu_count() or 1,
-        help="compile processes (default: CPU count)",
-    )
-    parser.add_argument(
-        "--limit",
-        type=int,
-        default=None,
-        help="compile at most this many feasible configs (a quick check)",
-    )
+    parser.add_argument("--jobs", type=at_least(1), default=os.cpu_count() or 1,
+                        help="compile processes (default: CPU count)")
+    parser.add_argument("--limit", type=at_least(1), default=None,
+                        help="list (and with --compile, compile) only the first N feasible "
+                        "configs, a quick check; the counts still cover the whole space")
     parser.add_argument("--seq-len", type=dimension("seq_len"), default=4096,
                         help="sequence length can_implement checks against (default 4096)")
     parser.add_argument("--heads", type=dimension("heads"), default=56,
@@ -71,14 +70,14 @@ def run(args) -> int:
     rows = []
     for family in _families_for(gpu.arch, args.family):
         rows += enumerate_rows(gpu, family, problem)
+    # --limit: the first N feasible configs are listed and compiled, the rest only counted.
+    listed = [r for r in rows if r.feasible][: args.limit]
     if args.compile:
-        feasible = [r for r in rows if r.feasible]
-        chosen = feasible[: args.limit]
-        for r in feasible[len(chosen):]:
-            r.reason = "not compiled (--limit)"  # still counted as feasible in the summary
-        with _compile_progress(len(chosen)) as advance:
-            compile_rows(chosen, gpu, problem, args.jobs, progress=advance)
-    summary = summarize(rows)
+        with _compile_progress(len(listed)) as advance:
+            compile_rows(listed, gpu, problem, args.jobs, progress=advance)
+    summary = {**summarize(rows), "listed": len(listed)}
+    kept = {id(r) for r in listed}
+    rows = [r for r in rows if not r.feasible or id(r) in kept]
     if args.json:
         print(
             json.dumps(
@@ -93,7 +92,7 @@ def run(args) -> int:
             )
         )
     else:
-        _print_table(wide_console(200), gpu, rows, summary, args.compile, args.rejected)
+        _print_table(wide_console(), gpu, rows, summary, args.compile, args.rejected)
     return 1 if summary["compile_errors"] else 0
 
 
@@ -134,6 +133,8 @@ def _print_table(console, gpu, rows, summary, compiled: bool, list_rejected: boo
     cells = [[get(r) for get in columns.values()] for r in shown]
     table = Table(
         title=f"{gpu.name} ({gpu.arch}): {summary['feasible']} feasible of {summary['total']}"
+        + (f", the first {summary['listed']} listed (--limit)"
+           if summary["listed"] < summary["feasible"] else "")
         + ("" if list_rejected else " (rejected: counted below; --rejected lists them)")
     )
     keep = [i for i, name in enumerate(columns)

@@ -1,6 +1,7 @@
 """The search for one problem: an Optuna study that proposes feasible configs, compile sandboxes
-that build them ahead of the GPU, one GPU sandbox that validates and times them, and a final
-re-time that decides the winner against the family default.
+that build them ahead of the GPU, one GPU sandbox that validates them, holds them to the accuracy
+budget (tuner/budget.py) and times them, and a final re-time that decides the winner against the
+family default.
 
 One job per module, in the order a candidate meets them:
   settings    SearchSettings and the constants the parts share (no Optuna)

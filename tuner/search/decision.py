@@ -1,5 +1,11 @@
 """The decision for one problem: the top candidates and the family default re-timed side by side,
-and the default kept unless the fastest beats it by more than the measured spread."""
+and the default kept unless the fastest beats it by more than the measured spread.
+
+Only candidates within the accuracy budget take part: a too_inaccurate candidate has no time,
+and a re-time holds each pick to the budget again (the winner's stored error is its re-time's).
+A default that was too_inaccurate in the search is not re-timed; the winner then has no default
+to compare with. Where every candidate that passed the gate was over the budget, no winner is
+stored and `no_winner` says so."""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tuner.budget import Budget
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem
 from tuner.sandbox import Task
@@ -34,6 +41,8 @@ class ProblemResult:
     default_kept: bool = False
     # Another process still searching this study when this one stopped: it decides.
     deferred_to: str = ""
+    budget: Budget | None = None
+    no_winner: str = ""  # why no winner was stored, when candidates ran but none qualified
 
 
 def pick_winner(valid: list[TrialRecord], default: TrialRecord | None
@@ -59,12 +68,16 @@ def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
     """Re-time the top TOP_K_RETIME of the study and the default on the GPU sandbox of
     `pipeline`, store the winner, and fill it into `result`. Without a valid candidate (or
     without a valid re-time) no winner is stored."""
-    ok = _fastest_first(records.stored().values())
+    stored = records.stored()
+    ok = _fastest_first(stored.values())
     if not ok:
+        result.no_winner = _over_budget(stored.values(), result.budget)
         return result
     default_hash = config_hash(*default)
     picks = [(r.family, r.config, r.config_hash) for r in ok[:TOP_K_RETIME]]
-    if default_hash not in {p[2] for p in picks}:
+    default_over = (default_hash in stored
+                    and stored[default_hash].outcome == Outcome.TOO_INACCURATE)
+    if default_hash not in {p[2] for p in picks} and not default_over:
         picks.append((*default, default_hash))
     retimed: dict[str, TrialRecord] = {}
     for family, config, digest in picks:
@@ -72,6 +85,7 @@ def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
         retimed[digest] = records.record(cand, pipeline.evaluate_now(task_of(cand)))
     valid = _fastest_first(retimed.values())
     if not valid:
+        result.no_winner = _over_budget(retimed.values(), result.budget)
         return result
     base = retimed.get(default_hash)
     base = base if base is not None and base.outcome == Outcome.OK else None
@@ -81,3 +95,17 @@ def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
                            base.id if base else None, speedup)
     result.winner, result.default, result.speedup = winner, base, speedup
     return result
+
+
+def _over_budget(records, budget: Budget | None) -> str:
+    """The line that says every candidate that passed the gate was over the budget ("" when
+    none was: then nothing passed the gate, or nothing ran)."""
+    over = [r for r in records if r.outcome == Outcome.TOO_INACCURATE]
+    if not over:
+        return ""
+    least = min(over, key=lambda r: r.e2e_error if r.e2e_error is not None else float("inf"))
+    where = f"end-to-end error <= {budget.max_error:g} on {budget.data}" if budget else "budget"
+    knobs = " ".join(f"{k}={v}" for k, v in least.config.items())
+    return (f"all {len(over)} candidates that passed the gate are over the accuracy budget "
+            f"({where}); the least error was {least.e2e_error:.4g} ({least.family} {knobs}): no "
+            "winner stored; raise --max-error, or search families or knobs that reach it")

@@ -25,6 +25,7 @@ def task_for(cand: Candidate, problem: Problem, target: Target, settings: Search
         arch=target.gpu.arch, l2_bytes=target.gpu.l2_bytes, seed=seed + number * 16,
         device=target.device, repeats=settings.repeats, warmup=settings.warmup,
         timeout_s=settings.timeout_s,
+        accuracy=settings.budget.to_task() if settings.budget is not None else None,
     )
 
 
@@ -34,7 +35,8 @@ class Pipeline:
     def __init__(self, compile_jobs: int) -> None:
         self.compilers = [Sandbox(f"compile-{i}", preload=("variants",))
                           for i in range(max(1, compile_jobs))]
-        self.gpu = Sandbox("gpu", preload=("torch", "tuner.measure", "variants.reference"))
+        self.gpu = Sandbox("gpu", preload=("torch", "tuner.measure", "variants.reference",
+                                           "tuner.activations"))
         self.ready: deque[tuple[Candidate, Task]] = deque()  # compiled, waiting for the GPU
 
     def _all(self) -> tuple[Sandbox, ...]:

@@ -16,7 +16,8 @@ from variants.build import files_hash
 
 # TrialRecord columns copied by name from the dicts of a CandidateResult.
 _FROM_TIMING = ("median_ms", "iqr_ms", "prepare_ms", "sm_clock_mhz", "temperature_c")
-_FROM_ACCURACY = ("rel_rms", "max_abs", "lse_max_err", "nonfinite")
+_FROM_ACCURACY = ("rel_rms", "max_abs", "lse_max_err", "nonfinite", "e2e_error", "e2e_data",
+                  "max_error")
 _FROM_RESOURCES = ("registers", "spill_bytes", "smem_bytes")
 
 

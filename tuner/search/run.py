@@ -60,7 +60,7 @@ class ProblemSearch:
         modules = {name: load_family(name) for name in families}
         self.space = Space.build(modules, problem, target.gpu,
                                  settings.exhaustive_threshold or settings.trials)
-        self.name = study_name(target.device_id, families, problem)
+        self.name = study_name(target.device_id, families, problem, settings.budget)
         self.study, self.seed = open_study(
             storage, self.name, settings,
             {"problem": problem.key(), "families": families, "mode": self.space.mode})
@@ -193,7 +193,7 @@ class ProblemSearch:
     def _result(self, stopped: str) -> ProblemResult:
         return ProblemResult(self.problem, self.name, self.seed, self.space.mode,
                              len(self.space.feasible), stopped, self._outcomes,
-                             self._measured_here)
+                             self._measured_here, budget=self.settings.budget)
 
 
 def _measured(stored: dict) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
+from tuner.budget import Budget
+
 # Told to Optuna for candidates that did not produce a valid time; the constraint value, not this
 # number, is what keeps TPE away from them (infeasible trials rank behind every feasible one).
 FAILED_VALUE_MS = 1e9
@@ -28,6 +30,9 @@ class SearchSettings:
     warmup: int = 3
     exhaustive_threshold: int | None = None  # None: the trial budget
     resume: bool = False  # require an existing study
+    # The accuracy budget every candidate that passes the gate is held to (None: none; the CLI
+    # always sets one). Part of the study's name: another budget or data is another study.
+    budget: Budget | None = None
 
     def longest_candidate(self) -> dt.timedelta:
         """How long a trial can stay RUNNING in a live process: compile, wait behind the compile

@@ -18,8 +18,11 @@ def family_set_name(families: list[str]) -> str:
     return "+".join(families)
 
 
-def study_name(device_id: str, families: list[str], problem: Problem) -> str:
-    return f"{device_id}:{family_set_name(families)}:{problem.key()}"
+def study_name(device_id: str, families: list[str], problem: Problem, budget=None) -> str:
+    """One study per device, family set, problem and accuracy budget (budget.Budget.label: its
+    data and max_error), so that trials judged against one budget never stand for another's."""
+    name = f"{device_id}:{family_set_name(families)}:{problem.key()}"
+    return name if budget is None else f"{name}:{budget.label}"
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:

@@ -8,6 +8,8 @@ from typing import ClassVar
 
 from variants.base import ConfigMixin, load_space
 from variants.block_scales import KV_BLOCK
+from variants.defaults import apply_rules
+from variants.mma_sync.defaults import RULES
 
 FAMILY = "mma_sync"
 P_SOURCES = ("smem", "registers")
@@ -93,26 +95,9 @@ def space(arch: str) -> dict[str, list]:
 
 
 def default(arch: str, problem=None) -> Config:
-    # The seed kernel's final configuration, measured on the RTX 5080 (sm_120) at B=1, H=56,
-    # S=30272, D=128: 123.6 ms vs 136.0 ms for its first version (64x64 tile, 1 stage, P through
-    # smem, chunk_elems swizzle). Kept for every arch because measurement does not say otherwise:
-    # on the H200 (sm_90, FP8 mma.sync emulated; benchmarks/mma_sync_h200.md, 2026-11-29) it is
-    # within 2% of the best of all 144 feasible configs at S=4096 (2.015 vs 1.979 ms, 64x128 x 16
-    # rows/warp) and at S=30272 (103.97 vs 102.63 ms, 64x32 x 3 stages), and the seed's ladder
-    # reproduces there (1.19x over the first kernel at S=30272). sm_89 is not measured.
-    # The MMA path, sm_120a included: mma=fp8 with pv_accum=fp32, both GEMMs on FP8 mma.sync with
-    # FP32 accumulate, which published GeForce Blackwell rates put at half rate (FlashInfer's
-    # SM120 RFC #3628 / PR #4149: ~506 TFLOP/s on an RTX 5090, against ~993 for FP8 with FP16
-    # accumulate and for block-scaled MXF8 with FP32 accumulate). Kept anyway because it is the
-    # path the seed measured on the RTX 5080 (123.6 ms above) and the one whose numerics were
-    # validated here (the same PTX on the H200); the default is what `tuner.attention` runs
-    # untuned, unvalidated on the user's GPU. The full-rate paths (mma=mxf8: same math, another
-    # instruction, never run on a GPU here; pv_accum=fp16: two-level P @ V, other numerics,
-    # covered on the H200 by tests/gpu where ptxas emulates it in f16 HMMA) are in the sm_120a
-    # space, so a search validates them on the GPU before one can win, and the winner must beat
-    # this default by more than the noise.
-    return Config(block_m=128, block_n=32, warps=4, rows_per_warp=32, kv_stages=2,
-                  p_source="registers", swizzle="bank_period", q_in_registers=False, mma="fp8")
+    """The heuristic default: the rules of variants/mma_sync/defaults.py that hold for
+    `problem` (docs/family-mma_sync.md#defaults has the measurements behind each)."""
+    return Config(**apply_rules(RULES, problem))
 
 
 def smem_bytes(cfg: Config, head_dim: int) -> int:

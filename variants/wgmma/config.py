@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from variants.base import ConfigMixin, load_space
 from variants.block_scales import KV_BLOCK
+from variants.defaults import apply_rules
+from variants.wgmma.defaults import RULES
 
 FAMILY = "wgmma"
 # wgmma with e4m3 operands and TMA exist on sm_90a only (the `a` suffix: arch-specific features).
@@ -130,99 +132,18 @@ def space(arch: str) -> dict[str, list]:
 
 
 def default(arch: str, problem=None) -> Config:
-    # The fastest of all 288 feasible configs at S=8192 on the H200 (benchmarks/wgmma_h200.py
-    # --search, 2026-11-29, B=1 H=56 D=128, each validated, median of 10): 1.940 ms = 992
-    # TFLOP/s; next kv_stages 4: 965, not persistent: 962, 192-key strips with P through smem:
-    # 942. In the same run, at every S the best three were re-timed: this config again at 4096,
-    # 8192, 16384 (1005 TFLOP/s at 16384); at 30272 kv_stages 4 was 0.3% faster (957 vs 954),
-    # inside the run-to-run spread. cuDNN FP8 in that run: 963 / 1006 / 998 / 843 TFLOP/s.
-    # FA3's FP8 recipe (2 consumer WGs, RS P, intra-WG overlap, pingpong) wins here too; 128 keys
-    # beat FA3's 224.
-    if problem is not None and problem.head_dim == 64:
-        cfg = (_DEFAULT_HEAD_DIM_64_SHORT if problem.seq_len_kv <= HEAD_DIM_64_SHORT_UP_TO
-               else _DEFAULT_HEAD_DIM_64)
-    else:
-        cfg = Config(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
-                     intra_wg_overlap=True, pingpong=True, persistent=True, v_layout="prepared")
-    if (problem is None or not problem.causal) and cfg.persistent:
-        # The last partial wave split along the keys where the cost rule says so at launch, on
-        # the device's SM count (split_tail.split_tiles); elsewhere the launch runs the same
-        # kernel without the knob (variants/wgmma/build.py). Prepare + kernel against
-        # split_tail off on the H200 (benchmarks/split_tail_h200_routed.md, eighteenth
-        # session): 1.02x at B=2 S=4608 H=24 and at head_dim 64 S=8192 H=56, 1.01x at S=8192
-        # H=56, 1.00x at S=4096 and 16384 H=56 and at B=4 S=1024 H=32 (kept whole); the
-        # seventeenth session's run: 0.99-1.02x. Full masks only (can_implement says why).
-        cfg = dataclasses.replace(cfg, split_tail=True)
-    if problem is not None and problem.causal:
-        if problem.head_dim == 128 and problem.seq_len_kv > CAUSAL_SHORT_KEYS_UP_TO:
-            # per_head tiles (the order above) on a grid the hardware schedules.
-            cfg = dataclasses.replace(cfg, persistent=False)
-        else:
-            # Causal, H=56 D=128 on the H200 (benchmarks/shapes_h200.py, 2026-12-01, one run):
-            # longest_first 1.13x / 1.19x / 1.04x per_head at S = 4096 / 8192 / 16384.
-            cfg = dataclasses.replace(cfg, tile_order="longest_first")
-            if problem.head_dim == 128:
-                cfg = dataclasses.replace(cfg, pingpong=False, q_quant="kernel")
-    if problem is not None and problem.head_dim == 128 and problem.seq_len_kv <= Q_IN_KERNEL_UP_TO:
-        cfg = dataclasses.replace(cfg, q_quant="kernel")
-    return cfg
+    """The heuristic default: the rules of variants/wgmma/defaults.py that hold for `problem`
+    (docs/family-wgmma.md#defaults has the measurements behind each)."""
+    return Config(**apply_rules(RULES, problem))
 
 
 def seeds(arch: str, problem=None) -> list[Config]:
     """Measured by every search right after the default: the default with Q quantized in the
-    other place, since which placement wins moves with the length (Q_IN_KERNEL_UP_TO)."""
+    other place, since which placement wins moves with the length
+    (defaults.Q_IN_KERNEL_UP_TO)."""
     cfg = default(arch, problem)
     other = "prepare" if cfg.q_in_kernel else "kernel"
     return [dataclasses.replace(cfg, q_quant=other)]
-
-
-# Keys up to which the default quantizes Q in the kernel (head_dim 128). Prepare + kernel, the
-# head_dim-128 recipe with each Q placement, one run on the H200 after the block scales moved to
-# shared memory (benchmarks/e2e_h200.py, 2026-12-02, twelfth session; ms, q_quant=kernel vs
-# prepare, GPU time of quantization + kernel): B=4 S=1024 H=32 0.138 vs 0.142; S=4096 H=56
-# 0.623 vs 0.627 (end to end 0.623 vs 0.615), B=2 S=4608 H=24 0.689 vs 0.675, S=8192 2.375 vs
-# 2.302: the q_quant=kernel kernel is 3.5-6% slower than the prepare one now that the latter
-# reads no scale from global memory in its main loop, which outweighs the third of the
-# quantization it saves from 4096 keys on. (Before that change, eleventh session: 4608.)
-Q_IN_KERNEL_UP_TO = 1024
-
-# The causal default at head_dim 128 on either side of this many keys (benchmarks/
-# causal_default_h200.py, H200, 2026-12-03, sixteenth session, each candidate gated; ratios of
-# prepare + kernel against longest_first on the persistent grid, the causal default before).
-# Up to it Q is quantized in the kernel and pingpong is off: a causal kernel does half the work
-# of a full one on the same inputs, so the third of the quantization that Q in the kernel saves
-# weighs twice as much (1.05x at S=2048 and 4096 H=56, 1.04x at 8192, 1.15x at B=2 S=4608 H=24,
-# 1.06x at S=8192 32 query heads on 8 KV heads, 1.04x at B=4 S=4096 H=32; beyond 8192 keys
-# 0.91-1.02x). Beyond it the tiles go per_head to a grid the hardware schedules: the CTAs in
-# flight share one head's K/V in L2 (longest_first streams every head's), and an SM that
-# finishes a short tile takes the next one (a persistent CTA's tiles are fixed in advance).
-# Two runs: 0.99x and 1.15x at S=16384 H=56, 1.14x and 1.15x at 30272, 1.00x and 1.01x at
-# S=16384 on 8 KV heads; the searches of that session picked per_head at 16384 and 30272 H=56.
-# Not at head_dim 64 (0.92x at S=30272 H=56, three consumer warpgroups).
-CAUSAL_SHORT_KEYS_UP_TO = 8192
-
-
-# head_dim 64: S and O take fewer registers, so three consumer warpgroups (192 query rows a CTA)
-# fit with 128-key strips, and P stays in registers. The default is the faster of two searched
-# winners by the key length: benchmarks/default_hd64_h200.py on the H200 (2026-12-02, fifteenth
-# session, nine shapes from B=1 S=1024 H=56 to S=75600 H=40, each config gated, then timed as a
-# search times it). Against the earlier default (P through smem, 4 stages; the block scales had
-# made it 19-23% slower than the fifth session measured it) prepare + kernel ran 1.12-1.27x
-# faster with the long-key config and 1.19-1.29x with the short-key one. Kernel alone, the long
-# one is the fastest of five configs at every shape from 8192 keys (1.511 ms at S=8192 H=56,
-# 19.48 at 30272, 86.0 at S=75600 H=40; cuDNN FP8 1.629 / 25.52 / 115.2) and within 3% below;
-# up to 4608 keys the short one's in-kernel Q quantization saves more than that (prepare +
-# kernel 0.460 vs 0.474 ms at S=4096 H=56, 0.461 vs 0.481 at B=2 S=4608 H=24, 0.098 vs 0.108
-# at B=4 S=1024 H=32), at 8192 no longer (1.608 vs 1.586).
-_DEFAULT_HEAD_DIM_64 = Config(consumer_wgs=3, block_n=128, kv_stages=3, p_source="registers",
-                              intra_wg_overlap=True, pingpong=False, persistent=True,
-                              v_layout="prepared", q_quant="prepare")
-_DEFAULT_HEAD_DIM_64_SHORT = Config(consumer_wgs=3, block_n=128, kv_stages=2,
-                                    p_source="registers", intra_wg_overlap=False, pingpong=True,
-                                    persistent=True, v_layout="prepared", q_quant="kernel")
-# Keys up to which head_dim 64 takes the short-key default (the longest shape measured where it
-# won; between 4608 and 8192 the crossover was not measured).
-HEAD_DIM_64_SHORT_UP_TO = 4608
 
 
 def smem_header_bytes(cfg: Config) -> int:

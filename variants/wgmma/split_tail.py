@@ -1,17 +1,16 @@
 """split_tail: the persistent grid's last wave split along the keys (stream-K for the tail).
 
-A persistent grid of G CTAs deals T tiles with a static stride, so the last
-`tail = T mod G` tiles run as a wave of their own on `tail` SMs while the rest idle: at
-B=2 S=4608 H=24 (1728 tiles of 128 rows on 132 SMs) that is 12 tiles in the fourteenth wave,
-6.5% of the kernel. With split_tail the first T - tail tiles run as before, whole waves in a
-launch of the program without split_tail's code (ptxas schedules a main loop differently
-beside the pieces' code: 1-3% on the H200, RESULTS.md seventeenth session). A second launch,
-the pieces program, cuts the tail's work, `tail * strips` K/V strips, into G equal runs of
-consecutive strips, one per CTA, where that saves more than the split costs (split_tiles;
-where it does not, the host launches the split_tail=False build instead, one launch: variants/
-wgmma/build.py, CompiledKernel._single_launch). A
-run is at most a tile long (tail < G), so it lies inside one tile or crosses into the next: a
-CTA holds at most two pieces, each a range [lo, hi) of one tail tile's strips.
+A persistent grid of G CTAs deals T tiles with a static stride, so the last `tail = T mod G`
+tiles run as a wave of their own on `tail` SMs while the rest idle: at B=2 S=4608 H=24 (1728
+tiles of 128 rows on 132 SMs) that is 12 tiles in the fourteenth wave, 6.5% of the kernel. With
+split_tail the first T - tail tiles run as whole waves in a launch of the program without
+split_tail's code (ptxas schedules a main loop 1-3% slower beside the pieces' code on the H200).
+A second launch, the pieces program, cuts the tail's work, `tail * strips` K/V strips, into G
+equal runs of consecutive strips, one per CTA, where that saves more than the split costs
+(split_tiles; where it does not, the host launches the split_tail=False build instead, one
+launch: wgmma/build.py). A run is at most a tile long (tail < G), so it lies inside one tile or
+crosses into the next: a CTA holds at most two pieces, each a range [lo, hi) of one tail tile's
+strips. docs/family-wgmma.md has the measurements.
 
 Each piece leaves its unnormalised O, row maximum m and row sum l (the online softmax's state,
 log2 domain) in a workspace slot of its own, then adds its strip count to a counter per (tail
@@ -36,7 +35,7 @@ PIECES_PER_CTA = 2
 # tile): the counters' zeroing launch, each piece's pipeline start and Q load, the partial O
 # stores, fence and counter update, and the merge's reads. The split runs only where the strips
 # it saves, strips * (1 - tail / grid) of the last tile's critical path, exceed this. Measured on
-# the H200 (benchmarks/split_tail_h200.py, seventeenth session, the tail always split): a gain
+# the H200 (benchmarks/split_tail_h200.py, 2026-12-03, the tail always split): a gain
 # at 13.4 saved strips (S=4096 H=56: 76 of 132, 32 strips, 1.03x) and more, a loss at 9.6 and
 # fewer (S=4096 H=40: 0.98x; S=1024 H=56: 0.90x; B=4 S=1024 H=32: 0.95x).
 MIN_SAVED_STRIPS = 12

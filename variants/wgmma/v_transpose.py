@@ -1,7 +1,7 @@
 """v_layout=kernel: the producer warpgroup's copy of each V strip from the staging ring (laid
 out like K) into the K-major V ring the PV wgmma reads, as a mixin of WgmmaAttention (the
-algorithm is in variants/wgmma/kernel.py's docstring; tests/test_wgmma_v_transpose.py replays
-its addresses on the CPU)."""
+algorithm is in docs/family-wgmma.md; tests/test_wgmma_v_transpose.py replays its addresses on
+the CPU)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class VTransposeMixin:
     stages and register_p."""
 
     @cute.jit
-    def transpose_v(self, sVraw, sV, pipe_vload, pipe_v, ttid, bid, grid, n_items, strips):
+    def transpose_v(self, sVraw, sV, pipe_vload, pipe_v, ttid, scheduler):
         """Warps 1-3 of the producer warpgroup: every V strip the loader put in the staging
         ring, (block_n keys, head_dim) as in memory, is written into the V ring K-major
         (head_dim, block_n keys contiguous) for the PV wgmma, with the register-P key order
@@ -33,10 +33,10 @@ class VTransposeMixin:
         # Warp-uniform for the compiler too: the ldmatrix/stmatrix under `if` are .sync.aligned.
         warp = cutlass.Uint32(cute.arch.make_warp_uniform(ttid // 32))
         lane_offsets = self._lane_offsets(lane)
-        item = bid
-        while item < n_items:
-            lo, hi = self._work(item, grid, strips)[4:6]  # as many strips as the loader's
-            for _ in cutlass.range(hi - lo, unroll=1):
+        item = scheduler.bid
+        while item < scheduler.n_items:
+            work = scheduler.work(item)  # as many strips as the loader's
+            for _ in cutlass.range(work.hi - work.lo, unroll=1):
                 pipe_vload.consumer_wait(raw_state)
                 pipe_v.producer_acquire(v_state)
                 self._transpose_strip(sVraw, sV, raw_state.index, v_state.index, warp, lane,
@@ -50,7 +50,7 @@ class VTransposeMixin:
                 pipe_vload.consumer_release(raw_state)
                 raw_state.advance()
                 v_state.advance()
-            item += grid
+            item += scheduler.grid
 
     @cute.jit
     def _transpose_strip(self, src, dst, raw_stage, v_stage, warp, lane, lane_offsets):

@@ -47,13 +47,14 @@ def lookup(monkeypatch):
         problems: list[str] = []
         refuse: str | None = None
 
-        def __call__(self, problem, **_):
+        def __call__(self, problem, **kwargs):
             self.problems.append(problem.key())
+            self.max_errors.add(kwargs.get("max_error"))
             if self.refuse:
                 raise TunerError(self.refuse)
 
     double = Lookup()
-    double.problems = []
+    double.problems, double.max_errors = [], set()
     monkeypatch.setattr(runtime, "config_for_problem", double)
     return double
 
@@ -107,11 +108,28 @@ def test_self_and_cross_attention_route_through_tuner_attention(lookup, spy, cap
     # Two blocks, each a self-attention over the latent tokens and a cross-attention to the
     # prompt, in the kernels' layout (batch, seq_len, heads, head_dim), unmasked, torch's scale.
     self_call = {"q": (1, TOKENS, 2, 64), "k": (1, TOKENS, 2, 64), "contiguous": True,
-                 "causal": False, "softmax_scale": None}
+                 "causal": False, "softmax_scale": None, "max_error": None}
     cross_call = {**self_call, "k": (1, TEXT, 2, 64)}
     assert spy == [self_call, cross_call] * 2
     assert sorted(set(lookup.problems)) == ["b1-h2-s32-d64-full", "b1-h2-s32-d64-full-kv7"]
     assert not fallbacks(caplog)
+
+
+def test_max_error_reaches_tuner_attention_and_the_lookup(lookup, spy):
+    model = wan(device="meta")
+    tuner_diffusers.enable(model, max_error=0.08)
+    run(model, wan_inputs(device="meta"))
+    assert len(spy) == 4 and {c["max_error"] for c in spy} == {0.08}
+    assert lookup.max_errors == {0.08}
+    tuner_diffusers.enable(model, max_error=None)  # wraps nothing again, sets the budget
+    run(model, wan_inputs(device="meta"))
+    assert len(spy) == 8 and spy[-1]["max_error"] is None
+
+
+@pytest.mark.parametrize("bad", [0, -0.1, "0.1", True])
+def test_a_max_error_that_is_no_positive_number_is_refused(bad):
+    with pytest.raises(TunerError, match=f"max_error must be a positive number .* got {bad!r}"):
+        tuner_diffusers.enable(wan(device="meta"), max_error=bad)
 
 
 def test_grouped_query_attention_routes_and_a_masked_layer_falls_back(lookup, spy, caplog):
@@ -134,7 +152,8 @@ def test_grouped_query_attention_routes_and_a_masked_layer_falls_back(lookup, sp
     # Layer 0's self-attention carries its sliding-window mask: torch SDPA, said once.
     assert len(fallbacks(caplog)) == 1 and "attn_mask is not supported" in fallbacks(caplog)[0]
     # The others reach the kernels with their 2 KV heads for 4 query heads and the model's scale.
-    gqa = {"q": (1, 16, 4, 64), "contiguous": True, "causal": False, "softmax_scale": 0.125}
+    gqa = {"q": (1, 16, 4, 64), "contiguous": True, "causal": False, "softmax_scale": 0.125,
+           "max_error": None}
     assert spy == [{**gqa, "k": (1, 5, 2, 64)}, {**gqa, "k": (1, 16, 2, 64)},
                    {**gqa, "k": (1, 5, 2, 64)}]
 
@@ -181,7 +200,7 @@ def test_a_cpu_model_falls_back_with_its_reason_logged_once_per_shape(name, spy,
     logged = fallbacks(caplog)
     assert len(logged) == len(shapes)  # one per shape, not per call nor per forward
     assert {_shapes_of(m) for m in logged} == shapes
-    assert all("query is on cpu; the kernels run on a CUDA GPU" in m for m in logged)
+    assert all("q is on cpu; the kernels run on a CUDA GPU" in m for m in logged)
     assert spy == []
 
 
@@ -190,7 +209,39 @@ def test_one_reason_for_one_shape_is_logged_once_whatever_the_call_flags(caplog)
     with routing.SdpaRouter(), torch.no_grad():
         for causal in (False, True, False):
             torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=causal)
-    assert len(fallbacks(caplog)) == 1 and "query is on cpu" in fallbacks(caplog)[0]
+    assert len(fallbacks(caplog)) == 1 and "q is on cpu" in fallbacks(caplog)[0]
+
+
+def test_routes_says_what_an_active_router_sends_to_tuner_attention(lookup):
+    q = meta(1, 16, 2, 64)
+    mask = torch.ones(1, 1, 16, 16, dtype=torch.bool, device="meta")
+    assert not routing.routes(q, q, q)  # no router active
+    with routing.SdpaRouter():
+        assert routing.routes(q, q, q) and not routing.routes(q, q, q, attn_mask=mask)
+
+
+def test_capture_records_a_routed_call_once_and_a_fallen_back_one_once(tmp_path, monkeypatch):
+    # tuner.capture wraps torch's SDPA and hooks tuner.attention; a call an SdpaRouter sends to
+    # tuner.attention is recorded there only. A stand-in kernel (this CPU has none) records as
+    # tuner.attention's hook does; the call of 24 tokens routes, the one of 16 falls back.
+    from tuner import api
+
+    real_decide = routing._decide
+    monkeypatch.setattr(routing, "_decide", lambda call: None if call[0][0][2] == 24
+                        else real_decide(call))
+
+    def kernel(q, k, v, causal, softmax_scale, max_error):
+        api._CAPTURE.record(q, k, v, softmax_scale, causal)
+        return routing.TORCH_SDPA(*(t.transpose(1, 2) for t in (q, k, v))).transpose(1, 2)
+
+    monkeypatch.setattr(tuner, "attention", kernel)
+    with tuner.capture(tmp_path / "acts.safetensors") as recorder, torch.no_grad():
+        with routing.SdpaRouter():
+            for seq_len in (16, 24):
+                q = torch.randn(1, 2, seq_len, 64, dtype=torch.bfloat16)
+                torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert {key: r.seen for key, r in recorder.problems.items()} == {
+        "b1-h2-s16-d64-full": 1, "b1-h2-s24-d64-full": 1}
 
 
 def _shapes_of(message: str) -> tuple:
@@ -201,8 +252,8 @@ def _shapes_of(message: str) -> tuple:
 
 
 @pytest.mark.parametrize("head_dim, dtype, reason", [
-    (64, torch.float32, "query has dtype torch.float32; the kernels take bfloat16 or float16"),
-    (32, torch.bfloat16, "head_dim 32 is not supported (the kernels take (64, 128))"),
+    (64, torch.float32, "q has dtype torch.float32; pass bfloat16 or float16"),
+    (32, torch.bfloat16, "head_dim 32 is not supported; supported: (64, 128)"),
 ])
 def test_what_the_kernels_cannot_run_runs_to_the_end_on_torch_sdpa(head_dim, dtype, reason, spy,
                                                                    caplog):
@@ -249,7 +300,7 @@ def test_what_the_kernels_honour_routes_with_its_arguments(kv_len, kv_heads, kwa
         dispatch_attention_fn(q, kv, kv, **kwargs)
     assert spy == [{"q": (1, 16, 4, 64), "k": (1, kv_len, kv_heads, 64), "contiguous": True,
                     "causal": kwargs.get("is_causal", False),
-                    "softmax_scale": kwargs.get("scale")}]
+                    "softmax_scale": kwargs.get("scale"), "max_error": None}]
 
 
 def test_inputs_that_need_grad_fall_back(lookup, spy, caplog):
@@ -312,6 +363,21 @@ def test_fullgraph_compile_holds_the_op_for_each_routed_call(dynamic, lookup):
     assert out.shape == (1, 4, 2, 8, 8)
     assert targets.count(OP) == 4
     assert torch.nn.functional.scaled_dot_product_attention not in targets
+
+
+def test_fullgraph_compile_bakes_max_error_into_the_op(lookup):
+    model = wan(device="meta")
+    tuner_diffusers.enable(model, max_error=0.08)
+    graphs = []
+
+    def backend(gm, _example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    run(torch.compile(model, fullgraph=True, backend=backend), wan_inputs(device="meta"))
+    calls = [n for g in graphs for n in g.graph.nodes if n.target is OP]
+    assert len(calls) == 4 and all(0.08 in n.args or n.kwargs.get("max_error") == 0.08
+                                   for n in calls)
 
 
 def test_fullgraph_compile_of_a_cpu_model_holds_torch_sdpa_and_its_output(caplog):

@@ -177,6 +177,7 @@ def _sdpa_hook(original, recorder: Recorder):
     """torch's SDPA, recording the calls the kernels could run, then computing as before."""
     import functools
 
+    from tuner.integrations.routing import routes
     from tuner.sdpa import unsupported
 
     @functools.wraps(original)
@@ -184,7 +185,9 @@ def _sdpa_hook(original, recorder: Recorder):
              enable_gqa=False, **kwargs):
         why = (f"arguments {sorted(kwargs)}" if kwargs else
                unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
-        if why is None:
+        if why is None and routes(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            pass  # a model integration sends it to tuner.attention, which records it
+        elif why is None:
             recorder.record(*(t.transpose(1, 2) for t in (query, key, value)), scale,
                             bool(is_causal))
         else:

@@ -2,18 +2,12 @@
 `torch.nn.functional.scaled_dot_product_attention`, so a model swaps one call.
 
 What the kernels cannot honour is refused in one place, `unsupported()`, with the argument named
-and the way out (torch's own SDPA); the drop-in raises it, the model integrations
-(tuner/integrations/) fall back to torch's SDPA with it. is_causal, enable_gqa and key/value
-lengths of their own run on the kernels, with torch's semantics: its is_causal aligns the
-diagonal to the top left, which is ours (bottom right) only at equal lengths, so is_causal with
-different lengths is refused.
+and the way out (torch's own SDPA). is_causal, enable_gqa and key/value lengths of their own run
+on the kernels, with torch's semantics: its is_causal aligns the diagonal to the top left, which
+is ours (bottom right) only at equal lengths, so is_causal with different lengths is refused.
 """
 
 from __future__ import annotations
-
-import torch
-
-from variants.base import HEAD_DIMS
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -30,19 +24,6 @@ def unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) 
         if t.dim() != 4:
             return (f"{name} has shape {tuple(t.shape)}; expected 4 dims (batch, heads, seq_len, "
                     f"head_dim): add a batch dim with unsqueeze(0), or call {SDPA}")
-    # Dtype and head_dim before the device: a CPU model in fp32 learns what it needs on the GPU.
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        if t.dtype not in (torch.bfloat16, torch.float16):
-            return (f"{name} has dtype {t.dtype}; the kernels take bfloat16 or float16: run the "
-                    f"model in one of them (model.to(torch.bfloat16)), or call {SDPA}")
-    if query.shape[-1] not in HEAD_DIMS:
-        return (f"head_dim {query.shape[-1]} is not supported (the kernels take {HEAD_DIMS}); "
-                f"call {SDPA}")
-    for name, t in (("query", query), ("key", key), ("value", value)):
-        # Meta (and fake) tensors pass: they trace shapes, which the custom op answers.
-        if not (t.is_cuda or t.is_meta):
-            return (f"{name} is on {t.device}; the kernels run on a CUDA GPU: move the model "
-                    f"there (model.to('cuda')), or call {SDPA}")
     if key.shape != value.shape:
         return (f"key has shape {tuple(key.shape)}, value {tuple(value.shape)}: they must match "
                 f"(value head_dim other than key's is not supported); call {SDPA}")

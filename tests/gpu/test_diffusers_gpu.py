@@ -148,6 +148,14 @@ def test_wan_eager_within_fp8_error_of_fp32(wan, spy):
     wan.check(out)
 
 
+def test_wan_capture_records_each_routed_call_once(wan, tmp_path):
+    with tuner.capture(tmp_path / "acts.safetensors") as recorder, torch.no_grad():
+        wan.forward(wan.model, wan.inputs)
+    assert {key: r.seen for key, r in recorder.problems.items()} == {
+        f"b1-h2-s{TOKENS}-d128-full": 2, f"b1-h2-s{TOKENS}-d128-full-kv{TEXT}": 2}
+    assert (tmp_path / "acts.safetensors").exists()
+
+
 def test_wan_compiled_fullgraph_within_fp8_error_of_fp32(wan):
     from torch._dynamo.testing import CompileCounterWithBackend
 

@@ -1,5 +1,5 @@
-"""tuner.attention in a diffusers model or pipeline: `enable(target)`, `disable(target)` and the
-context manager `enabled(target)`.
+"""tuner.attention in a diffusers model or pipeline: `enable(target, max_error=None)`,
+`disable(target)` and the context manager `enabled(target, max_error=None)`.
 
 diffusers offers no public way to add an attention backend: `set_attention_backend` and
 `attention_backend` take the members of the closed enum AttentionBackendName, and the registry
@@ -38,11 +38,12 @@ log = logging.getLogger("tuner.integrations")
 SUPPORTED = ">=0.35,<0.43"
 
 
-def enable(target) -> None:
+def enable(target, *, max_error: float | None = None) -> None:
     """Route the attention of `target` through tuner.attention: a diffusers model (any module
     holding diffusers attention modules) or a pipeline (each such model among its components).
-    Enabling twice wraps nothing twice."""
-    _install(target)
+    max_error is tuner.attention's (tuned winners above that stored end-to-end error are passed
+    over). Enabling again wraps nothing twice and sets max_error on every routed processor."""
+    _install(target, max_error)
 
 
 def disable(target) -> None:
@@ -53,10 +54,10 @@ def disable(target) -> None:
 
 
 @contextlib.contextmanager
-def enabled(target):
-    """enable(target) for the block; on leaving, the processors it wrapped get their originals
-    back (those routed before the block stay routed)."""
-    installed = _install(target)
+def enabled(target, *, max_error: float | None = None):
+    """enable(target, max_error=...) for the block; on leaving, the processors it wrapped get
+    their originals back (those routed before the block stay routed)."""
+    installed = _install(target, max_error)
     try:
         yield target
     finally:
@@ -82,15 +83,20 @@ def check_version() -> str:
     return version
 
 
-def _install(target) -> list[tuple]:
+def _install(target, max_error) -> list[tuple]:
     """Wrap every unrouted processor; (module, wrapper) for each one wrapped."""
+    if max_error is not None and (isinstance(max_error, bool) or not isinstance(
+            max_error, int | float) or not max_error > 0):
+        raise TunerError(f"max_error must be a positive number (a relative RMS error such as "
+                         f"0.08) or None, got {max_error!r}")
     installed = []
     for _, module in _attention_modules(target):
         processor = module.processor
         if _unwrapped(processor) is processor:
-            wrapper = _routed_class(type(processor))(processor)
-            module.set_processor(wrapper)
-            installed.append((module, wrapper))
+            processor = _routed_class(type(processor))(processor)
+            module.set_processor(processor)
+            installed.append((module, processor))
+        processor.max_error = max_error
     if installed:
         log.info("tuner: %d attention processors of %s route through tuner.attention",
                  len(installed), type(target).__name__)
@@ -123,7 +129,7 @@ def _unwrapped(processor):
 
 
 def _run(wrapper, args, kwargs):
-    router = SdpaRouter()
+    router = SdpaRouter(wrapper.max_error)
     with router:
         out = wrapper.inner(*args, **kwargs)
     if not torch.compiler.is_compiling() and router.calls == 0:
@@ -141,6 +147,7 @@ class _Routed:
 
     def __init__(self, inner) -> None:
         object.__setattr__(self, "inner", inner)
+        object.__setattr__(self, "max_error", None)
 
     def __getattr__(self, name):
         if name == "inner":  # not set yet (copy, unpickling): no recursion
@@ -161,6 +168,7 @@ class _RoutedModule(torch.nn.Module):
     def __init__(self, inner) -> None:
         super().__init__()
         self.inner = inner
+        self.max_error = None
 
     def __getattr__(self, name):
         try:

@@ -5,12 +5,14 @@ takes every torch.nn.functional.scaled_dot_product_attention call made inside it
 A call runs on the FP8 kernels through the public `tuner.attention` (where tuner.capture records
 its q, k, v), unless one of these refuses it; then torch's SDPA runs it with the caller's
 arguments unchanged:
-  - tuner.sdpa.unsupported: attn_mask (any: telling a trivial one needs a device sync),
-    dropout_p > 0, a dtype other than bf16/fp16, head_dim outside variants.base.HEAD_DIMS,
-    a CPU tensor, is_causal with unequal lengths, heads that GQA cannot group, ...;
+  - tuner.sdpa.unsupported (the SDPA arguments): attn_mask (any: telling a trivial one needs a
+    device sync), dropout_p > 0, is_causal with unequal lengths, a value head_dim other than
+    the key's, heads that GQA cannot group, ...;
+  - variants.prepare.check_qkv (the kernels' inputs): a dtype other than bf16/fp16, a head_dim
+    outside variants.base.HEAD_DIMS, then a tensor off the GPU;
   - autograd: inputs that require grad under grad mode (the kernels have no backward);
   - the config lookup tuner.attention makes (tuner.runtime.config_for_problem): its TunerError,
-    e.g. no GPU, or no family that can implement the problem on it;
+    e.g. no GPU of a known profile, or no family that implements the problem on it;
   - in eager code, a TunerError raised by the call itself.
 Each refusal is logged (a warning on logger "tuner.integrations") once per reason and shape.
 
@@ -36,6 +38,7 @@ from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.sdpa import unsupported
+from variants.prepare import check_qkv
 
 log = logging.getLogger("tuner.integrations")
 
@@ -58,12 +61,26 @@ def clear_cache() -> None:
         _LOGGED.clear()
 
 
-class SdpaRouter(TorchFunctionMode):
-    """Inside it, torch SDPA calls run through route_sdpa; `calls` counts them (in eager code:
-    under torch.compile the count is not kept)."""
+def routes(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+           enable_gqa=False) -> bool:
+    """Whether an SdpaRouter is active on this thread and sends this torch SDPA call to
+    tuner.attention, whose capture hook records it (tuner.capture's SDPA hook then does not)."""
+    from torch.overrides import _get_current_function_mode_stack
 
-    def __init__(self) -> None:
+    routers = [m for m in _get_current_function_mode_stack() if isinstance(m, SdpaRouter)]
+    if not routers:
+        return False
+    return _decide(_call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa,
+                             routers[-1].max_error)) is None
+
+
+class SdpaRouter(TorchFunctionMode):
+    """Inside it, torch SDPA calls run through route_sdpa, with tuner.attention's `max_error`;
+    `calls` counts them (in eager code: under torch.compile the count is not kept)."""
+
+    def __init__(self, max_error: float | None = None) -> None:
         super().__init__()
+        self.max_error = max_error
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -76,7 +93,7 @@ class SdpaRouter(TorchFunctionMode):
             return func(*args, **(kwargs or {}))
         if not torch.compiler.is_compiling():
             self.calls += 1
-        return route_sdpa(*args, **(kwargs or {}))
+        return route_sdpa(*args, **(kwargs or {}), max_error=self.max_error)
 
 
 def _python_tensor_method(func) -> bool:
@@ -86,31 +103,33 @@ def _python_tensor_method(func) -> bool:
 
 
 def route_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-               enable_gqa=False):
+               enable_gqa=False, *, max_error=None):
     """torch SDPA's signature and semantics (query, key, value (batch, heads, seq_len,
-    head_dim)): on the FP8 kernels where they can run it, else on torch's SDPA (logged)."""
-    call = _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
+    head_dim)): on the FP8 kernels where they can run it (tuner.attention with max_error), else
+    on torch's SDPA (logged)."""
+    call = _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, max_error)
     if _decide(call) is None:
         if torch.compiler.is_compiling():
-            return _on_kernels(query, key, value, is_causal, scale)
+            return _on_kernels(query, key, value, is_causal, scale, max_error)
         try:
-            return _on_kernels(query, key, value, is_causal, scale)
+            return _on_kernels(query, key, value, is_causal, scale, max_error)
         except TunerError as error:
             _refuse(call, f"tuner.attention refused it: {error}")
     return TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                       is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _on_kernels(query, key, value, is_causal, scale):
+def _on_kernels(query, key, value, is_causal, scale, max_error):
     # The kernels read (batch, seq_len, heads, head_dim): diffusers' native backend hands SDPA
     # a permuted view of that layout, so the transpose back is usually contiguous already.
     q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
     # tuner.attention looked up on the package at call time: what tuner.capture records.
-    out = tuner.attention(q, k, v, causal=bool(is_causal), softmax_scale=scale)
+    out = tuner.attention(q, k, v, causal=bool(is_causal), softmax_scale=scale,
+                          max_error=max_error)
     return out.transpose(1, 2).to(query.dtype)
 
 
-def _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) -> tuple:
+def _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, max_error) -> tuple:
     # operator.index makes a symbolic size a constant under torch.compile (with a guard).
     shapes = tuple(tuple(operator.index(d) for d in t.shape) for t in (query, key, value))
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
@@ -121,7 +140,8 @@ def _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa) ->
     else:
         dropout = float(dropout_p)
     return (shapes, (query.dtype, key.dtype, value.dtype), str(query.device),
-            attn_mask is not None, dropout, bool(is_causal), bool(enable_gqa), needs_grad)
+            attn_mask is not None, dropout, bool(is_causal), bool(enable_gqa), needs_grad,
+            max_error)
 
 
 @torch.compiler.assume_constant_result
@@ -138,7 +158,7 @@ def _decide(call: tuple) -> str | None:
 
 
 def _reason(call: tuple) -> str | None:
-    shapes, dtypes, device, masked, dropout_p, is_causal, enable_gqa, needs_grad = call
+    shapes, dtypes, device, masked, dropout_p, is_causal, enable_gqa, needs_grad, max_error = call
     # Stand-ins of one element each carry what unsupported() reads: shape, dtype, device.
     q, k, v = (torch.empty((), dtype=dtype, device=device).expand(shape)
                for shape, dtype in zip(shapes, dtypes, strict=True))
@@ -146,13 +166,21 @@ def _reason(call: tuple) -> str | None:
     why = unsupported(q, k, v, mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         return why
+    # The kernels' own input checks, in their layout: dtype and head_dim before the device, so
+    # that a CPU model learns what else it needs on the GPU.
+    for on_gpu in (False, True):
+        try:
+            check_qkv(*(t.transpose(1, 2) for t in (q, k, v)), require_cuda=on_gpu,
+                      check_finite=False)
+        except TunerError as error:
+            return str(error)
     if needs_grad:
         return NEEDS_GRAD
     (batch, heads, seq_len, head_dim), (_, kv_heads, seq_len_kv, _) = shapes[0], shapes[1]
     try:
         problem = Problem(batch, heads, seq_len, head_dim, is_causal, seq_len_kv=seq_len_kv,
                           kv_heads=kv_heads)
-        runtime.config_for_problem(problem)
+        runtime.config_for_problem(problem, max_error=max_error)
     except TunerError as error:
         return f"no kernel to run it: {error}"
     return None

@@ -11,6 +11,9 @@ tests/gpu/test_diffusers_gpu.py."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,6 +31,7 @@ from tuner.integrations import diffusers as tuner_diffusers  # noqa: E402
 from tuner.integrations import routing  # noqa: E402
 
 OP = torch.ops.fp8_attn_tuner.attention.default
+REPO = Path(__file__).resolve().parents[1]
 TOKENS, TEXT = 32, 7  # Wan: a (2, 8, 8) latent in (1, 2, 2) patches; a 7-token prompt
 
 
@@ -242,6 +246,41 @@ def test_capture_records_a_routed_call_once_and_a_fallen_back_one_once(tmp_path,
                 torch.nn.functional.scaled_dot_product_attention(q, q, q)
     assert {key: r.seen for key, r in recorder.problems.items()} == {
         "b1-h2-s16-d64-full": 1, "b1-h2-s24-d64-full": 1}
+
+
+COMPILE_INSIDE_A_CAPTURE = """
+import sys, torch, tuner, tuner.ops
+from tuner import runtime
+from tuner.integrations import routing
+
+runtime.config_for_problem = lambda problem, **kwargs: None
+sdpa = lambda q: torch.nn.functional.scaled_dot_product_attention(q, q, q)
+q = torch.randn(1, 2, 16, 64)
+with tuner.capture(sys.argv[1]):
+    torch.compile(sdpa, backend="eager", fullgraph=True)(q)  # this process's first compile
+    sdpa(q)
+graphs = []
+
+
+def routed(q):
+    with routing.SdpaRouter():
+        return sdpa(q)
+
+
+torch.compile(routed, fullgraph=True, backend=lambda gm, _: graphs.append(gm) or gm.forward)(
+    torch.empty(1, 2, 16, 64, device="meta", dtype=torch.bfloat16))
+print(sum(n.target is torch.ops.fp8_attn_tuner.attention.default
+          for g in graphs for n in g.graph.nodes))
+"""
+
+
+def test_a_compile_inside_a_capture_leaves_later_compiled_routing_intact(tmp_path):
+    # torch lists its overridable functions by name once per process: listed while the capture's
+    # stand-in for torch's SDPA is in place, SDPA would never reach a mode under torch.compile.
+    out = subprocess.run([sys.executable, "-c", COMPILE_INSIDE_A_CAPTURE,
+                          str(tmp_path / "acts.safetensors")], cwd=REPO, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split()[-1] == "1"
 
 
 def _shapes_of(message: str) -> tuple:

@@ -218,6 +218,10 @@ def capture(path, *, max_bytes: int = DEFAULT_MAX_BYTES, calls_per_problem: int 
         raise TunerError("tuner.capture: a capture is already active; nest no captures (one "
                          "file per run)")
     recorder = Recorder(max_bytes, calls_per_problem, slices_per_call, seed)
+    # torch lists its overridable functions by name once per process (cached): listed while the
+    # hook stands in, torch's SDPA would be missing for good, and torch.compile would stop
+    # handing its calls to torch function modes (a model integration's router).
+    torch.overrides.get_overridable_functions()
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
     functional.scaled_dot_product_attention = _sdpa_hook(original, recorder)

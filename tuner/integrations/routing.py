@@ -65,7 +65,7 @@ def routes(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
            enable_gqa=False) -> bool:
     """Whether an SdpaRouter is active on this thread and sends this torch SDPA call to
     tuner.attention, whose capture hook records it (tuner.capture's SDPA hook then does not)."""
-    from torch.overrides import _get_current_function_mode_stack
+    from torch.overrides import _get_current_function_mode_stack  # torch has no public query
 
     routers = [m for m in _get_current_function_mode_stack() if isinstance(m, SdpaRouter)]
     if not routers:
@@ -159,7 +159,7 @@ def _decide(call: tuple) -> str | None:
 
 def _reason(call: tuple) -> str | None:
     shapes, dtypes, device, masked, dropout_p, is_causal, enable_gqa, needs_grad, max_error = call
-    # Stand-ins of one element each carry what unsupported() reads: shape, dtype, device.
+    # Stand-ins of one element each carry what the checks read: shape, dtype, device.
     q, k, v = (torch.empty((), dtype=dtype, device=device).expand(shape)
                for shape, dtype in zip(shapes, dtypes, strict=True))
     mask = torch.empty(()) if masked else None

@@ -177,6 +177,7 @@ def _sdpa_hook(original, recorder: Recorder):
     """torch's SDPA, recording the calls the kernels could run, then computing as before."""
     import functools
 
+    from tuner.integrations.routing import routes
     from tuner.sdpa import unsupported
 
     @functools.wraps(original)
@@ -184,7 +185,9 @@ def _sdpa_hook(original, recorder: Recorder):
              enable_gqa=False, **kwargs):
         why = (f"arguments {sorted(kwargs)}" if kwargs else
                unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa))
-        if why is None:
+        if why is None and routes(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa):
+            pass  # a model integration sends it to tuner.attention, which records it
+        elif why is None:
             recorder.record(*(t.transpose(1, 2) for t in (query, key, value)), scale,
                             bool(is_causal))
         else:
@@ -215,6 +218,10 @@ def capture(path, *, max_bytes: int = DEFAULT_MAX_BYTES, calls_per_problem: int 
         raise TunerError("tuner.capture: a capture is already active; nest no captures (one "
                          "file per run)")
     recorder = Recorder(max_bytes, calls_per_problem, slices_per_call, seed)
+    # torch lists its overridable functions by name once per process (cached): listed while the
+    # hook stands in, torch's SDPA would be missing for good, and torch.compile would stop
+    # handing its calls to torch function modes (a model integration's router).
+    torch.overrides.get_overridable_functions()
     functional = torch.nn.functional
     original = functional.scaled_dot_product_attention
     functional.scaled_dot_product_attention = _sdpa_hook(original, recorder)

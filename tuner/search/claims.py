@@ -13,23 +13,10 @@ under the same deferred Ctrl-C as the ask, so that:
   - a process that finishes while another owner still holds trials leaves it the decision,
     unless those trials are older than any candidate can take (a dead remote host).
 
-Why not Optuna's heartbeat (RDBStorage(heartbeat_interval=, grace_period=) with
-optuna.storages.fail_stale_trials, experimental), tried for this and not taken (Optuna 5.0.0, on
-SQLite: an asked trial left silent past the grace period is still RUNNING after
-fail_stale_trials; one that Optuna's private HeartbeatThread beat for a while is failed):
-  - heartbeats are recorded only inside Study.optimize, by a thread per trial in _run_trial; the
-    search uses ask/tell so that compiles run ahead of the GPU with several trials in flight, and
-    Study.ask only warns that heartbeats are meant for optimize. Beating ourselves would take
-    Optuna's private HeartbeatThread (optuna.storages._heartbeat) per in-flight trial, and one
-    write per trial per interval into the SQLite file the Store writes to as well;
-  - fail_stale_trials skips RUNNING trials that never beat (_get_stale_trial_ids `continue`s on
-    a trial without a heartbeat row): a kill between ask and the first beat leaves the trial
-    RUNNING for good, the very case ORPHAN_AFTER_S covers, so that rule stays either way;
-  - a killed process's trials stay RUNNING for the grace period; the pid check frees them when
-    the re-run starts (the kill -9 / resume test re-proposes them at once);
-  - InMemoryStorage has no heartbeat (fail_stale_trials returns without a word);
-  - a heartbeat says a trial is alive, not whose it is: the owner is still needed to name the
-    process a decision is left to, and to tell this process's trials from the others'.
+Optuna's heartbeat (RDBStorage(heartbeat_interval=...) with fail_stale_trials) does not fit: it
+beats only inside Study.optimize, while the search uses ask/tell to keep several trials in flight,
+fail_stale_trials skips a trial killed before its first beat, and a beat says a trial is alive,
+not whose it is (docs/design.md, "The search").
 """
 
 from __future__ import annotations

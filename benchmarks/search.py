@@ -72,6 +72,7 @@ def stage_sums(trials) -> dict:
     return {"trials": len(mine), "ok": sum(str(t.outcome) == "ok" for t in mine),
             "compile_s": sum(t.compile_s or 0.0 for t in mine),
             "validate_s": sum(t.timing["validate_s"] for t in timed),
+            "accuracy_s": sum(t.timing.get("accuracy_s", 0.0) for t in timed),
             "time_s": sum(t.timing.get("time_s", 0.0) for t in timed)}
 
 
@@ -118,11 +119,12 @@ def run(args, gpu) -> str:
                 total = _stored(db, group)
                 rows.append([label, phase, cell(wall, ".1f"), f"{total['ok']} of "
                              f"{total['trials']}", cell(total["compile_s"], ".1f"),
-                             cell(total["validate_s"], ".1f"), cell(total["time_s"], ".1f")])
+                             cell(total["validate_s"], ".1f"), cell(total["accuracy_s"], ".1f"),
+                             cell(total["time_s"], ".1f")])
     parts = [f"`tuner search --trials {trials} --patience 0 --seed {args.seed}` per group "
              "(module docstring of benchmarks/search.py); stage sums over the stored trials.", "",
              markdown_table(["shapes", "compile cache", "wall s", "trials ok", "compile s (sum)",
-                             "validate s (sum)", "time s (sum)"], rows)]
+                             "validate s (sum)", "accuracy s (sum)", "time s (sum)"], rows)]
     if notes:
         parts += ["", "Failed:", *notes]
     return "\n".join(parts)

@@ -246,11 +246,13 @@ def test_the_search_stage_sums_leave_out_bench_rows():
                            family="wgmma", config={}, config_hash="h", outcome=outcome,
                            role=role, compile_s=compile_s, timing=timing)
 
-    sums = stage_sums([trial("ok", "default", 2.0, {"validate_s": 0.5, "time_s": 0.25}),
+    sums = stage_sums([trial("ok", "default", 2.0, {"validate_s": 0.5, "accuracy_s": 0.125,
+                                                    "time_s": 0.25}),
                        trial("infeasible", "search", None, None),
                        trial("ok", "search", 3.0, {"validate_s": 0.5, "time_s": 0.5}),
                        trial("ok", "bench", 9.0, {"validate_s": 9.0, "time_s": 9.0})])
-    assert sums == {"trials": 3, "ok": 2, "compile_s": 5.0, "validate_s": 1.0, "time_s": 0.75}
+    assert sums == {"trials": 3, "ok": 2, "compile_s": 5.0, "validate_s": 1.0,
+                    "accuracy_s": 0.125, "time_s": 0.75}
 
 
 def test_host_loops_stay_between_5_and_50_calls():

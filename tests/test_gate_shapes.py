@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
     (Problem(1, 32, 64, 64, True, kv_heads=8), (2, 8, 65, 65, 2, True)),  # group 4
     (Problem(1, 8, 100, 64, False, 37, 8), (2, 8, 101, 37, 8, False)),
     (Problem(3, 64, 77, 64, True, 16, 4), (3, 32, 77, 17, 2, True)),  # group 16: 2 KV heads
-    (Problem(1, 4, 50, 64), (2, 4, 51, 51, 4, False)),  # as before KV heads existed
+    (Problem(1, 4, 50, 64), (2, 4, 51, 51, 4, False)),  # group 1: 2 to 8 query heads
 ])
 def test_cases_keep_the_group_and_mask_and_are_ragged_on_both_axes(problem, structured):
     random, struct, realistic = gate_cases(problem)

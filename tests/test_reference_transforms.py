@@ -171,7 +171,7 @@ def test_the_lse_bound_grows_with_the_shift_magnitude(fraction, passes):
 def test_the_row_bound_takes_the_accumulators_error_only_on_large_scores(kind, fraction, passes):
     """Scores of magnitude above ROW_QK_COVERED (the realistic kind without smoothing: ~250)
     widen a row's scale by (LSE_QK_REL / ROW_REL_MAX) x the excess x the V rows' spread; unit
-    inputs (~7) keep the plain scale, so their rows are checked as tightly as before."""
+    inputs (~7) keep the plain scale, so their rows are checked at the plain bound."""
     from tuner.activations import activations
     from tuner.problem import Problem
     from variants.reference import ROW_QK_COVERED, ROW_REL_MAX

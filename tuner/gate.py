@@ -93,7 +93,7 @@ def _odd(n: int) -> int:
 
 def gate_cases(problem) -> list[GateCase]:
     group = problem.group
-    # 2 to 8 query heads at group 1 (as before KV heads existed); else 2 KV heads or more.
+    # 2 to 8 query heads at group 1; else 2 KV heads or more.
     kv_heads = min(max(2, problem.kv_heads), max(2, MAX_STRUCTURED_HEADS // group))
     small = (max(2, problem.batch), kv_heads * group, _odd(problem.seq_len))
     return [

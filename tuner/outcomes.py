@@ -29,4 +29,4 @@ class Role(StrEnum):
     SEARCH = "search"  # proposed by the study
     RETIME = "retime"  # the final side-by-side re-time that decides the winner
     IMPORTED = "imported"  # a winner read from a tuning table, not measured here
-    BENCH = "bench"  # a `tuner bench --store` row: ours or a peer's, for the dashboard
+    BENCH = "bench"  # a `tuner bench` row: ours or a peer's, for the dashboard

@@ -51,7 +51,7 @@ class SdpaPeer:
         scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
         return _SdpaInputs(*(x.transpose(1, 2).contiguous() for x in (q, k, v)), scale=scale)
 
-    def run(self, prepared: _SdpaInputs, out=None, lse=None):
+    def run(self, prepared: _SdpaInputs, out=None, lse=None, *, want_lse=True):
         import torch.nn.functional as F
         from torch.nn.attention import sdpa_kernel
 

@@ -116,7 +116,7 @@ class CudnnFp8Peer:
         workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q.device)
         return _CudnnInputs(pack, workspace, graph, out)
 
-    def run(self, prepared: _CudnnInputs, out=None, lse=None):
+    def run(self, prepared: _CudnnInputs, out=None, lse=None, *, want_lse=True):
         import torch
 
         self._cudnn.set_stream(handle=self._handle, stream=torch.cuda.current_stream().cuda_stream)

@@ -58,7 +58,7 @@ class Fa3Fp8Peer:
         scale = dim**-0.5 if softmax_scale is None else softmax_scale
         return _Fa3Inputs(q8, k8, v8, {"q_descale": dq, "k_descale": dk, "v_descale": dv}, scale)
 
-    def run(self, prepared: _Fa3Inputs, out=None, lse=None):
+    def run(self, prepared: _Fa3Inputs, out=None, lse=None, *, want_lse=True):
         o = self._flash_attn_func(prepared.q, prepared.k, prepared.v,
                                   softmax_scale=prepared.scale, causal=self._causal,
                                   **prepared.descales)

@@ -19,8 +19,9 @@ head_dim); query head h reads KV head h // (heads // kv_heads), as a view. Causa
 the bottom right (FlashAttention's): query i sees keys j <= i + seq_len_kv - seq_len; a query that
 sees no key has output 0 and LSE -inf, exactly, and `accuracy` demands exactly that.
 
-The error of FP8 quantization itself is reported by `end_to_end_error` (kernel vs fp32
-attention on the original inputs), never gated: it measures the format, not the kernel.
+The error of FP8 quantization itself, `end_to_end_error` (kernel vs fp32 attention on the
+original inputs), is not part of the gate: it measures the format, not the kernel. The accuracy
+budget of a search (tuner/budget.py) holds candidates to it, as a separate check.
 """
 
 from __future__ import annotations
@@ -535,9 +536,9 @@ def end_to_end_error(
     causal: bool = False,
 ) -> float:
     """Relative RMS of a kernel's output against fp32 attention on the original inputs (FP8
-    quantization included): reported beside the gated metrics, never gated, since it measures
-    the format, not the kernel. Chunked per head like the reference; rows that see no key count
-    with their reference output 0."""
+    quantization included): the accuracy budget's measure (tuner/budget.py), not the gate's,
+    since it measures the format, not the kernel. Chunked per head like the reference; rows that
+    see no key count with their reference output 0."""
     group = _group(q, k, v)
     batch, s, heads, head_dim = q.shape
     s_kv = k.shape[1]

@@ -20,6 +20,8 @@ multiply by fl32(d^-0.5). Smoothing, when both are on, comes first: k' = (k - m)
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 K_SMOOTHINGS = ("off", "mean")
@@ -51,8 +53,10 @@ def smoothing_vector(k: torch.Tensor, sample_keys: int | None = MEAN_SAMPLE_KEYS
     return k[:, ::stride].mean(dim=1, dtype=torch.float32)
 
 
+@functools.lru_cache(maxsize=16)
 def rotation_signs(head_dim: int, device=None) -> torch.Tensor:
-    """The +-1 vector of the rotation (fp32, head_dim)."""
+    """The +-1 vector of the rotation (fp32, head_dim), made once per device: a host-to-device
+    copy on every call would cost host time and is illegal inside a CUDA-graph capture."""
     if head_dim > MAX_ROTATION_DIM or head_dim & (head_dim - 1):
         raise ValueError(f"the Hadamard rotation needs a power-of-two head_dim <= "
                          f"{MAX_ROTATION_DIM}, got {head_dim}")

@@ -119,3 +119,20 @@ def test_split_tails_workspace_counts_the_kernels_tiles(monkeypatch, heads, kv_h
     assert wgmma_build._workspace_words(cfg, 128)(None, prepared) == (0, 0)
     group = heads // kv_heads if pack else 1
     assert seen["tiles"] == 2 * (heads // group) * -(-seq_len * group // cfg.block_m)
+
+
+def test_a_packed_build_refuses_inputs_of_another_group():
+    """The group is compiled in: a launch on inputs with another one would pack the wrong
+    heads, so run() names the mismatch before launching."""
+    import torch
+
+    from variants.build import CompiledKernel
+
+    cfg = _cfg(pack_gqa=True, q_quant="prepare")
+    kernel = CompiledKernel(cfg, GQA, "sm_90a", None, 0.0, _fn=object())
+    prepared = SimpleNamespace(
+        v_feature_major=cfg.v_feature_major, key_permuted=cfg.v_key_permuted,
+        q_in_kernel=False, k_mean=None, qk_rotated=False, padded_len=256, padded_len_kv=256,
+        softmax_scale=0.1, q=torch.empty(1, 256, 32, 128), k=torch.empty(1, 256, 4, 128))
+    with pytest.raises(ValueError, match="packs 4 query heads per KV head.*32 on 4"):
+        kernel.run(prepared)

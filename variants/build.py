@@ -381,6 +381,11 @@ class CompiledKernel:
         batch, _padded, heads, head_dim = prepared.q.shape
         if head_dim != self.problem.head_dim:
             raise ValueError(f"head_dim {head_dim} != compiled head_dim {self.problem.head_dim}")
+        kv_heads = prepared.k.shape[2]
+        if getattr(self.config, "pack_gqa", False) and heads // kv_heads != self.problem.group:
+            raise ValueError(f"this build packs {self.problem.group} query heads per KV head "
+                             f"(pack_gqa, compiled in); the inputs have {heads} on {kv_heads}: "
+                             "compile the config for this problem")
         s = prepared.seq_len
         device = prepared.q.device
         words, zero_from = self._workspace_words(device, prepared)

@@ -15,7 +15,7 @@ from tests.gpu import compile_ahead, pairwise_cover
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = ["test_wgmma_gpu", "test_mma_sync_gpu", "test_shapes_gpu", "test_gate_gpu",
-          "test_split_tail_gpu"]
+          "test_split_tail_gpu", "test_pack_gqa_gpu"]
 
 
 def _pytest(*args) -> subprocess.CompletedProcess:

@@ -189,10 +189,12 @@ FEASIBLE = {
     # k_smoothing and qk_rotation (prepare-only, one build for all four) x4 the spaces: every
     # config takes smoothing; the rotation needs Q quantized in prepare (wgmma q_quant=prepare:
     # 4374 of 8424 at 128, 6552 of 13104 at 64), so wgmma's feasible count is 2 x (base + those).
-    ("wgmma", "h200", 128): (110592, 25596),    # sm_90a (split_tail: persistent configs x2)
-    ("wgmma", "h200", 64): (110592, 39312),
-    ("wgmma", "4090", 128): (110592, 0),        # sm_89: no wgmma
-    ("wgmma", "5080", 128): (110592, 0),        # sm_120a: no wgmma
+    # pack_gqa x2 and head_swizzle x4 the space; at H=2 (one query head per KV head) pack_gqa
+    # is refused, and head_swizzle's sections apply to longest_first only: x2.5 the feasible.
+    ("wgmma", "h200", 128): (884736, 63990),    # sm_90a (split_tail: persistent configs x2)
+    ("wgmma", "h200", 64): (884736, 98280),
+    ("wgmma", "4090", 128): (884736, 0),        # sm_89: no wgmma
+    ("wgmma", "5080", 128): (884736, 0),        # sm_120a: no wgmma
     ("mma_sync", "h200", 128): (6912, 1152),    # sm_90a
     ("mma_sync", "h200", 64): (6912, 1536),
     ("mma_sync", "4090", 128): (6912, 1088),    # sm_89: 99 KB of shared memory a block

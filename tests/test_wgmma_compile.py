@@ -152,8 +152,24 @@ def test_cases_cover_every_knob_value():
         knobs = {k: v for k, v in overrides.items() if k != "head_dim"}
         for name, value in dataclasses.replace(_DEFAULT, **knobs).to_dict().items():
             seen[name].add(value)
+    # pack_gqa needs grouped KV heads: tests/test_wgmma_pack_gqa_compile.py compiles its values.
+    for cfg, _ in _pack_gqa_builds():
+        for name, value in cfg.to_dict().items():
+            seen[name].add(value)
     for name, values in space.items():
         assert set(values) <= seen[name], name
+
+
+def _pack_gqa_builds():
+    """(config, problem) of each build of tests/test_wgmma_pack_gqa_compile.py."""
+    from tests.test_wgmma_pack_gqa_compile import CASES as PACKED
+
+    builds = []
+    for heads, kv_heads, head_dim, causal, overrides in PACKED:
+        problem = Problem(1, heads, 77, head_dim=head_dim, causal=causal, kv_heads=kv_heads)
+        builds.append((dataclasses.replace(wgmma.default("sm_90a", problem),
+                                           **{"pack_gqa": True, **overrides}), problem))
+    return builds
 
 
 def test_q_quant_kernel_refuses_fp8_and_mislaid_inputs_by_name():

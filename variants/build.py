@@ -117,14 +117,16 @@ def codegen_knobs(cfg) -> dict:
 
 
 def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path,
-                causal: bool = False) -> str:
+                causal: bool = False, extra: dict | None = None) -> str:
     # host: kernel.o holds host code too, so a cache shared by x86 and Arm hosts keeps both.
-    # causal is a compile-time constant of the kernels (lengths and head counts are runtime).
+    # causal is a compile-time constant of the kernels (lengths and head counts are runtime);
+    # extra: a family's other compile-time constants taken from the problem (none: no field).
+    fields = {"extra": extra} if extra else {}
     blob = json.dumps({"family": family, "config": codegen_knobs(cfg), "head_dim": head_dim,
                        "causal": causal,
                        "arch": arch, "src": source_hash(str(src_dir)), "dsl": dsl_version(),
                        "toolkit": dsl_toolkit(), "shared": shared_source_hash(),
-                       "env": _dsl_environment(), "host": platform.machine()},
+                       "env": _dsl_environment(), "host": platform.machine(), **fields},
                       sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
@@ -379,6 +381,11 @@ class CompiledKernel:
         batch, _padded, heads, head_dim = prepared.q.shape
         if head_dim != self.problem.head_dim:
             raise ValueError(f"head_dim {head_dim} != compiled head_dim {self.problem.head_dim}")
+        kv_heads = prepared.k.shape[2]
+        if getattr(self.config, "pack_gqa", False) and heads // kv_heads != self.problem.group:
+            raise ValueError(f"this build packs {self.problem.group} query heads per KV head "
+                             f"(pack_gqa, compiled in); the inputs have {heads} on {kv_heads}: "
+                             "compile the config for this problem")
         s = prepared.seq_len
         device = prepared.q.device
         words, zero_from = self._workspace_words(device, prepared)
@@ -403,13 +410,16 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                    extra_args: Callable[[Any], tuple] = lambda device: (),
                    workspace_words: Callable[[Any, Any], tuple] = lambda device, prepared: (0, 0),
                    single_launch: Callable[[], CompiledKernel] | None = None,
+                   codegen_extra: dict | None = None,
                    ) -> CompiledKernel:
     """The one compile cache: memory per (build, problem), a build per codegen key, and on disk
     the cubin, resources and loadable function of every build (read back by other processes).
     single_launch builds the kernel run where a launch needs no workspace
     (CompiledKernel._single_launch), with this one, so that a search's compile pool leaves both
-    on disk."""
-    key = codegen_key(family, cfg, problem.head_dim, arch, src_dir, problem.causal)
+    on disk. codegen_extra: the problem's values the build compiles in beyond head_dim and
+    causal (wgmma's pack_gqa: the group), part of the key."""
+    key = codegen_key(family, cfg, problem.head_dim, arch, src_dir, problem.causal,
+                      codegen_extra)
     # The build is shared by configs that differ in prepare-only knobs; the kernel object (whose
     # prepare applies them) is not.
     prepare_knobs = ",".join(f"{k}={getattr(cfg, k, v)}" for k, v in PREPARE_ONLY_KNOBS.items())

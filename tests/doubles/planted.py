@@ -35,6 +35,9 @@ BUGS = {
     "causal_diagonal_dropped": "non-finite",
     # grouped KV heads: query head h reads KV head h // group + 1 (mod kv_heads)
     "kv_head_shifted": "worst row",
+    # query heads 0 and 1 trade outputs (and LSE): with grouped KV heads packed into one tile
+    # (wgmma's pack_gqa) two rows of a group stored at each other's head
+    "packed_heads_swapped": "worst row",
     # K smoothing: prepare subtracts the next KV head's mean (the next batch's with one KV
     # head) but declares the right one: k's codes are not those of k - m
     "k_mean_subtracted_wrong": "prepare",
@@ -68,6 +71,7 @@ def expected_check(bug: str, problem) -> str | None:
 # row S-1 sees that key, so there it would copy right answers.
 APPLIES = {"causal_diagonal_dropped": lambda p: p.causal,
            "kv_head_shifted": lambda p: p.kv_heads >= 2,
+           "packed_heads_swapped": lambda p: p.heads >= 2,
            "last_key_masked": lambda p: not p.causal}
 
 
@@ -161,6 +165,9 @@ class PlantedKernel:
             lse += 0.05
         elif bug == "one_nan":
             out[0, s // 2, 0, 0] = float("nan")
+        elif bug == "packed_heads_swapped" and out.shape[2] >= 2:
+            out[:, :, [0, 1]] = out[:, :, [1, 0]]
+            lse[:, [0, 1]] = lse[:, [1, 0]]
         elif bug == "batch_cross" and out.shape[0] >= 2:
             out[1] = out[0]
             lse[1] = lse[0]

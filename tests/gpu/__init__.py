@@ -45,7 +45,7 @@ def pairwise_cover(configs: list) -> list:
 def selected_builds(items) -> list[tuple]:
     """(family, Config, Problem) of every kernel the GPU tests among `items` will build, as their
     modules' gpu_builds(test name, parameters) state them; one per build (the build depends on
-    the problem's head_dim and mask only)."""
+    the problem's head_dim and mask, and with pack_gqa its group)."""
     builds = {}
     for item in items:
         hook = getattr(getattr(item, "module", None), "gpu_builds", None)
@@ -53,7 +53,9 @@ def selected_builds(items) -> list[tuple]:
             continue
         callspec = getattr(item, "callspec", None)
         for family, cfg, problem in hook(item.originalname, callspec.params if callspec else {}):
-            builds.setdefault((family, cfg, problem.head_dim, problem.causal),
+            # wgmma's pack_gqa compiles the group in as well.
+            group = problem.group if getattr(cfg, "pack_gqa", False) else 1
+            builds.setdefault((family, cfg, problem.head_dim, problem.causal, group),
                               (family, cfg, problem))
     return list(builds.values())
 

@@ -15,12 +15,17 @@ from typing import Any
 import cutlass
 import cutlass.cute as cute
 
-from variants.common.masking import first_masked_strip, key_hidden, strip_needs_mask
+from variants.common.masking import (
+    first_masked_strip,
+    key_hidden,
+    query_token,
+    strip_needs_mask,
+)
 
 
 @dataclass(frozen=True)
 class AttentionMask:
-    row_base: Any  # the tile's first query row
+    row_base: Any  # the tile's first row (with packed query heads a packed row: query_token)
     first_masked: Any  # the first strip some row of the tile does not see all of
     n_total: Any  # strips of block_n keys in the whole key length
     ragged: Any  # seq_len_kv is no multiple of block_n
@@ -29,13 +34,14 @@ class AttentionMask:
     tScS: Any  # the (row, key) coordinate of each of the thread's S accumulator values
     block_n: int
     causal: bool
+    group: int = 1  # query heads packed into the tile's rows (1: a row is a token)
 
     @staticmethod
     def for_tile(row_base, n_total, ragged, seq_len_kv, offset, tScS, block_n: int,
-                 causal: bool) -> AttentionMask:
-        first_masked = first_masked_strip(row_base, block_n, offset)
+                 causal: bool, group: int = 1) -> AttentionMask:
+        first_masked = first_masked_strip(query_token(row_base, group), block_n, offset)
         return AttentionMask(row_base, first_masked, n_total, ragged, seq_len_kv, offset, tScS,
-                             block_n, causal)
+                             block_n, causal, group)
 
     def needs_mask(self, strip):
         """The ragged last strip, and with a causal mask the diagonal's strips."""
@@ -53,6 +59,6 @@ class AttentionMask:
         key_base = strip * self.block_n
         tScS = self.tScS
         for i in cutlass.range_constexpr(cute.size(acc_S)):
-            if key_hidden(key_base + tScS[i][1], self.row_base + tScS[i][0], self.seq_len_kv,
-                          self.offset, self.causal):
+            row = query_token(self.row_base + tScS[i][0], self.group)
+            if key_hidden(key_base + tScS[i][1], row, self.seq_len_kv, self.offset, self.causal):
                 acc_S[i] = -cutlass.Float32.inf

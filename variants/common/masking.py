@@ -17,6 +17,15 @@ from __future__ import annotations
 import cutlass
 
 
+def query_token(row, group: int):
+    """The query token of tile row `row`: the row itself, or with the query heads of a KV group
+    packed into the rows (wgmma's pack_gqa: row p is token p // group of head p % group of the
+    group) row // group."""
+    if group == 1:
+        return row
+    return row // group
+
+
 def causal_offset(seq_len_q, seq_len_kv):
     """offset = seq_len_kv - seq_len_q: row r sees keys j <= r + offset."""
     return seq_len_kv - seq_len_q

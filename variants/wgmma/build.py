@@ -39,7 +39,9 @@ def _workspace_words(cfg: Config, head_dim: int):
 
         (grid,) = _sm_count_arg(device)
         batch, _, heads, _ = prepared.q.shape
-        tiles = batch * heads * -(-prepared.seq_len // cfg.block_m)
+        # The kernel's tile count (pack_gqa: KV heads times blocks of packed rows).
+        group = heads // prepared.k.shape[2] if cfg.pack_gqa else 1
+        tiles = batch * (heads // group) * -(-prepared.seq_len * group // cfg.block_m)
         strips = -(-prepared.seq_len_kv // cfg.block_n)
         if not split_tiles(tiles, grid, strips):
             return 0, 0
@@ -52,13 +54,16 @@ def compile(cfg: Config, problem, arch: str) -> build.CompiledKernel:  # noqa: A
     """Build (or fetch from cache) the kernel for `cfg` on `arch`; works without a GPU."""
     from variants.wgmma.kernel import WgmmaAttention
 
+    group = cfg.packed_group(problem)
     return build.compile_cached(
         FAMILY, _SRC_DIR, cfg, problem, arch,
-        make_kernel=lambda: WgmmaAttention(cfg, problem.head_dim, problem.causal),
+        make_kernel=lambda: WgmmaAttention(cfg, problem.head_dim, problem.causal, group),
         smem_bytes=smem_bytes(cfg, problem.head_dim),
         example_extra=_example_sm_count(), extra_args=_sm_count_arg,
         workspace_words=_workspace_words(cfg, problem.head_dim),
         # Where the rule keeps the tail whole, the split_tail=False build runs instead.
         single_launch=(lambda: compile(dataclasses.replace(cfg, split_tail=False), problem, arch))
         if cfg.split_tail else None,
+        # pack_gqa compiles the group in (the Q box, the epilogue's row split).
+        codegen_extra={"group": group} if cfg.pack_gqa else None,
     )

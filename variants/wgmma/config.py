@@ -29,6 +29,9 @@ TILE_ORDERS = ("per_head", "longest_first")
 # warpgroups take each row's amax and write its e4m3 codes into the Q tile themselves: prepare
 # then reads and writes only K and V, a third less of its traffic).
 Q_QUANTS = ("prepare", "kernel")
+# head_swizzle: (head, batch) pairs per section of longest_first's order (tiles.py); 0 is one
+# section of every pair.
+HEAD_SWIZZLE_MAX = 64
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
 HEAD_DIMS = (64, 128)
@@ -76,6 +79,13 @@ class Config(ConfigMixin):
     # merged by the warp that finishes a tile (variants/wgmma/split_tail.py); False is the
     # kernel built before this knob existed.
     split_tail: bool = False
+    # The query heads of a KV group packed into a tile's rows, so K and V are loaded once per
+    # group (variants/wgmma/pack_gqa.py); False is the kernel built before this knob existed.
+    pack_gqa: bool = False
+    # longest_first: the tiles dealt in sections of this many (head, batch) pairs, longest first
+    # inside each, so the CTAs in flight share those heads' K/V in L2 (variants/wgmma/tiles.py);
+    # 0, one section of every pair, is the kernel built before this knob existed.
+    head_swizzle: int = 0
     # Exact transforms prepare applies before quantizing (variants/transforms.py,
     # docs/accuracy.md): K smoothing ("off" | "mean") and the Q/K rotation ("none" |
     # "hadamard"). Prepare-only: the attention kernel is the same build; off and none are what
@@ -130,6 +140,10 @@ class Config(ConfigMixin):
         if cfg.q_in_kernel and dtype_name != "bfloat16":
             return dataclasses.replace(cfg, q_quant="prepare")
         return cfg
+
+    def packed_group(self, problem) -> int:
+        """Query heads a tile packs into its rows: the problem's group with pack_gqa, else 1."""
+        return problem.group if self.pack_gqa else 1
 
     def pad_to(self) -> int:
         """Sequence padding prepare applies so every Q tile and K/V strip load is in bounds."""
@@ -263,6 +277,9 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, ("split_tail is for full masks: a causal tail's tiles are of unequal "
                        "length (and with tile_order=longest_first its shortest), so equal "
                        "runs of strips do not apply; use split_tail=False")
+    reason = _schedule_reason(cfg, problem)
+    if reason:
+        return False, reason
     smem = smem_bytes(cfg, d)
     if smem > gpu.smem_per_block:
         return False, (f"shared memory {smem} B per CTA > {gpu.smem_per_block} B per block on "
@@ -274,3 +291,27 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
                        f"with {cfg.consumer_wgs} consumer warpgroups): block_n={cfg.block_n} "
                        "would spill")
     return True, None
+
+
+def _schedule_reason(cfg: Config, problem) -> str | None:
+    """pack_gqa's and head_swizzle's constraints (pack_gqa.py, tiles.py), None when they hold."""
+    if type(cfg.pack_gqa) is not bool:
+        return f"pack_gqa={cfg.pack_gqa!r}: true or false"
+    group = problem.group
+    if cfg.pack_gqa and group == 1:
+        return (f"pack_gqa packs the query heads that share a KV head; heads={problem.heads} "
+                f"on kv_heads={problem.kv_heads} is one a KV head, where pack_gqa=False is the "
+                "same kernel")
+    if cfg.pack_gqa and (group & (group - 1) or cfg.block_m % group):
+        return (f"pack_gqa with {group} query heads per KV head (heads={problem.heads}, "
+                f"kv_heads={problem.kv_heads}): a tile packs whole tokens of the group into its "
+                f"block_m={cfg.block_m} rows and the accumulator's 8-row steps split evenly over "
+                "(group, tokens) only for a power of two dividing block_m; use pack_gqa=False")
+    if type(cfg.head_swizzle) is not int or not 0 <= cfg.head_swizzle <= HEAD_SWIZZLE_MAX:
+        return (f"head_swizzle={cfg.head_swizzle!r}: (head, batch) pairs per section of the "
+                f"tile order, 0..{HEAD_SWIZZLE_MAX} (0: one section)")
+    if cfg.head_swizzle and cfg.tile_order != "longest_first":
+        return (f"head_swizzle={cfg.head_swizzle} sections longest_first's order; "
+                f"tile_order={cfg.tile_order!r} walks one head at a time already: use "
+                "head_swizzle=0 or tile_order=longest_first")
+    return None

@@ -29,6 +29,7 @@ from variants.common.softmax import LOG2_E
 from variants.wgmma.config import ROWS_PER_WG, WG_THREADS, Config, register_split
 from variants.wgmma.epilogue import EpilogueMixin, SplitTailWorkspace, workspace_views
 from variants.wgmma.mainloop import ConsumerMixin
+from variants.wgmma.pack_gqa import packed_views
 from variants.wgmma.pipelines import PipelinesMixin
 from variants.wgmma.producer import ProducerMixin
 from variants.wgmma.quantize_q import QuantizeQMixin
@@ -43,7 +44,9 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
     """The host side (__call__) and the device entry (kernel), which hands off to the
     producer (load, transpose_v) and the consumers (mma)."""
 
-    def __init__(self, cfg: Config, head_dim: int, causal: bool = False):
+    def __init__(self, cfg: Config, head_dim: int, causal: bool = False, group: int = 1):
+        """group: query heads packed into a tile's rows (pack_gqa: the problem's heads per KV
+        head, a compile-time constant; 1: a tile's rows are tokens of one head)."""
         self.cfg = cfg
         self.head_dim = head_dim
         self.causal = causal
@@ -63,6 +66,8 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         self.consumer_regs, self.producer_regs = register_split(cfg)
         self.scale_blocks = cfg.scale_blocks
         self.split_tail = cfg.split_tail and cfg.persistent
+        self.group = group
+        self.head_swizzle = cfg.head_swizzle
         self.pieces = False  # which program kernel() is tracing (split_tail's pieces or tiles)
 
     @cute.jit
@@ -111,6 +116,16 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         mO, mLSE = output_views(o_ptr, lse_ptr, batch, heads, seq_len, d)
         mScales = block_scale_views(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
         mKVScales = kv_block_scales_view(scales_ptr, batch, heads, padded, kv_heads, padded_kv)
+        mQScales = mScales[0]
+        g = self.group
+        q_tiler = (bm, d)
+        rows, tile_heads = seq_len, heads
+        if cutlass.const_expr(g > 1):
+            # pack_gqa: a tile's rows are (group, tokens) of one KV head's query heads; Q, O,
+            # LSE and Q's scales indexed by packed row (pack_gqa.py).
+            mQ, mO, mLSE, mQScales = packed_views(mQ, mO, mLSE, mQScales, g, kv_heads)
+            q_tiler = ((g, bm // g), d)
+            rows, tile_heads = seq_len * g, kv_heads
 
         sQ_layout = self._smem_layout(bm, d, None)
         sK_layout = self._smem_layout(bn, d, self.stages)
@@ -131,7 +146,7 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
             g2s, mK, cute.select(sK_layout, mode=[0, 1]), (bn, d))
         tma_q, tma_mQ = cpasync.make_tiled_tma_atom(
             g2s, mQ, sQraw_layout if cutlass.const_expr(self.q_in_kernel) else sQ_layout,
-            (bm, d))
+            q_tiler)
         if cutlass.const_expr(self.v_in_kernel):
             # Loaded like K into a staging ring of K's layout; the producer transposes it.
             tma_v, tma_mV = cpasync.make_tiled_tma_atom(
@@ -144,8 +159,8 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
                                              sQraw_layout)
         self._check_smem_estimate(SharedStorage)
 
-        m_blocks = cute.ceil_div(seq_len, bm)
-        total_tiles = m_blocks * heads * batch
+        m_blocks = cute.ceil_div(rows, bm)
+        total_tiles = m_blocks * tile_heads * batch
         # split_tail: the whole tiles in this launch (the program of split_tail=False, its loop
         # bound the whole tiles), the last wave's pieces in a second one (kernel(pieces=True)):
         # two programs, so that the pieces' code leaves the whole tiles' main loop as ptxas
@@ -158,10 +173,10 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         if cutlass.const_expr(self.persistent):
             grid_x = cutlass.max(cutlass.min(whole, max_ctas), 1)
         mWorkO, mWorkML, mCount = workspace_views(workspace_ptr, max_ctas, bm, d, self.wgs)
-        args = (tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mScales[0], mKVScales, mO, mLSE,
+        args = (tma_q, tma_mQ, tma_k, tma_mK, tma_v, tma_mV, mQScales, mKVScales, mO, mLSE,
                 mWorkO, mWorkML, mCount,
-                seq_len, heads, m_blocks, total_tiles, whole, softmax_scale * LOG2_E, seq_len_kv,
-                heads // kv_heads, causal_offset(seq_len, seq_len_kv),
+                rows, tile_heads, m_blocks, total_tiles, whole, softmax_scale * LOG2_E,
+                seq_len_kv, heads // kv_heads, causal_offset(seq_len, seq_len_kv),
                 sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout, tiled_mma_qk,
                 tiled_mma_pv, SharedStorage)
         self.kernel(*args, False).launch(
@@ -213,7 +228,8 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         pieces: cutlass.Constexpr,
     ):
         """pieces=False: the tiles below tile_limit (all of them, or with split_tail those of
-        the whole waves); pieces=True: split_tail's pieces of the last wave's tiles."""
+        the whole waves); pieces=True: split_tail's pieces of the last wave's tiles. With
+        pack_gqa seq_len counts packed rows (seq_len * group) and heads the KV heads."""
         # Read by the device methods at trace time: which of the two programs this is.
         self.pieces = pieces
         tidx, _, _ = cute.arch.thread_idx()

@@ -108,7 +108,7 @@ class ConsumerMixin:
         n_blocks = work.hi - work.lo
         mask = AttentionMask.for_tile(work.m_block * self.block_m, scheduler.n_blocks, ragged,
                                       seq_len_kv, scheduler.offset, frags.tScS, self.block_n,
-                                      self.causal)
+                                      self.causal, self.group)
         q_coef = self._tile_q(q_state, sQraw, sQ, frags.s_rows, scale_log2, pipes,
                               scales.q_stage, wg)
         softmax = Softmax.create(q_coef, self.block_n, self.scale_blocks, self.causal,

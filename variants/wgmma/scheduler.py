@@ -1,8 +1,9 @@
 """Which work a CTA of the wgmma kernel does, and the state its loop carries from tile to tile.
 
-A tile is (query block, head, batch); the config's tile_order says in which order the tiles
-are dealt (config.TILE_ORDERS), the grid's static stride deals them (persistent, or one tile a
-CTA), and a causal tile visits only the strips of keys its rows see (common/masking.py). In
+A tile is (query block, head, batch), with pack_gqa (query block, KV head, batch) over packed
+rows (pack_gqa.py); the config's tile_order and head_swizzle say in which order the tiles are
+dealt (tiles.py), the grid's static stride deals them (persistent, or one tile a CTA), and a
+causal tile visits only the strips of keys its rows' tokens see (common/masking.py). In
 split_tail's pieces program an item is a run of the last wave's strips (split_tail.py).
 
 TileScheduler and WorkTile are frozen dataclasses built inside the traced kernel, which the
@@ -22,12 +23,14 @@ import cutlass.cute as cute
 
 from variants.common.masking import strips_needed
 from variants.wgmma.split_tail import split_tiles, tail_piece, work_limit
+from variants.wgmma.tiles import tile_coords, tile_rows
 
 
 @dataclass(frozen=True)
 class WorkTile:
     """One item of a CTA's loop: its tile's query block, head, KV head and batch, the strips
-    [lo, hi) it visits (from the last), and its split_tail tail tile (-1: a whole tile)."""
+    [lo, hi) it visits (from the last), and its split_tail tail tile (-1: a whole tile). With
+    pack_gqa head is the KV head, whose query heads the tile's packed rows hold."""
 
     m_block: Any
     head: Any
@@ -53,7 +56,7 @@ class TileScheduler:
     """The tiles of a launch and this CTA's items among them (n_items: the loop bound)."""
 
     m_blocks: Any
-    heads: Any
+    heads: Any  # with pack_gqa the KV heads
     n_blocks: Any  # strips of block_n keys in the whole key length
     group: Any  # query heads per KV head
     offset: Any  # causal diagonal: row r sees keys <= r + offset (common/masking.py)
@@ -67,6 +70,8 @@ class TileScheduler:
     causal: bool
     longest_first: bool
     pieces: bool  # split_tail's pieces program (else the whole tiles')
+    packed: int  # query heads packed into a tile's rows (pack_gqa; 1: none)
+    head_swizzle: int  # longest_first's section of (head, batch) pairs (tiles.py; 0: one)
 
     @staticmethod
     def create(kernel, m_blocks, heads, total_tiles, tile_limit, seq_len_kv, group, offset):
@@ -83,24 +88,22 @@ class TileScheduler:
             n_items = tile_limit
         return TileScheduler(m_blocks, heads, n_blocks, group, offset, heads_batch, total_tiles,
                              bid, grid, n_items, kernel.block_m, kernel.block_n, kernel.causal,
-                             kernel.longest_first, kernel.pieces)
+                             kernel.longest_first, kernel.pieces, kernel.group,
+                             kernel.head_swizzle)
 
     @cute.jit
     def tile(self, tile: cutlass.Int32) -> WorkTile:
         """A whole tile with all the strips it visits."""
-        # per_head: m fastest, the CTAs in flight share the K/V of one or two heads in L2.
-        m_block = tile % self.m_blocks
-        rest = tile // self.m_blocks
-        if cutlass.const_expr(self.longest_first):
-            # m slowest, from the last block down, (head, batch) fastest: the first tiles of
-            # the grid are the longest of every head (causal), and the persistent grid's static
-            # stride deals each CTA tiles of falling length.
-            m_block = self.m_blocks - 1 - tile // self.heads_batch
-            rest = tile % self.heads_batch
+        m_block, rest = tile_coords(tile, self.m_blocks, self.heads_batch, self.longest_first,
+                                    self.head_swizzle)
         head = rest % self.heads
-        n_tile = strips_needed(m_block * self.block_m, self.block_m, self.block_n, self.n_blocks,
-                               self.offset, self.causal)
-        return WorkTile(m_block, head, head // self.group, rest // self.heads, 0, n_tile, -1)
+        row_start, rows = tile_rows(m_block, self.block_m, self.packed)
+        n_tile = strips_needed(row_start, rows, self.block_n, self.n_blocks, self.offset,
+                               self.causal)
+        kv_head = head
+        if cutlass.const_expr(self.packed == 1):
+            kv_head = head // self.group
+        return WorkTile(m_block, head, kv_head, rest // self.heads, 0, n_tile, -1)
 
     @cute.jit
     def work(self, item) -> WorkTile:

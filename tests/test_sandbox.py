@@ -120,8 +120,8 @@ def test_prepare_is_timed_as_the_runtime_calls_it_without_the_input_checks():
             calls.append(validate)
             return inner.prepare(q, k, v, softmax_scale)
 
-        def run(self, prepared, out=None, lse=None):
-            return inner.run(prepared, out=out, lse=lse)
+        def run(self, prepared, out=None, lse=None, want_lse=True):
+            return inner.run(prepared, out=out, lse=lse, want_lse=want_lse)
 
     timing = time_kernel(Recording(), problem, torch.device("cpu"), seed=1, l2_bytes=0,
                          repeats=10, warmup=1)

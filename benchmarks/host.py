@@ -51,27 +51,37 @@ def parts(problem, seed: int) -> dict:
     import torch
 
     import tuner
-    from tuner import runtime
     from tuner.measure import random_inputs
-    from variants.prepare import check_qkv
 
     q, k, v = random_inputs(problem, torch.device("cuda"), seed)
-    causal = problem.causal
-    tuner.attention(q, k, v, causal=causal)
+    tuner.attention(q, k, v, causal=problem.causal)
     torch.cuda.synchronize()
+    return call_parts(q, k, v, problem.causal)
+
+
+def call_parts(q, k, v, causal: bool) -> dict:
+    """name -> a call of one part of a repeated tuner.attention(q, k, v, causal=causal) (its
+    plan made already): the CUDA suite above and the CPU stand-in (benchmarks/host_stub.py)
+    time the same parts."""
+    import torch
+
+    import tuner
+    from tuner import runtime
+    from variants.prepare import check_qkv
+
     kernel = runtime._plan(q, k, causal, "", "auto", None)
     prepared = kernel.prepare(q, k, v, validate=False)
-    out_shape = tuple(q.shape)
-    lse_shape = (problem.batch, problem.heads, problem.seq_len)
-    out = torch.empty(out_shape, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(lse_shape, dtype=torch.float32, device="cuda")
+    batch, seq_len, heads, _ = q.shape
+    out_shape, lse_shape = tuple(q.shape), (batch, heads, seq_len)
+    out = torch.empty(out_shape, dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     return {
         "attention() (whole call)": lambda: tuner.attention(q, k, v, causal=causal),
         "input checks": lambda: check_qkv(q, k, v, require_cuda=True, check_finite=False),
         "plan lookup": lambda: runtime._plan(q, k, causal, "", "auto", None),
         "allocation (out, lse)": lambda: (
-            torch.empty(out_shape, dtype=torch.bfloat16, device="cuda"),
-            torch.empty(lse_shape, dtype=torch.float32, device="cuda")),
+            torch.empty(out_shape, dtype=torch.bfloat16, device=q.device),
+            torch.empty(lse_shape, dtype=torch.float32, device=q.device)),
         "prepare launch": lambda: kernel.prepare(q, k, v, validate=False),
         "kernel launch": lambda: kernel.run(prepared, out=out, lse=lse),
     }

@@ -171,7 +171,7 @@ def device_work(fn, launches: Counter, calls: int = 4) -> dict:
 
 def report(problem, gpu: str, calls: int, repeats: int, profile_calls: int, top: int) -> str:
     from benchmarks.common import shape_text
-    from benchmarks.host import call_parts, hot_spots
+    from benchmarks.host import DISJOINT, call_parts, hot_spots
 
     lines = [f"## {shape_text(problem)} ({gpu} profile, meta tensors)"]
     with stood_in(gpu) as launches:
@@ -180,8 +180,8 @@ def report(problem, gpu: str, calls: int, repeats: int, profile_calls: int, top:
         us = {name: us_per_call(fn, calls, repeats) for name, fn in parts.items()}
         whole_name = next(iter(parts))
         whole = us[whole_name]
-        rest = whole - sum(t for name, t in us.items() if name != whole_name)
-        for name, t in [*us.items(), ("rest (dispatch, glue)", rest)]:
+        rest = whole - sum(us[name] for name in DISJOINT)
+        for name, t in [*us.items(), ("rest (checks, glue)", rest)]:
             lines.append(f"  {name:<32} {t:8.1f} us  {t / whole:5.0%}")
         work = device_work(parts[whole_name], launches)
         lines.append(f"  launches per call {work['launches']:g}: {work['stub']} + torch ops; "

@@ -76,8 +76,10 @@ def stood_in(gpu: str = "h100"):
                                              permute_keys, smooth_k, rotate_qk)
         return StubFunction(f"prepare {name}", launches), kernel.slots()
 
-    def loaded(family, key, src_dir):
-        return StubFunction(f"attention {family}", launches), build.ResourceUsage(0, 0, 0), 0.0
+
+    def loaded(family, key, src_dir):  # one function per build, named by its codegen key
+        return (StubFunction(f"attention {family} {key[:8]}", launches),
+                build.ResourceUsage(0, 0, 0), 0.0)
 
     caches = (launch.device_arch, wgmma_build._sm_count_arg)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:

@@ -81,6 +81,9 @@ def stood_in(gpu: str = "h100"):
         return (StubFunction(f"attention {family} {key[:8]}", launches),
                 build.ResourceUsage(0, 0, 0), 0.0)
 
+    def named(name):  # "auto": the stood-in GPU
+        return profile if name == "auto" else gpus.PROFILES[name]
+
     caches = (launch.device_arch, wgmma_build._sm_count_arg)
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         url = f"sqlite:///{os.path.join(tmp, 'empty.sqlite')}"
@@ -100,8 +103,8 @@ def stood_in(gpu: str = "h100"):
             (build, "_load_cached", loaded),
             (build, "_FUNCTIONS", {}), (build, "_KERNELS", {}), (build, "_ENTRIES", {}),
             (runtime, "_KERNELS", {}),
-            (runtime, "_local_gpu_and_device", lambda name: (profile, "host-stub")),
-            (gpus, "resolve_gpu", lambda name, **_: profile),
+            (runtime, "_local_gpu_and_device", lambda name: (named(name), "host-stub")),
+            (gpus, "resolve_gpu", lambda name, **_: named(name)),
         ):
             stack.enter_context(mock.patch.object(target, name, value, create=True))
         stack.enter_context(mock.patch.dict(os.environ, {"TUNER_DB_URL": url}))

@@ -152,12 +152,15 @@ def test_another_dtype_or_device_of_all_inputs_runs_its_own_plan(device):
     assert quant == ["prepare quant", "prepare quant_kv"]
 
 
-def test_a_v_shape_other_than_k_is_refused_after_a_plan(device):
+def test_k_and_v_of_different_shapes_are_refused_after_a_plan(device):
     q, k, v = qkv(seq=256, seq_kv=128)
     tuner.attention(q, k, v)
     tuner.attention(q, k, v)
+    longer = qkv(seq=256)[2]
     with pytest.raises(TunerError, match="k and v shapes differ"):
-        tuner.attention(q, k, qkv(seq=256)[2])
+        tuner.attention(q, k, longer)
+    with pytest.raises(TunerError, match="k and v shapes differ"):
+        tuner.attention(q, longer, v)
 
 
 def test_the_mask_and_its_type_are_part_of_the_signature(device):
@@ -216,7 +219,8 @@ def add_winner(url, cfg, error=None, seq=256):
 
 def config_run(q, k, v, **kw):
     tuner.attention(q, k, v, **kw)
-    key = api.signature(q, k, v, False, None, "auto", kw.get("db"), kw.get("max_error"))
+    key = api.signature(q, k, v, False, None, kw.get("gpu", "auto"), kw.get("db"),
+                        kw.get("max_error"))
     return plans.CALLS[key].kernel.config
 
 
@@ -240,6 +244,7 @@ def test_a_changed_database_is_seen_within_the_stamp_interval(device, clock, mon
     clock[0] += plans.STAMP_INTERVAL_S / 2
     for _ in range(5):
         assert config_run(q, k, v) == WINNER  # not stale yet: no stat, the old winner
+        runtime.run_attention(q, k, v, None, "", "auto", None, False)  # the custom op's body
     assert stamps == []
     clock[0] += plans.STAMP_INTERVAL_S
     assert config_run(q, k, v) == OTHER
@@ -268,8 +273,13 @@ def test_another_tuner_db_url_is_seen_within_the_stamp_interval(device, clock, m
     assert config_run(q, k, v) == OTHER
 
 
-def test_the_db_argument_and_max_error_are_part_of_the_signature(device, tmp_path):
+def test_the_gpu_the_db_argument_and_max_error_are_part_of_the_signature(device, tmp_path):
     q, k, v = qkv()
+    # The stand-in is an H100 (no shipped table); the H200's table has a nearer winner.
+    assert config_run(q, k, v) == DEFAULT
+    assert config_run(q, k, v, gpu="h200") == runtime.config_for_problem(
+        Problem(1, 2, 256), gpu="h200").config != DEFAULT
+    runtime.clear_cache()
     add_winner(runtime.db_url(None), WINNER, error=0.2)
     other = f"sqlite:///{tmp_path / 'other.sqlite'}"
     add_winner(other, OTHER)

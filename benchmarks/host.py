@@ -1,13 +1,17 @@
 """host: where the host time of a repeated tuner.attention call goes.
 
-Per part, the host's microseconds per call over --calls calls queued without a sync (the GPU
-left to drain after the loop, so the host never waits on it): the whole call, the input checks
-(variants.prepare.check_qkv), the plan lookup (tuner.runtime._plan: the memoized config and
-kernel of the shape), the allocation of the output and LSE, prepare's launch and the kernel's
-launch on prepared inputs; "rest" is the whole call less the parts (dispatch, glue). Then
-cProfile over --profile-calls calls (the functions with the most own time; the profiler inflates
-every Python call, so read the shares), and last torch.profiler's GPU kernels per call (after
-every host timing: once it has run, CUPTI stays subscribed and later launches cost more).
+Per shape, the call beside its GPU work (benchmarks/e2e.py's loops): GPU us (CUDA events), host
+us (the loop's calls without a sync), wall - GPU (the same loop until the GPU drained, minus the
+GPU time: what the GPU sits idle per call) and sync - GPU (a sync after each call), and the
+caching allocator's allocations per call. Then per part (call_parts), the host's microseconds
+per call over --calls calls queued without a sync: the whole call, the signature and plan
+lookup (tuner/plans.py), the launch plan's allocations and launches (variants/launch_plan.py),
+and, not in the call, prepare + run (what a strided input or the first call pays); "rest" is the
+whole call less its parts (the api's checks, glue). Then cProfile over --profile-calls calls
+(the functions with the most own time; the profiler inflates every Python call, so read the
+shares), and last torch.profiler's GPU kernels per call (after every host timing: once it has
+run, CUPTI stays subscribed and later launches cost more). benchmarks/host_stub.py runs the same
+parts on a CPU with the device work stood in.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from benchmarks.common import cell, markdown_table, shape_text
 HELP = "where the host time of a repeated tuner.attention call goes (parts, cProfile, kernels)"
 DEFAULT_SHAPES = ("4,1024,32,128", "1,4096,56,128", "1,8192,32,128,causal,kvh=8")
 QUICK_SHAPES = ("4,1024,32,128",)
+# The parts of call_parts that make up the call (the others are inside one of these, or not in it).
+DISJOINT = ("signature and plan lookup", "launch plan (allocations, launches)")
 
 
 def add_arguments(parser) -> None:
@@ -50,30 +56,39 @@ def parts(problem, seed: int) -> dict:
     """name -> a call of one part of tuner.attention's work, on one input set of the problem."""
     import torch
 
-    import tuner
-    from tuner import runtime
     from tuner.measure import random_inputs
-    from variants.prepare import check_qkv
 
     q, k, v = random_inputs(problem, torch.device("cuda"), seed)
-    causal = problem.causal
-    tuner.attention(q, k, v, causal=causal)
+    found = call_parts(q, k, v, problem.causal)
     torch.cuda.synchronize()
-    kernel = runtime._plan(q, k, causal, "", "auto", None)
-    prepared = kernel.prepare(q, k, v, validate=False)
-    out_shape = tuple(q.shape)
-    lse_shape = (problem.batch, problem.heads, problem.seq_len)
-    out = torch.empty(out_shape, dtype=torch.bfloat16, device="cuda")
-    lse = torch.empty(lse_shape, dtype=torch.float32, device="cuda")
+    return found
+
+
+def call_parts(q, k, v, causal: bool) -> dict:
+    """name -> a call of one part of a repeated tuner.attention(q, k, v, causal=causal) (its
+    plan made here): the CUDA suite above and the CPU stand-in (benchmarks/host_stub.py) time
+    the same parts. The last, prepare + run, is not part of the call: it is what a call pays
+    where the plan's launches do not take its inputs (strided ones), and the custom op's
+    body before its first call."""
+    import torch
+
+    import tuner
+    from tuner import api, plans
+
+    tuner.attention(q, k, v, causal=causal)
+    plan = plans.CALLS[api.signature(q, k, v, causal, None, "auto", None, None)]
+    launch, kernel = plan.launch, plan.kernel
+    scratch = launch.scratch_bytes
     return {
         "attention() (whole call)": lambda: tuner.attention(q, k, v, causal=causal),
-        "input checks": lambda: check_qkv(q, k, v, require_cuda=True, check_finite=False),
-        "plan lookup": lambda: runtime._plan(q, k, causal, "", "auto", None),
-        "allocation (out, lse)": lambda: (
-            torch.empty(out_shape, dtype=torch.bfloat16, device="cuda"),
-            torch.empty(lse_shape, dtype=torch.float32, device="cuda")),
-        "prepare launch": lambda: kernel.prepare(q, k, v, validate=False),
-        "kernel launch": lambda: kernel.run(prepared, out=out, lse=lse),
+        "signature and plan lookup": lambda: plans.CALLS.get(
+            api.signature(q, k, v, causal, None, "auto", None, None)),
+        "launch plan (allocations, launches)": lambda: launch(q, k, v, None, False, False),
+        "of which allocations (scratch, out)": lambda: (
+            torch.empty(scratch, dtype=torch.uint8, device=q.device),
+            torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)),
+        "prepare + run (not in the call)": lambda: kernel.run(
+            kernel.prepare(q, k, v, validate=False), want_lse=False),
     }
 
 
@@ -124,20 +139,46 @@ def gpu_kernels(fn, calls: int = 5) -> list:
             for k in sorted(total, key=lambda k: -total[k])]
 
 
+def allocations_per_call(fn, calls: int = 50) -> float:
+    """The caching allocator's allocations per call of fn()."""
+    import torch
+
+    fn()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.memory_stats()["allocation.all.allocated"] - before) / calls
+
+
+def against_gpu(problem, whole, calls: int, repeats: int) -> list:
+    """[GPU us, host us, wall - GPU, sync - GPU, allocations] of the whole call (e2e's loops)."""
+    from benchmarks.e2e import overheads
+
+    gpu_ms = common.time_calls(lambda _i: whole(), 1, repeats).median_ms
+    h = overheads(whole, gpu_ms, calls)
+    return [cell(h["gpu_us"], ".1f"), cell(h["host_us"], ".1f"),
+            cell(h["wall_minus_gpu_us"], ".1f"), cell(h["sync_minus_gpu_us"], ".1f"),
+            cell(allocations_per_call(whole), ".1f")]
+
+
 def run(args, gpu) -> str:
     problems = common.shapes_of(args)
     profile_calls = common.sized(args.profile_calls, 2000, 500, args)
     calls = {p: parts(p, args.seed) for p in problems}
     # Every host timing first, the torch profiler last (module docstring).
+    whole_rows = [[shape_text(p), *against_gpu(p, calls[p]["attention() (whole call)"],
+                                               args.calls, args.repeats)] for p in problems]
     host = {p: {name: host_us(fn, args.calls) for name, fn in calls[p].items()}
             for p in problems}
-    sections = []
+    sections = [markdown_table(["shape", "GPU us", "host us", "wall - GPU", "sync - GPU",
+                                "allocations"], whole_rows), ""]
     for p in problems:
         us = host[p]
         whole = us["attention() (whole call)"]
-        rest = whole - sum(v for n, v in us.items() if n != "attention() (whole call)")
+        rest = whole - sum(us[n] for n in DISJOINT)
         rows = [[n, cell(v, ".1f"), f"{v / whole:.0%}"] for n, v in us.items()]
-        rows.append(["rest (dispatch, glue)", cell(rest, ".1f"), f"{rest / whole:.0%}"])
+        rows.append(["rest (checks, glue)", cell(rest, ".1f"), f"{rest / whole:.0%}"])
         print(f"  {shape_text(p)}: attention() {whole:.1f} us host", flush=True)
         sections += [f"### {shape_text(p)}", "",
                      markdown_table(["part", "host us per call", "of the call"], rows), "",

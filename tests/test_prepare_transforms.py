@@ -199,6 +199,7 @@ def test_run_restores_the_lse_where_it_is_wanted(monkeypatch, want_lse):
 @pytest.mark.parametrize("want_lse", [True, False])
 def test_the_runtime_passes_want_lse_to_the_kernel(monkeypatch, want_lse):
     from tuner import runtime
+    from tuner.plans import CallPlan
 
     seen = []
 
@@ -210,7 +211,7 @@ def test_the_runtime_passes_want_lse_to_the_kernel(monkeypatch, want_lse):
             seen.append(want_lse)
             return "out", "lse"
 
-    monkeypatch.setattr(runtime, "_plan", lambda *args: Kernel())
+    monkeypatch.setattr(runtime, "attention_plan", lambda *args: CallPlan(Kernel()))
     q = torch.empty(1, 4, 2, 64)
     runtime.run_attention(q, q, q, None, "", "auto", None, False, False, None, want_lse)
     assert seen == [want_lse]

@@ -154,6 +154,6 @@ def test_a_q_quant_kernel_config_runs_its_prepare_twin_for_fp16_and_fp8_q(monkey
     text = config_key(pinned)
     for dtype in (torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.bfloat16):
         q = torch.empty(1, 64, 2, 128, dtype=dtype)
-        runtime._plan(q, q, False, text, "h200", None)
+        runtime.attention_plan(q, q, False, text, "h200", None)
     assert built == [pinned, dc.replace(pinned, q_quant="prepare"),
                      dc.replace(pinned, q_quant="prepare")]  # the second bf16 call: planned

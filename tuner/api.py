@@ -11,9 +11,14 @@ import functools
 
 import torch
 
+from tuner.plans import CALLS
+
 # The active tuner.capture recorder (tuner/capturing.py sets it): None unless capturing, so a call
 # pays one global check for the hook.
 _CAPTURE = None
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 
 def _eager(*tensors) -> bool:
@@ -62,6 +67,22 @@ def attention(
     stored end-to-end error is above it (tuner.runtime). Inside `tuner.capture(path)` the call's
     q, k, v are recorded (eager calls only).
     """
+    # A repeated eager call: its signature finds the plan an earlier call made after passing
+    # every check below (tuner/plans.py), so it skips them. Not while tracing, capturing or
+    # scanning; and only for plain tensors outside autograd (what _eager sends to the body).
+    if not _is_compiling() and _CAPTURE is None and not check_finite:
+        try:
+            plan = CALLS.get(signature(q, k, v, causal, config, gpu, db, max_error))
+        except (AttributeError, TypeError):  # not tensors, an unhashable config: checked below
+            plan = None
+        if (plan is not None and (causal is True or causal is False)
+                and (return_lse is True or return_lse is False)
+                and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+                and not (_grad_enabled()
+                         and (q.requires_grad or k.requires_grad or v.requires_grad))):
+            result = plan(q, k, v, softmax_scale, return_lse, return_lse)
+            if result is not None:
+                return result if return_lse else result[0]
     from variants.input_checks import check_qkv
 
     # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
@@ -72,11 +93,16 @@ def attention(
         _CAPTURE.record(q, k, v, softmax_scale, causal)
     return_lse = _flag("return_lse", return_lse)
     if _eager(q, k, v):
-        from tuner.runtime import run_attention
+        from tuner.runtime import attention_plan
 
         key = "" if config is None else _eager_config_key(config)
-        out, lse = run_attention(q, k, v, softmax_scale, key, gpu, db, check_finite, causal,
-                                 max_error, return_lse)
+        plan = attention_plan(q, k, causal, key, gpu, db, max_error)
+        if check_finite:
+            from variants.input_checks import check_finite_inputs
+
+            check_finite_inputs(q, k, v)
+        out, lse = plan.run(q, k, v, softmax_scale, return_lse, return_lse)
+        CALLS[signature(q, k, v, causal, config, gpu, db, max_error)] = plan
     else:
         from tuner.ops import attention_op, config_key
 
@@ -85,6 +111,14 @@ def attention(
                                 max_error, return_lse)
     # Without return_lse the LSE may lack K smoothing's shift (not added where nobody reads it).
     return (out, lse) if return_lse else out
+
+
+def signature(q, k, v, causal, config, gpu, db, max_error) -> tuple:
+    """What decides a call's plan, as tuner.attention's key into tuner.plans.CALLS: every
+    argument a check or the lookup reads, so that a call with another shape, dtype, device,
+    mask, config, GPU, database argument or error budget never finds another's plan."""
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+            causal, config, gpu, db, max_error)
 
 
 def _flag(name: str, value) -> bool:

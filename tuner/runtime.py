@@ -32,7 +32,8 @@ batch x heads x ceil(seq_len / 128), the query tiles of 128 rows a grid holds (t
 that decides how the grid fills the SMs), then d and e; batch and heads need not match.
 
 The lookup is memoized per key; a SQLite database is re-read only when its files change
-(one stat() per file), so a repeated call costs microseconds.
+(one stat() per file, on every load_best_config call). tuner.attention's plans read those stats
+at most once per STAMP_INTERVAL_S (tuner/plans.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.errors import TunerError
+from tuner.plans import CALLS, CallPlan
 from tuner.problem import Problem, preferred_per_problem
 
 log = logging.getLogger("tuner.runtime")
@@ -341,10 +343,12 @@ def _stamped_files(url: str) -> tuple[Path, ...]:
 
 
 def clear_cache() -> None:
-    """Forget memoized lookups, attention plans and fallback warnings (e.g. after writing a
-    non-SQLite database)."""
+    """Forget memoized lookups, attention plans and fallback warnings: the next call reads the
+    database again (e.g. after writing a non-SQLite database, or within STAMP_INTERVAL_S of a
+    change: tuner/plans.py)."""
     _RESOLVER.clear()
     _PLANS.clear()
+    CALLS.clear()
 
 
 @functools.cache
@@ -410,38 +414,27 @@ def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_
                   causal: bool = False, max_error: float | None = None,
                   want_lse: bool = True):
     """The body of the custom op on real tensors: the plan (config pinned or looked up, its
-    kernel compiled once), prepare and launch on the current stream. want_lse=False: the
-    caller drops the LSE, so K smoothing's shift is not added back (CompiledKernel.run)."""
+    kernel compiled once) and its launches on the current stream. want_lse=False: the caller
+    drops the LSE, so K smoothing's shift is not added back (CompiledKernel.run)."""
     if check_finite:
         from variants.input_checks import check_finite_inputs
 
         check_finite_inputs(q, k, v)
-    kernel = _plan(q, k, causal, config_text, gpu, db, max_error)
-    return kernel.run(kernel.prepare(q, k, v, softmax_scale, validate=False), want_lse=want_lse)
+    return attention_plan(q, k, causal, config_text, gpu, db, max_error).run(
+        q, k, v, softmax_scale, want_lse)
 
 
 def run_attention_fp8(q, k, v, descales, softmax_scale, config_text: str, gpu: str, db,
                       causal: bool = False, max_error: float | None = None):
     """attention_fp8's body: the same plan as bf16 inputs of this shape, without quantizing
     (the config's for_q_dtype twin: prepare's transforms off)."""
-    kernel = _plan(q, k, causal, config_text, gpu, db, max_error)
+    kernel = attention_plan(q, k, causal, config_text, gpu, db, max_error).kernel
     return kernel.run(kernel.prepare_fp8(q, k, v, descales, softmax_scale))
 
 
-@dataclass
-class _Plan:
-    """What a repeated call of one shape reuses: its compiled kernel, and for a looked-up config
-    the database stamp it was looked up under (a changed database re-plans)."""
-
-    kernel: Any
-    url: str | None
-    stamp: tuple
-
-
-# (q shape, k shape, causal, device, config text, gpu, db argument, $TUNER_DB_URL, max_error) ->
-# _Plan. A hot call costs a dict lookup and two stat() calls instead of the lookup's Problem
-# keys, URL parsing and GPU checks.
-_PLANS: dict[tuple, _Plan] = {}
+# (q shape, k shape, q dtype, causal, device, config text, gpu, db argument, max_error) ->
+# CallPlan (tuner/plans.py, which says when a looked-up plan re-reads its database).
+_PLANS: dict[tuple, CallPlan] = {}
 
 
 def problem_of(q, k, causal: bool = False) -> Problem:
@@ -452,14 +445,22 @@ def problem_of(q, k, causal: bool = False) -> Problem:
                    kv_heads=k.shape[2])
 
 
-def _plan(q, k, causal: bool, config_text: str, gpu: str, db, max_error=None):
+def attention_plan(q, k, causal: bool, config_text: str, gpu: str, db,
+                   max_error=None) -> CallPlan:
+    """The CallPlan of q's and k's shapes, dtype and device with this config text (ops.config_key;
+    "" looks the config up): made once, and for a looked-up config made again when its database
+    or $TUNER_DB_URL changed (checked once the plan is STAMP_INTERVAL_S old)."""
     # q's dtype: a config may read bf16 q only (wgmma q_quant=kernel); an fp16 or FP8 q runs
     # its twin that quantizes or lays out q in prepare (Config.for_q_dtype).
-    key = (q.shape, k.shape, q.dtype, causal, q.device, config_text, gpu, db,
-           os.environ.get("TUNER_DB_URL"), max_error)
+    key = (q.shape, k.shape, q.dtype, causal, q.device, config_text, gpu, db, max_error)
     plan = _PLANS.get(key)
-    if plan is not None and (plan.url is None or _Resolver._db_stamp(plan.url) == plan.stamp):
-        return plan.kernel
+    if plan is not None:
+        if plan.fresh():
+            return plan
+        url = db_url(db)
+        if url == plan.url and _Resolver._db_stamp(url) == plan.stamp:
+            plan.refresh()
+            return plan
     problem = problem_of(q, k, causal)
     url = stamp = None
     if config_text:
@@ -471,8 +472,10 @@ def _plan(q, k, causal: bool, config_text: str, gpu: str, db, max_error=None):
         family_name, config = best.family, best.config
     config = config.for_q_dtype(str(q.dtype).removeprefix("torch."))
     kernel = _kernel_for(family_name, config, problem, gpu)
-    _PLANS[key] = _Plan(kernel, url, stamp)
-    return kernel
+    # The same kernel after a database change: its launch plan still holds.
+    launch = plan.launch if plan is not None and plan.kernel is kernel else None
+    _PLANS[key] = plan = CallPlan(kernel, url, stamp, launch)
+    return plan
 
 
 @functools.lru_cache(maxsize=256)

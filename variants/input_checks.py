@@ -168,13 +168,18 @@ def capturing() -> bool:
 
 def gpu_kernels_apply(q, k, v, padded: int, padded_kv: int, v_feature_major: bool) -> bool:
     """Whether prepare's GPU kernels take these inputs: contiguous, 16-byte aligned CUDA tensors
-    whose padded outputs have 32-bit offsets, and, for feature-major V, padded_kv % 8 == 0 (8
-    keys a store)."""
-    if not q.is_cuda:
-        return False
-    for x, rows in ((q, padded), (k, padded_kv)):  # v has k's shape
-        if x.numel() // x.shape[1] * rows >= 2**31:
-            return False
-    if v_feature_major and padded_kv % 8:
+    (gpu_kernels_take the shapes)."""
+    if not q.is_cuda or not gpu_kernels_take(q.shape, k.shape, padded, padded_kv,
+                                             v_feature_major):
         return False
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
+
+
+def gpu_kernels_take(q_shape, k_shape, padded: int, padded_kv: int,
+                     v_feature_major: bool) -> bool:
+    """Whether prepare's GPU kernels take inputs of these shapes (v has k's): padded outputs with
+    32-bit offsets, and, for feature-major V, padded_kv % 8 == 0 (8 keys a store)."""
+    for shape, rows in ((q_shape, padded), (k_shape, padded_kv)):
+        if shape[0] * shape[2] * shape[3] * rows >= 2**31:
+            return False
+    return not (v_feature_major and padded_kv % 8)

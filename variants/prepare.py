@@ -35,6 +35,7 @@ from variants.input_checks import (
     check_fp8_qkv,
     check_qkv,
     gpu_kernels_apply,
+    gpu_kernels_take,
 )
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 from variants.prepare_fp8 import fp8_inputs
@@ -44,14 +45,16 @@ __all__ = ["Fp8Inputs", "check_finite_inputs", "check_fp8_qkv", "check_qkv", "fp
            "round_up"]
 
 
-def _block_quant_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
-                        padded_kv: int, *, v_feature_major: bool, permute_keys: bool,
-                        with_q: bool, smooth_k: bool, rotate_qk: bool):
+def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
+                   padded_kv: int, *, v_feature_major: bool, permute_keys: bool, with_q: bool,
+                   smooth_k: bool, rotate_qk: bool, check_inputs: bool = True):
     """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
-    where it does not apply (gpu_kernels_apply). Inside a CUDA-graph capture only if compiled
-    already (compiling loads a module, which a capture must not see); the torch formula gives
-    the same codes."""
-    if not gpu_kernels_apply(q, k, v, padded, padded_kv, v_feature_major):
+    where it does not apply (gpu_kernels_apply; check_inputs=False: the shapes alone,
+    gpu_kernels_take, for a caller that checks each call's layout itself). Inside a CUDA-graph
+    capture only if compiled already (compiling loads a module, which a capture must not see);
+    the torch formula gives the same codes."""
+    if not (gpu_kernels_apply(q, k, v, padded, padded_kv, v_feature_major) if check_inputs else
+            q.is_cuda and gpu_kernels_take(q.shape, k.shape, padded, padded_kv, v_feature_major)):
         return None
     try:
         from variants import block_quantize_kernel
@@ -74,7 +77,7 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
     from variants.launch import current_stream_handle
 
     batch, seq_len, heads, head_dim = q.shape
-    _, seq_len_kv, kv_heads, _ = k.shape
+    kv_heads = k.shape[2]
     device = q.device
     natural = (batch, layout.padded_len, heads, head_dim)
     natural_kv = (batch, layout.padded_len_kv, kv_heads, head_dim)
@@ -94,9 +97,17 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
         shift = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=device)
     launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(), v8.data_ptr(),
            packed.data_ptr(), 0 if k_mean is None else k_mean.data_ptr(),
-           0 if shift is None else shift.data_ptr(), batch, heads, kv_heads, seq_len,
-           layout.padded_len, seq_len_kv, layout.padded_len_kv, current_stream_handle(device))
+           0 if shift is None else shift.data_ptr(), *quant_scalars(q.shape, k.shape, layout),
+           current_stream_handle(device))
     return q8, k8, v8, packed, shift
+
+
+def quant_scalars(q_shape, k_shape, layout: PackedLayout) -> tuple[int, ...]:
+    """The scalars of a quantization launch, between its pointers and its stream: batch, heads,
+    kv_heads, seq_len, padded, seq_len_kv, padded_kv."""
+    batch, seq_len, heads, _ = q_shape
+    return (batch, heads, k_shape[2], seq_len, layout.padded_len, k_shape[1],
+            layout.padded_len_kv)
 
 
 def _transformed(q: torch.Tensor, k: torch.Tensor, k_mean: torch.Tensor | None, rotate: bool):
@@ -171,9 +182,9 @@ def quantize_inputs(
     common = dict(seq_len=seq_len, key_permuted=permute_keys, softmax_scale=float(softmax_scale),
                   v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
                   q_padded_len=q_padded_len, k_mean=k_mean, qk_rotated=rotate)
-    launch = _block_quant_kernel(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
-                                 permute_keys=permute_keys, with_q=not q_in_kernel,
-                                 smooth_k=smooth, rotate_qk=rotate)
+    launch = quant_launcher(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
+                            permute_keys=permute_keys, with_q=not q_in_kernel, smooth_k=smooth,
+                            rotate_qk=rotate)
     if launch is not None:
         q8, k8, v8, packed, shift = _block_quantize_on_gpu(launch, q, k, v, layout,
                                                            v_feature_major, not q_in_kernel,

@@ -83,13 +83,20 @@ def launch_values(prepared, out, lse, stream: int, *, extra: tuple = (),
     """The raw values of one launch on prepared inputs (variants.prepare.Fp8Inputs) into out/lse,
     in the order of slots(): addresses (the workspace's, 0 for none), scalars, the family's
     extra ints, the stream handle."""
-    batch, _, heads, _ = prepared.q.shape  # q is unpadded when the kernel quantizes it
-    padded = prepared.padded_len
-    _, padded_kv, kv_heads, _ = prepared.k.shape
     return (prepared.q.data_ptr(), prepared.k.data_ptr(), prepared.v.data_ptr(),
             prepared.packed.data_ptr(), out.data_ptr(), lse.data_ptr(), workspace,
-            batch, heads, prepared.seq_len, padded, prepared.softmax_scale, kv_heads,
-            prepared.seq_len_kv, padded_kv, *extra, stream)
+            *launch_scalars(prepared), *extra, stream)
+
+
+def launch_scalars(prepared) -> tuple:
+    """The SCALARS of a launch on prepared inputs, in their order (softmax_scale at SCALE_AT)."""
+    batch, _, heads, _ = prepared.q.shape  # q is unpadded when the kernel quantizes it
+    _, padded_kv, kv_heads, _ = prepared.k.shape
+    return (batch, heads, prepared.seq_len, prepared.padded_len, prepared.softmax_scale,
+            kv_heads, prepared.seq_len_kv, padded_kv)
+
+
+SCALE_AT = [name for name, _ in SCALARS].index("softmax_scale")
 
 
 def block_scale_views(scales_ptr, batch, heads, padded_len, kv_heads, padded_len_kv) -> tuple:

@@ -1,0 +1,375 @@
+"""A repeated tuner.attention call on its plan (tuner/plans.py, variants/launch_plan.py), on the CPU
+with the device work stood in (benchmarks/host_stub.py: CPU tensors pass for CUDA ones, launches
+are recorded): a call of another signature never runs another's plan, a changed database is
+seen within STAMP_INTERVAL_S (at once after clear_cache), the launches carry what prepare + run
+would pass, and a repeated call makes two launches and two allocations. The output bits on a
+GPU: tests/gpu/test_runtime_gpu.py."""
+
+import ctypes
+import dataclasses
+import sys
+
+import pytest
+import torch
+
+import tuner
+from benchmarks.host_stub import device_work, stood_in
+from tuner import api, plans, runtime
+from tuner.errors import TunerError
+from tuner.problem import Problem
+from tuner.store import Store, TrialRecord
+from variants import mma_sync, wgmma
+from variants.launch import FastLaunch
+
+ARCH = "sm_90a"
+ZERO_OUTPUTS = []
+
+
+@pytest.fixture
+def device():
+    """(launch Counter, recorded launches [(function, values)]) inside the stand-in. With
+    ZERO_OUTPUTS set (CPU tensors only: meta ones have no memory), the kernels' outputs that a
+    call reads back on the host side are written as zeros: the LSE (K smoothing's shift is
+    added to it) and the quantization's q . m."""
+    seen = []
+    real = FastLaunch.__call__
+
+    def record(self, *values):
+        seen.append((self._fn, values))
+        name = self._fn.name
+        if not ZERO_OUTPUTS:
+            pass
+        elif name.startswith("attention"):  # lse (batch, heads, seq_len) fp32
+            ctypes.memset(values[5], 0, 4 * values[7] * values[8] * values[9])
+        elif name == "prepare quant" and values[8]:  # shift (batch, heads, seq_len) fp32
+            ctypes.memset(values[8], 0, 4 * values[9] * values[10] * values[12])
+        return real(self, *values)
+
+    FastLaunch.__call__ = record
+    try:
+        with stood_in("h100") as launches:
+            yield launches, seen
+    finally:
+        FastLaunch.__call__ = real
+
+
+def qkv(batch=1, seq=256, heads=2, seq_kv=None, kv_heads=None, dtype=torch.bfloat16,
+        device="cpu"):
+    kv_shape = (batch, seq_kv or seq, kv_heads or heads, 128)
+    return (torch.randn(batch, seq, heads, 128, dtype=dtype, device=device),
+            torch.randn(kv_shape, dtype=dtype, device=device),
+            torch.randn(kv_shape, dtype=dtype, device=device))
+
+
+def attention_launches(seen):
+    return [(fn, values) for fn, values in seen if fn.name.startswith("attention")]
+
+
+def test_a_repeated_call_runs_its_plan_without_checks_or_lookup(device, monkeypatch):
+    launches, _ = device
+    q, k, v = qkv()
+    tuner.attention(q, k, v)
+    import variants.input_checks
+
+    def fail(*_args, **_kw):
+        raise AssertionError("a repeated call took the checked path")
+
+    monkeypatch.setattr(variants.input_checks, "check_qkv", fail)
+    monkeypatch.setattr(runtime, "attention_plan", fail)
+    out = tuner.attention(q, k, v)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    out, lse = tuner.attention(q, k, v, return_lse=True)
+    assert lse.shape == (1, 2, 256) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("return_lse, allocations", [(False, 2), (True, 3)])
+def test_a_repeated_call_makes_two_launches_and_one_scratch_block(device, return_lse,
+                                                                  allocations):
+    """The quantization and the kernel; the scratch block and the output (and the LSE the
+    caller keeps). Before the plans: five or six allocations."""
+    launches, _ = device
+    q, k, v = qkv()
+    work = device_work(lambda: tuner.attention(q, k, v, return_lse=return_lse), launches)
+    assert work["launches"] == 2 and len(work["stub"]) == 2
+    assert work["allocations"] == allocations and work["ops"] == {"factory empty": allocations}
+
+
+def test_split_tail_zeroes_its_counters_in_the_scratch_block(device):
+    """B=9 S=2048 H=1: 144 tiles on 132 SMs, a tail of 12 that split_tail splits; its
+    workspace is part of the scratch block, its counters zeroed by one fill per call."""
+    launches, _ = device
+    q, k, v = qkv(batch=9, seq=2048, heads=1)
+    work = device_work(lambda: tuner.attention(q, k, v), launches)
+    assert work["launches"] == 3 and work["ops"] == {"factory empty": 2, "inplace zero_": 1}
+    plan = plans.CALLS[api.signature(q, k, v, False, None, "auto", None, None)]
+    assert plan.launch.parts()["workspace"] is not None and plan.launch.zero is not None
+
+
+# ---- the signature: a call of another signature never runs another's plan ----------------------
+
+@pytest.mark.parametrize("change", ["q length", "kv length", "kv heads", "batch"])
+def test_another_shape_runs_its_own_plan(device, change):
+    _, seen = device
+    first = qkv(batch=1, seq=256, heads=4)
+    second = {"q length": qkv(seq=384, heads=4, seq_kv=256),
+              "kv length": qkv(seq=256, heads=4, seq_kv=128),
+              "kv heads": qkv(seq=256, heads=4, kv_heads=2),
+              "batch": qkv(batch=2, seq=256, heads=4)}[change]
+    tuner.attention(*first)
+    tuner.attention(*first)
+    seen.clear()
+    out = tuner.attention(*second)
+    (_, values), = attention_launches(seen)
+    q, k, _ = second
+    # batch, heads, seq_len ... kv_heads, seq_len_kv: the ABI's scalars (variants/common/abi.py)
+    assert values[7:10] == (q.shape[0], q.shape[2], q.shape[1])
+    assert values[12:14] == (k.shape[2], k.shape[1]) and out.shape == q.shape
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_another_dtype_or_device_of_one_input_is_checked_not_planned(device, which):
+    """A plan made for all-bf16 inputs on one device: a call with one input in fp16, or on
+    another device, is refused as the first call would be (TunerError), not run on it."""
+    tuner.attention(*qkv(device="meta"))
+    tuner.attention(*qkv(device="meta"))
+    for other in (dict(dtype=torch.float16, device="meta"), dict(device="cpu")):
+        inputs = dict(zip("qkv", qkv(device="meta"), strict=True))
+        inputs[which] = dict(zip("qkv", qkv(**other), strict=True))[which]
+        with pytest.raises(TunerError, match="dtypes differ|different devices"):
+            tuner.attention(*inputs.values())
+
+
+def test_another_dtype_or_device_of_all_inputs_runs_its_own_plan(device):
+    launches, seen = device
+    tuner.attention(*qkv(device="meta"))
+    tuner.attention(*qkv(device="meta"))
+    out = tuner.attention(*qkv(device="cpu"))
+    assert out.device.type == "cpu"
+    seen.clear()
+    tuner.attention(*qkv(seq=1024, dtype=torch.float16))  # wgmma's q_quant=kernel reads bf16
+    tuner.attention(*qkv(seq=1024))
+    quant = [fn.name for fn, _ in seen if fn.name.startswith("prepare")]
+    assert quant == ["prepare quant", "prepare quant_kv"]
+
+
+def test_k_and_v_of_different_shapes_are_refused_after_a_plan(device):
+    q, k, v = qkv(seq=256, seq_kv=128)
+    tuner.attention(q, k, v)
+    tuner.attention(q, k, v)
+    longer = qkv(seq=256)[2]
+    with pytest.raises(TunerError, match="k and v shapes differ"):
+        tuner.attention(q, k, longer)
+    with pytest.raises(TunerError, match="k and v shapes differ"):
+        tuner.attention(q, longer, v)
+
+
+def test_the_mask_and_its_type_are_part_of_the_signature(device):
+    _, seen = device
+    q, k, v = qkv()
+    tuner.attention(q, k, v)
+    tuner.attention(q, k, v)
+    full = attention_launches(seen)[-1][0]
+    seen.clear()
+    tuner.attention(q, k, v, causal=True)
+    tuner.attention(q, k, v, causal=True)
+    causal = {fn for fn, _ in attention_launches(seen)}
+    assert len(causal) == 1 and full not in causal  # the causal build, both times
+    with pytest.raises(TunerError, match="causal must be True or False"):
+        tuner.attention(q, k, v, causal=1)
+    with pytest.raises(TunerError, match="return_lse must be True or False"):
+        tuner.attention(q, k, v, return_lse=1)
+
+
+def test_a_pinned_config_runs_its_own_plan(device):
+    _, seen = device
+    q, k, v = qkv()
+    default = wgmma.default(ARCH, Problem(1, 2, 256))
+    other = dataclasses.replace(default, block_n=64)
+    for config in (None, default, other, mma_sync.default(ARCH)):
+        tuner.attention(q, k, v, config=config)
+        seen.clear()
+        tuner.attention(q, k, v, config=config)
+        (fn, _), = attention_launches(seen)
+        plan = plans.CALLS[api.signature(q, k, v, False, config, "auto", None, None)]
+        assert fn is plan.kernel.kernel_for(plan.kernel.prepare(q, k, v))._fn
+        assert config is None or plan.kernel.config == config
+    assert plans.CALLS[api.signature(q, k, v, False, other, "auto", None, None)].kernel \
+        is not plans.CALLS[api.signature(q, k, v, False, default, "auto", None, None)].kernel
+
+
+# ---- the database: its winners, a change, the URL ----------------------------------------------
+
+DEFAULT = wgmma.default(ARCH, Problem(1, 2, 256))
+WINNER = dataclasses.replace(DEFAULT, kv_stages=3)
+OTHER = dataclasses.replace(DEFAULT, block_n=64)
+
+
+def add_winner(url, cfg, error=None, seq=256):
+    store = Store(url)
+    store.record_device("host-stub", {"name": "H100", "compute_capability": "9.0",
+                                      "sm_count": 132})
+    problem = Problem(1, 2, seq, 128)
+    trial = store.record_trial(TrialRecord(
+        id=None, device_id="host-stub", problem_key=problem.key(), family_set="wgmma",
+        family="wgmma", config=cfg.to_dict(), config_hash=cfg.short(), outcome="ok",
+        median_ms=1.0, e2e_error=error))
+    store.set_best("host-stub", problem, "wgmma", trial, None, None)
+    store.close()
+
+
+def config_run(q, k, v, **kw):
+    tuner.attention(q, k, v, **kw)
+    key = api.signature(q, k, v, False, None, kw.get("gpu", "auto"), kw.get("db"),
+                        kw.get("max_error"))
+    return plans.CALLS[key].kernel.config
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(plans, "_monotonic", lambda: now[0])
+    return now
+
+
+def test_a_changed_database_is_seen_within_the_stamp_interval(device, clock, monkeypatch):
+    q, k, v = qkv()
+    url = runtime.db_url(None)
+    add_winner(url, WINNER)
+    assert config_run(q, k, v) == WINNER
+    add_winner(url, OTHER)
+    stamps = []
+    real = runtime._Resolver._db_stamp
+    monkeypatch.setattr(runtime._Resolver, "_db_stamp",
+                        staticmethod(lambda u: stamps.append(u) or real(u)))
+    clock[0] += plans.STAMP_INTERVAL_S / 2
+    for _ in range(5):
+        assert config_run(q, k, v) == WINNER  # not stale yet: no stat, the old winner
+        runtime.run_attention(q, k, v, None, "", "auto", None, False)  # the custom op's body
+    assert stamps == []
+    clock[0] += plans.STAMP_INTERVAL_S
+    assert config_run(q, k, v) == OTHER
+    assert stamps  # read once more, and found changed
+
+
+def test_clear_cache_makes_the_next_call_read_the_database(device, clock):
+    q, k, v = qkv()
+    url = runtime.db_url(None)
+    add_winner(url, WINNER)
+    assert config_run(q, k, v) == WINNER
+    add_winner(url, OTHER)
+    runtime.clear_cache()
+    assert config_run(q, k, v) == OTHER
+
+
+def test_another_tuner_db_url_is_seen_within_the_stamp_interval(device, clock, monkeypatch,
+                                                                tmp_path):
+    q, k, v = qkv()
+    add_winner(runtime.db_url(None), WINNER)
+    assert config_run(q, k, v) == WINNER
+    other = f"sqlite:///{tmp_path / 'other.sqlite'}"
+    add_winner(other, OTHER)
+    monkeypatch.setenv("TUNER_DB_URL", other)
+    clock[0] += plans.STAMP_INTERVAL_S + 0.1
+    assert config_run(q, k, v) == OTHER
+
+
+def test_the_gpu_the_db_argument_and_max_error_are_part_of_the_signature(device, tmp_path):
+    q, k, v = qkv()
+    # The stand-in is an H100 (no shipped table); the H200's table has a nearer winner.
+    assert config_run(q, k, v) == DEFAULT
+    assert config_run(q, k, v, gpu="h200") == runtime.config_for_problem(
+        Problem(1, 2, 256), gpu="h200").config != DEFAULT
+    runtime.clear_cache()
+    add_winner(runtime.db_url(None), WINNER, error=0.2)
+    other = f"sqlite:///{tmp_path / 'other.sqlite'}"
+    add_winner(other, OTHER)
+    assert config_run(q, k, v) == WINNER
+    assert config_run(q, k, v, db=other) == OTHER
+    within = config_run(q, k, v, max_error=0.1)  # the winner is over it: the default
+    assert within == DEFAULT
+    assert config_run(q, k, v) == WINNER
+
+
+# ---- what the launches carry ------------------------------------------------------------------
+
+CASES = {
+    "q quantized in the kernel": dict(seq=1024),
+    "split tail": dict(batch=9, seq=2048, heads=1),
+    "ragged, grouped, cross": dict(seq=1000, heads=4, kv_heads=2, seq_kv=700),
+    "K smoothing": dict(config=dict(k_smoothing="mean", q_quant="prepare")),
+    "K smoothing, q in the kernel": dict(seq=1024, config=dict(k_smoothing="mean")),
+    "rotation": dict(config=dict(qk_rotation="hadamard", q_quant="prepare")),
+    "V transposed in the kernel": dict(config=dict(v_layout="kernel")),
+    "causal": dict(seq=512, causal=True),
+    "mma_sync": dict(seq=500, family="mma_sync"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("want_lse", [True, False])
+def test_the_plan_launches_what_prepare_and_run_launch(device, case, want_lse, monkeypatch):
+    """Against CompiledKernel.prepare + run on the same inputs: the same launchers, the same
+    input pointers and scalars, the kernel reading the codes and scales the quantization wrote
+    (each part 16-byte aligned, inside the scratch block), the same LSE (the stand-in's zeros,
+    plus K smoothing's shift where asked)."""
+    _, seen = device
+    spec = dict(CASES[case])
+    knobs, family, causal = spec.pop("config", None), spec.pop("family", "wgmma"), \
+        spec.pop("causal", False)
+    q, k, v = qkv(**spec)
+    problem = runtime.problem_of(q, k, causal)
+    config = None
+    if family == "mma_sync":
+        config = mma_sync.default(ARCH)
+    elif knobs:
+        config = dataclasses.replace(wgmma.default(ARCH, problem), **knobs)
+    tuner.attention(q, k, v, causal=causal, config=config)
+    plan = plans.CALLS[api.signature(q, k, v, causal, config, "auto", None, None)]
+    monkeypatch.setattr(sys.modules[__name__], "ZERO_OUTPUTS", [True])
+    seen.clear()
+    out, lse = plan.launch(q, k, v, 0.07, want_lse, True)
+    hot = list(seen)
+    seen.clear()
+    kernel = plan.kernel
+    prepared = kernel.prepare(q, k, v, 0.07, validate=False)
+    want_out, want_lse_tensor = kernel.run(prepared, want_lse=want_lse)
+    general = list(seen)
+    assert [fn for fn, _ in hot] == [fn for fn, _ in general] and len(hot) == 2
+    (_, quant), (_, attend) = hot
+    (_, quant_ref), (_, attend_ref) = general
+    assert quant[:3] == quant_ref[:3] and quant[9:-1] == quant_ref[9:-1]
+    assert attend[7:-1] == attend_ref[7:-1]  # scalars, the family's extra ints
+    # Present or absent alike: k_mean and shift of the quantization, the kernel's workspace.
+    assert [bool(x) for x in (quant[7], quant[8], attend[6])] == \
+        [bool(x) for x in (quant_ref[7], quant_ref[8], attend_ref[6])]
+    # The kernel reads what the quantization wrote: q codes (or the caller's q), k, v, scales.
+    assert attend[:4] == (quant[3], *quant[4:7]) and attend_ref[:4] == (quant_ref[3],
+                                                                        *quant_ref[4:7])
+    assert attend[4:6] == (out.data_ptr(), lse.data_ptr())
+    parts = {name: at for name, at in plan.launch.parts().items() if at is not None}
+    assert all(at % 16 == 0 for at in parts.values())
+    assert max(parts.values()) < plan.launch.scratch_bytes
+    assert (out.shape, lse.shape) == (want_out.shape, want_lse_tensor.shape)
+    assert torch.equal(lse, want_lse_tensor)
+
+
+def test_strided_inputs_take_prepare_and_run(device):
+    _, seen = device
+    q, k, v = qkv(seq=128)
+    tuner.attention(q, k, v)
+    tuner.attention(q, k, v)
+    strided = k.transpose(1, 2).contiguous().transpose(1, 2)  # (b, s, h, d) view of (b, h, s, d)
+    seen.clear()
+    out = tuner.attention(q, strided, v)
+    # The torch formula quantized it (no quantization launch), the kernel ran on its codes.
+    assert [fn.name.split()[0] for fn, _ in seen] == ["attention"]
+    assert out.shape == q.shape
+
+
+def test_a_capture_records_a_planned_call(device, tmp_path):
+    q, k, v = qkv()
+    tuner.attention(q, k, v)
+    tuner.attention(q, k, v)
+    with tuner.capture(tmp_path / "calib.safetensors") as recorder:
+        tuner.attention(q, k, v)
+    assert [r.seen for r in recorder.problems.values()] == [1]

@@ -1,0 +1,137 @@
+"""LaunchPlan: a compiled kernel's device work for one signature (q, k, v shapes, dtype and
+device), everything a call does not change decided once.
+
+CompiledKernel.prepare + run decide on every call what the shapes decide already: the padded
+lengths, the scale layout, the quantization launcher, the build that launches (split_tail's
+single launch), the workspace, the launch scalars; and they check the prepared inputs against the
+kernel. A LaunchPlan takes all of that from a first call's prepared inputs. A call then allocates
+one scratch block (codes, packed scales, q . m, split_tail's workspace, and the LSE when the
+caller drops it) and the outputs, and makes the launches prepare and run make, with the same
+arguments: the quantization and the kernel; split_tail's counters zeroed where it splits; K
+smoothing's mean, and its LSE shift where the caller reads the LSE. A call whose inputs the
+quantization kernel cannot read (strided, misaligned) gets None: the caller takes prepare + run,
+which quantize those with torch ops.
+
+tests/test_launch_plan.py compares the launches' arguments with prepare + run's on the CPU
+(benchmarks/host_stub.py stands the device in), tests/gpu/test_runtime_gpu.py the output bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from variants import transforms
+from variants.common.abi import SCALE_AT, launch_scalars
+from variants.fp8_inputs import q_dot, round_up
+from variants.launch import stream_query
+from variants.prepare import quant_launcher, quant_scalars
+
+# Bytes between the parts of the scratch block: the kernels' 16-byte vector and TMA loads need
+# 16; 256 keeps each part on its own cache lines and sectors, as separate allocations were.
+ALIGN = 256
+
+
+class LaunchPlan:
+    """`plan(q, k, v, softmax_scale, want_lse, keep_lse)` -> (out, lse or None), or None where
+    this call's inputs need prepare's torch path. want_lse: add K smoothing's shift to the LSE;
+    keep_lse: return the LSE (else it is written into the scratch block and dropped)."""
+
+    __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape",
+                 "_out_shape", "_packed", "_q8", "_quant", "_quant_scalars", "_shift", "_stream",
+                 "_tail", "_v8", "_workspace", "default_scale", "scratch_bytes", "smooth",
+                 "zero")
+
+    @classmethod
+    def make(cls, kernel, prepared, q, k) -> LaunchPlan | None:
+        """The plan of `kernel` (a CompiledKernel) for calls shaped like q and k, from the
+        inputs its prepare made of them (whatever path it took); None where prepare's GPU
+        kernel does not take these shapes or is unavailable."""
+        config = kernel.config
+        feature_major, permuted = kernel._v_layout()
+        with_q = not config.q_in_kernel
+        smooth = config.k_smoothing == "mean"
+        layout = prepared.scale_layout
+        quant = quant_launcher(q, k, k, layout.padded_len, layout.padded_len_kv,
+                               v_feature_major=feature_major, permute_keys=permuted,
+                               with_q=with_q, smooth_k=smooth,
+                               rotate_qk=config.qk_rotation == "hadamard", check_inputs=False)
+        if quant is None:
+            return None
+        target = kernel.kernel_for(prepared)
+        device = q.device
+        attend, extra = target._launcher(device)
+        words, zero_from = target._workspace_words(device, prepared)
+        batch, seq_len, heads, head_dim = q.shape
+        lse_bytes = 4 * batch * heads * seq_len
+        kv_bytes = batch * layout.padded_len_kv * k.shape[2] * head_dim
+        plan = cls()
+        at, end = {}, 0
+        for name, size in (("q8", batch * layout.padded_len * heads * head_dim if with_q else 0),
+                           ("k8", kv_bytes), ("v8", kv_bytes), ("packed", 4 * layout.size),
+                           ("shift", lse_bytes if smooth and with_q else 0),
+                           ("workspace", 4 * words), ("lse", lse_bytes)):
+            at[name] = round_up(end, ALIGN) if size else None
+            end = at[name] + size if size else end
+        plan.scratch_bytes = end
+        plan._q8, plan._k8, plan._v8, plan._packed = at["q8"], at["k8"], at["v8"], at["packed"]
+        plan._shift, plan._workspace, plan._lse = at["shift"], at["workspace"], at["lse"]
+        plan.zero = (at["workspace"] + 4 * zero_from, at["workspace"] + 4 * words) \
+            if words > zero_from else None
+        scalars = launch_scalars(prepared)
+        # The scale a call without softmax_scale gets (quantize_inputs' default).
+        plan.default_scale = float(head_dim**-0.5)
+        plan._head, plan._tail = scalars[:SCALE_AT], (*scalars[SCALE_AT + 1:], *extra)
+        plan._quant, plan._attend = quant, attend
+        plan._quant_scalars = quant_scalars(q.shape, k.shape, layout)
+        plan.smooth = smooth
+        plan._device, plan._index, plan._stream = device, device.index, stream_query()
+        plan._out_shape, plan._lse_shape = tuple(q.shape), (batch, heads, seq_len)
+        return plan
+
+    def parts(self) -> dict[str, int | None]:
+        """Byte offset of each part of the scratch block (None: not in it)."""
+        return {name: getattr(self, f"_{name}") for name in
+                ("q8", "k8", "v8", "packed", "shift", "workspace", "lse")}
+
+    def __call__(self, q, k, v, softmax_scale, want_lse: bool, keep_lse: bool):
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+        if (qp | kp | vp) & 15 or not (q.is_contiguous() and k.is_contiguous()
+                                       and v.is_contiguous()):
+            return None
+        if softmax_scale is None:
+            scale = self.default_scale
+        else:
+            scale = float(softmax_scale)
+            if not scale > 0:
+                raise ValueError("softmax_scale must be > 0")
+        device = self._device
+        scratch = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=device)
+        base = scratch.data_ptr()
+        out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=device)
+        if keep_lse:
+            lse = torch.empty(self._lse_shape, dtype=torch.float32, device=device)
+            lse_ptr = lse.data_ptr()
+        else:
+            lse, lse_ptr = None, base + self._lse
+        stream = self._stream(self._index)
+        q8 = qp if self._q8 is None else base + self._q8
+        k8, v8, packed = base + self._k8, base + self._v8, base + self._packed
+        k_mean = None
+        if self.smooth:
+            k_mean = transforms.smoothing_vector(k).contiguous()
+        self._quant(qp, kp, vp, q8, k8, v8, packed, 0 if k_mean is None else k_mean.data_ptr(),
+                    0 if self._shift is None else base + self._shift, *self._quant_scalars,
+                    stream)
+        if self.zero is not None:
+            scratch[self.zero[0]:self.zero[1]].zero_()
+        self._attend(q8, k8, v8, packed, out.data_ptr(), lse_ptr,
+                     0 if self._workspace is None else base + self._workspace, *self._head,
+                     scale, *self._tail, stream)
+        if want_lse and lse is not None and k_mean is not None:
+            if self._shift is not None:
+                shift = scratch[self._shift:self._shift + 4 * lse.numel()]
+                shift = shift.view(torch.float32).view(self._lse_shape)
+            else:  # the quantization did not read q (CompiledKernel.run's restore_lse)
+                shift = q_dot(q, k_mean)
+            lse.add_(shift, alpha=scale)
+        return out, lse

@@ -226,17 +226,18 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     if cfg.register_p or cfg.intra_wg_overlap:
         live += cfg.block_n * pv_bytes(cfg) // 8
     if cfg.v_unquantized and cfg.register_p and cfg.intra_wg_overlap:
-        live += _PV16_OVERLAP_EXTRA
+        live += cfg.block_n // 8  # bf16 P beside the next strip's S (measured, below)
     return live + 2 + 3 * cfg.scale_blocks + _REGISTER_OVERHEAD
 
 
 # Softmax state, wgmma descriptors, pipeline state and addressing (FA3 fits 128 x 224 FP8 tiles
 # in 240 registers with overlap and RS: 112 + 28 + 64 + 36).
 _REGISTER_OVERHEAD = 32
-# bf16 P in registers beside the next strip's S (intra-WG overlap): one consumer warpgroup at
-# head_dim 128 with 192-key strips, estimated 251 of 256, spills 512 B (ptxas, sm_90a); without
-# overlap or with P from smem it does not (tests/test_wgmma_pv16_compile.py).
-_PV16_OVERLAP_EXTRA = 8
+# bf16 P in registers beside the next strip's S (intra-WG overlap) costs block_n/8 more than
+# its block_n/4 (ptxas, sm_90a): without it 2 x 192 keys at head_dim 64 (219 of 240) spill 16 B
+# and 1 x 192 at 128 (251 of 256) 512 B; with it 3 x 64 at 128 (157 of 160) and 1 x 192 at 64
+# (243 of 256) compile without spills, as do all without overlap or with P from smem
+# (tests/test_wgmma_pv16_compile.py).
 
 
 # ---- Problem shapes the kernel does not implement yet (issue 17) -------------------------------

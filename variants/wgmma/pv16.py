@@ -52,10 +52,14 @@ def pv16_tiled_mma(wgs: int, head_dim: int, register_p: bool):
         warpgroup.OperandSource.RMEM if register_p else warpgroup.OperandSource.SMEM)
 
 
+def p16_as_acc(dst, acc_layout):
+    """P's bf16 registers `dst` (the A fragment, or for p_source=smem the C-order staging
+    fragment) seen with the accumulator's layout: C value r lands in the A value of its own row
+    and key (tests/test_wgmma_pv16_compile.py replays it on the DSL's layouts)."""
+    return cute.make_tensor(dst.iterator, acc_layout)
+
+
 @cute.jit
 def store_p16(acc_S, dst):
-    """S's f32 accumulator, softmaxed, into P's bf16 registers `dst` (the A fragment, or for
-    p_source=smem the C-order staging fragment): the same register order, so a view of `dst`
-    with the accumulator's layout takes the converted values as they are."""
-    as_acc = cute.make_tensor(dst.iterator, acc_S.layout)
-    as_acc.store(acc_S.load().to(PV16))
+    """S's f32 accumulator, softmaxed, into P's bf16 registers, converted in order."""
+    p16_as_acc(dst, acc_S.layout).store(acc_S.load().to(PV16))

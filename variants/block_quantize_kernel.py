@@ -170,12 +170,16 @@ class BlockQuant:
     @cute.jit
     def _k_or_v(self, cta, k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
                 bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size):
-        if cta < kv_ctas:
+        if cutlass.const_expr(self.quantize_v):
+            if cta < kv_ctas:
+                self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count,
+                             seq_len_kv, padded_kv, kv_heads, blocks, kv_size, False)
+            else:
+                self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - kv_ctas,
+                             bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size, True)
+        else:  # no v CTAs
             self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count, seq_len_kv,
                          padded_kv, kv_heads, blocks, kv_size, False)
-        else:
-            self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - kv_ctas, bh_count,
-                         seq_len_kv, padded_kv, kv_heads, blocks, kv_size, True)
 
     @cute.jit
     def _load(self, x_ptr, b, h, first, length, heads, permute: cutlass.Constexpr,

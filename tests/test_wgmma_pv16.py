@@ -158,6 +158,10 @@ def test_the_launch_refuses_inputs_prepared_for_the_other_pv_dtype():
         bf16.run(natural_e4m3.prepare(q, k, v))
     with pytest.raises(ValueError, match="prepared v is bf16, this kernel reads e4m3 codes"):
         natural_e4m3.run(bf16.prepare(q, k, v))
+    # V's strides come from seq_len_kv: a shorter length over the same V would misread it.
+    shorter = dataclasses.replace(bf16.prepare(q, k, v), seq_len_kv=76)
+    with pytest.raises(ValueError, match="exactly seq_len_kv = 76 keys"):
+        bf16.run(shorter)
     codes = q.to(torch.float8_e4m3fn)
     ones = torch.ones(1, 2)
     with pytest.raises(ValueError, match="reads a bf16 v.*for_q_dtype"):

@@ -370,6 +370,10 @@ class CompiledKernel:
                 got, want = ("bf16", "e4m3 codes") if got_16 else ("e4m3 codes", "bf16")
                 raise ValueError(f"prepared {name} is {got}, this kernel reads {want}: use "
                                  "this kernel's prepare()")
+        if prepared.v_unquantized and prepared.v.shape[1] != prepared.seq_len_kv:
+            raise ValueError(f"a bf16 v must hold exactly seq_len_kv = {prepared.seq_len_kv} "
+                             f"keys (the kernel's view of it has that length), not "
+                             f"{prepared.v.shape[1]}: use this kernel's prepare()")
         if ((prepared.k_mean is not None, prepared.qk_rotated)
                 != (self.config.k_smoothing == "mean", self.config.qk_rotation == "hadamard")):
             raise ValueError(f"prepared inputs are smoothed={prepared.k_mean is not None} "

@@ -215,9 +215,9 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
 
     A warpgroup's 64 x N fp32 accumulator is N/2 registers a thread: S is block_n/2, O is
     head_dim/2. P as fp8 is block_n/8 when it feeds the PV wgmma from registers (block_n/4 as
-    bf16); with intra-WG overlap it lives beside the next strip's S, without it only while S
-    is converted. The rest
-    (row max/sum, descriptors, addressing, loop state) is a fixed overhead. The block scales
+    bf16, and block_n/8 more beside the next S: _PV16_OVERLAP); with intra-WG overlap it lives
+    beside the next strip's S, without it only while S is converted. The rest (row max/sum,
+    descriptors, addressing, loop state) is a fixed overhead. The block scales
     (variants/block_scales.py) add Q's scale of each of the thread's two rows and, per 64-key
     block of the strip, K's scale, log2 of V's and 1 / V's (read from shared memory for the
     strip being computed; tests/test_wgmma_compile.py checks for spills).
@@ -226,7 +226,7 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     if cfg.register_p or cfg.intra_wg_overlap:
         live += cfg.block_n * pv_bytes(cfg) // 8
     if cfg.v_unquantized and cfg.register_p and cfg.intra_wg_overlap:
-        live += cfg.block_n // 8  # bf16 P beside the next strip's S (measured, below)
+        live += cfg.block_n // _PV16_OVERLAP
     return live + 2 + 3 * cfg.scale_blocks + _REGISTER_OVERHEAD
 
 
@@ -238,6 +238,7 @@ _REGISTER_OVERHEAD = 32
 # and 1 x 192 at 128 (251 of 256) 512 B; with it 3 x 64 at 128 (157 of 160) and 1 x 192 at 64
 # (243 of 256) compile without spills, as do all without overlap or with P from smem
 # (tests/test_wgmma_pv16_compile.py).
+_PV16_OVERLAP = 8  # block_n / this
 
 
 # ---- Problem shapes the kernel does not implement yet (issue 17) -------------------------------

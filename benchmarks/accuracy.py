@@ -4,9 +4,10 @@ kinds of tuner/activations.py, with prepare's exact transforms off and on, besid
 
 Columns: ours with the config tuner.attention runs for the shape, the transforms set by
 dataclasses.replace: plain (k_smoothing="off", qk_rotation="none"), smoothed (k_smoothing="mean"),
-rotated (qk_rotation="hadamard"), both; the default (tuner.attention as it is, whatever its
-config turns on); FA3 FP8 with per-(batch, KV head) descales, SDPA bf16 (cuDNN) and SageAttention
-1 (fp16 in) where installed. Rows: every --kinds kind at every --shapes shape, then --cases
+rotated (qk_rotation="hadamard"), both; both with P.V in bf16 (wgmma pv_dtype="bf16", the rung
+below FP8's floor); the default (tuner.attention as it is, whatever its config turns on); FA3
+FP8 with per-(batch, KV head) descales, SDPA bf16 (cuDNN) and SageAttention 1 (fp16 in) where
+installed. Rows: every --kinds kind at every --shapes shape, then --cases
 (kind@shape: by default "realistic" causal and "k_bias_8" on 32 query heads over 8 KV heads).
 
 Then the transforms' cost: tuner.attention end to end from bf16 (GPU time, as the e2e suite
@@ -33,6 +34,7 @@ QUICK_COST_SHAPES = ("1,8192,56,128",)
 SETTINGS = {"plain": ("off", "none"), "smoothed": ("mean", "none"),
             "rotated": ("off", "hadamard"), "both": ("mean", "hadamard")}
 PEER_COLUMNS = ("FA3 FP8", "SDPA bf16", "Sage")
+PV16_COLUMN = "both, bf16 P.V"
 
 
 def add_arguments(parser) -> None:
@@ -71,6 +73,14 @@ def with_setting(cfg, setting: str):
     return dataclasses.replace(cfg, k_smoothing=smoothing, qk_rotation=rotation)
 
 
+def with_pv16(cfg):
+    """The config with both transforms and P.V in bf16, or why it cannot have them."""
+    both = with_setting(cfg, "both")
+    if isinstance(both, str) or "pv_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
+        return both if isinstance(both, str) else f"{type(cfg).__module__}.Config has no pv_dtype"
+    return dataclasses.replace(both, pv_dtype="bf16")
+
+
 def _rows(args) -> list[tuple[str, object]]:
     from tuner.activations import kind
 
@@ -105,6 +115,9 @@ def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
         cfg = with_setting(base, setting)
         calls[setting] = cfg if isinstance(cfg, str) else (
             lambda c=cfg: tuner.attention(q, k, v, causal=problem.causal, config=c))
+    cfg = with_pv16(base)
+    calls[PV16_COLUMN] = cfg if isinstance(cfg, str) else (
+        lambda c=cfg: tuner.attention(q, k, v, causal=problem.causal, config=c))
     calls["default"] = lambda: tuner.attention(q, k, v, causal=problem.causal)
     try:
         fa3 = fa3_fp8(problem)
@@ -124,7 +137,7 @@ def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
         except TunerError as exc:  # a config that cannot run the shape: named, not timed
             errors[name] = f"refused: {common.first_line(exc)}"
         except Exception as exc:  # noqa: BLE001 - a peer failing is a note; ours propagates
-            if name in SETTINGS or name == "default":
+            if name in SETTINGS or name in ("default", PV16_COLUMN):
                 raise
             errors[name] = f"failed: {common.first_line(exc)}"
     knobs = "/".join(str(getattr(base, n, "-")) for n in ("k_smoothing", "qk_rotation"))
@@ -163,7 +176,7 @@ def _cost(problem, gpu, args) -> list:
 
 def run(args, gpu) -> str:
     rows = []
-    columns = [*SETTINGS, "default", *PEER_COLUMNS]
+    columns = [*SETTINGS, PV16_COLUMN, "default", *PEER_COLUMNS]
     notes = set()
     for kind_name, problem in _rows(args):
         errors, knobs = _errors(kind_name, problem, args.seed)

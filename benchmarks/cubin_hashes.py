@@ -5,6 +5,10 @@ them after.
     python benchmarks/cubin_hashes.py --save before.json      # before the edit
     python benchmarks/cubin_hashes.py --check before.json     # after it: exit 1 on a difference
 
+--check compiles the saved file's builds, each label's config read back with from_dict (a knob
+added since takes its default, the kernel built before it existed), so a new knob value, which
+changes the sample, leaves what is compared as it was.
+
 Per build two digests: the cubin's bytes and its SASS (nvdisasm -c, each kernel's symbol name
 replaced by its index). Line moves do not reach the cubin (no line table is emitted); the
 kernel symbols name the kernel object's module and class (variants.wgmma.kernel.WgmmaAttention),
@@ -119,28 +123,55 @@ def label(family: str, arch: str, problem, cfg) -> str:
             f"{json.dumps(cfg.to_dict(), sort_keys=True)}")
 
 
+_TWIN = " (its split_tail=False twin)"
+_LABEL = re.compile(r"^(\S+) (\S+) d(\d+) (full|causal) (\{.*\})$")
+
+
 def compute(families: set[str], limit: int = 0, match: str = "") -> dict:
+    from variants import load_family
+
+    builds = []
+    for family, arch in TARGETS:
+        if families and family not in families:
+            continue
+        pairs = [(p, c) for p, c in sample(load_family(family), arch)
+                 if re.search(match, label(family, arch, p, c))]
+        builds += [(family, arch, p, c, label(family, arch, p, c))
+                   for p, c in pairs[: limit or None]]
+    return _digest_builds(builds)
+
+
+def recompute(saved: dict) -> dict:
+    """The saved builds compiled now, under their saved labels: each config read back with
+    from_dict (a knob added since takes its default)."""
+    from tuner.problem import Problem
+    from variants import load_family
+
+    builds = []
+    for name in saved:
+        if name.endswith(_TWIN):
+            continue  # compiled with the build it belongs to
+        family, arch, head_dim, mask, knobs = _LABEL.match(name).groups()
+        problem = Problem(1, 2, SEQ_LEN, head_dim=int(head_dim), causal=mask == "causal")
+        cfg = load_family(family).Config.from_dict(json.loads(knobs))
+        builds.append((family, arch, problem, cfg, name))
+    return _digest_builds(builds)
+
+
+def _digest_builds(builds: list) -> dict:
+    """label -> digests of each (family, arch, problem, config, label) and of its twin."""
     os.environ["TUNER_CACHE_DIR"] = tempfile.mkdtemp(prefix="cubin-hashes-")
     from variants import load_family
 
     out = {}
-    for family, arch in TARGETS:
-        if families and family not in families:
-            continue
-        fam = load_family(family)
-        pairs = [(p, c) for p, c in sample(fam, arch)
-                 if re.search(match, label(family, arch, p, c))]
-        if limit:
-            pairs = pairs[:limit]
-        for problem, cfg in pairs:
-            kernel = fam.compile(cfg, problem, arch)
-            name = label(family, arch, problem, cfg)
-            builds = {"": kernel}
-            if kernel._single_launch is not None:
-                builds[" (its split_tail=False twin)"] = kernel._single_launch
-            for suffix, build in builds.items():
-                out[name + suffix] = digests(build.cubin_path)
-                print(out[name + suffix]["cubin"][:16], name + suffix, flush=True)
+    for family, arch, problem, cfg, name in builds:
+        kernel = load_family(family).compile(cfg, problem, arch)
+        found = {"": kernel}
+        if kernel._single_launch is not None:
+            found[_TWIN] = kernel._single_launch
+        for suffix, build in found.items():
+            out[name + suffix] = digests(build.cubin_path)
+            print(out[name + suffix]["cubin"][:16], name + suffix, flush=True)
     return out
 
 
@@ -189,15 +220,19 @@ def main() -> None:
             for problem, cfg in pairs[: args.limit or None]:
                 print(label(family, arch, problem, cfg))
         return
-    now = compute(set(args.family), args.limit, args.match)
     if args.save:
+        now = compute(set(args.family), args.limit, args.match)
         Path(args.save).write_text(json.dumps(now, indent=1, sort_keys=True) + "\n")
         print(f"{len(now)} builds saved to {args.save}")
         return
     saved = json.loads(Path(args.check).read_text())
-    if args.family or args.limit or args.match:
-        saved = {k: v for k, v in saved.items() if k in now}
-    sys.exit(check(saved, now))
+    names = [k for k in saved if re.search(args.match, k)
+             and (not args.family or k.split()[0] in args.family)]
+    if args.limit:
+        parents = [k for k in names if not k.endswith(_TWIN)][: args.limit]
+        names = [k for k in names if k.removesuffix(_TWIN) in parents]
+    saved = {k: saved[k] for k in names}
+    sys.exit(check(saved, recompute(saved)))
 
 
 if __name__ == "__main__":

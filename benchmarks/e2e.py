@@ -1,7 +1,8 @@
 """e2e: what a caller with bf16 tensors pays. tuner.attention end to end (quantization, kernel,
 host work) beside FA3 bf16, torch SDPA bf16 (cuDNN backend) and SageAttention 1 (fp16 in) where
 installed (benchmarks/systems.py), with our kernel alone and our quantization (prepare) alone
-measured in the same run.
+measured in the same run, and tuner.attention with the same config's P.V in bf16 (wgmma
+pv_dtype="bf16", the accuracy rung beside SageAttention's) where the family has the knob.
 
 GPU time: CUDA events around each call, the calls queued behind a GPU spin so that a sample is
 the GPU's work for the call (benchmarks.common.time_calls), inputs rotated past 2x L2, median of
@@ -31,6 +32,7 @@ from benchmarks.systems import BF16_PEERS, bf16_peers, native
 HELP = "tuner.attention from bf16 beside FA3 bf16, SDPA bf16, SageAttention; host cost per call"
 DEFAULT_SHAPES = common.MODEL_SHAPES
 QUICK_SHAPES = common.QUICK_SHAPES
+PV16 = "ours bf16 P.V e2e"
 
 
 def add_arguments(parser) -> None:
@@ -105,13 +107,33 @@ def _ours(problem, gpu, args):
     return (lambda q, k, v: tuner.attention(q, k, v, causal=causal)), best.source, timing
 
 
+def _ours_pv16(problem, gpu):
+    """tuner.attention with the looked-up config's P.V in bf16, or why it cannot run."""
+    import dataclasses
+
+    import tuner
+    from tuner.runtime import config_for_problem
+    from variants import load_family
+
+    best = config_for_problem(problem)
+    cfg = best.config.for_q_dtype("bfloat16")
+    if "pv_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
+        return f"{best.family} has no pv_dtype knob"
+    cfg = dataclasses.replace(cfg, pv_dtype="bf16")
+    ok, reason = load_family(best.family).can_implement(cfg, problem, gpu.profile)
+    if not ok:
+        return f"refused: {reason}"
+    causal = problem.causal
+    return lambda q, k, v: tuner.attention(q, k, v, causal=causal, config=cfg)
+
+
 def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
     import torch
 
     sets = common.input_sets(problem, gpu.profile.l2_bytes, args.seed,
                              common.output_bytes(problem))
     ours_call, source, timing = _ours(problem, gpu, args)
-    systems = {"ours e2e": ours_call, **bf16_peers(problem)}
+    systems = {"ours e2e": ours_call, PV16: _ours_pv16(problem, gpu), **bf16_peers(problem)}
     res = {"problem": problem, "source": source, "kernel_ms": timing.median_ms,
            "prepare_ms": timing.prepare_ms, "ms": {}, "host": {}, "notes": []}
     for name, call in systems.items():
@@ -119,7 +141,7 @@ def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
             res["notes"].append(f"{name}: {call}")
             continue
         try:
-            inputs = sets if name == "ours e2e" else [native(name, s) for s in sets]
+            inputs = sets if name in ("ours e2e", PV16) else [native(name, s) for s in sets]
             stat = common.time_calls(lambda i, c=call, s=inputs: c(*s[i % len(s)]), len(inputs),
                                      args.repeats)
             n = loop_calls(stat.median_ms, args.loop_ms)
@@ -149,7 +171,8 @@ def run(args, gpu) -> str:
 
 def format_tables(results: list[dict], own: dict) -> str:
     headers = ["shape", "source", "ours e2e ms", "TFLOP/s", "kernel ms", "prepare ms",
-               "kernel + prepare", *[f"{p} ms" for p in BF16_PEERS], "faster peer / ours e2e"]
+               "kernel + prepare", *[f"{p} ms" for p in BF16_PEERS], f"{PV16} ms",
+               "faster peer / ours e2e"]
     rows, host_rows, notes = [], [], []
     for r in results:
         p, t = r["problem"], r["ms"]
@@ -160,7 +183,7 @@ def format_tables(results: list[dict], own: dict) -> str:
         rows.append([shape_text(p), r["source"], cell(ours),
                      cell(p.tflops(ours) if ours else None, ".0f"), cell(r["kernel_ms"]),
                      cell(r["prepare_ms"]), cell(parts), *[cell(t.get(n)) for n in BF16_PEERS],
-                     ratio(min(peers) if peers else None, ours)])
+                     cell(t.get(PV16)), ratio(min(peers) if peers else None, ours)])
         for name, h in r["host"].items():
             host_rows.append([shape_text(p), name, cell(h["gpu_us"], ".0f"),
                               cell(h["host_us"], ".0f"), cell(h["wall_minus_gpu_us"], ".0f"),

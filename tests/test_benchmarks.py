@@ -2,6 +2,7 @@
 ratios included), the results pages (a run replaces its section, never appends, and leaves the
 rest of the page as it was), the stamp's commit, and the helpers each suite's numbers rest on."""
 
+import dataclasses
 import datetime as dt
 import subprocess
 from dataclasses import dataclass
@@ -289,6 +290,26 @@ def test_accuracy_columns_set_the_transforms_and_name_a_config_without_them():
         parse_case("k_bias_9@1,4096,8,128")
     with pytest.raises(TunerError, match="KIND@SHAPE"):
         parse_case("1,4096,8,128")
+
+
+def test_the_bf16_pv_column_sets_both_transforms_and_pv_dtype_where_the_family_has_it():
+    from benchmarks.accuracy import with_pv16
+    from variants import wgmma
+
+    cfg = with_pv16(dataclasses.replace(wgmma.default("sm_90a"), q_quant="prepare"))
+    assert (cfg.k_smoothing, cfg.qk_rotation, cfg.pv_dtype) == ("mean", "hadamard", "bf16")
+    assert "no pv_dtype" in with_pv16(_WithKnobs())
+    assert "no k_smoothing" in with_pv16(_WithoutKnobs())
+
+
+def test_e2e_has_a_column_for_bf16_pv_beside_the_peers():
+    from benchmarks.e2e import PV16, format_tables
+
+    result = _e2e_result(Problem(1, 56, 4096), 0.5, {"SDPA bf16": 0.7, PV16: 0.65})
+    header, _, row = format_tables([result], {"sync_us": 8.0, "event_pair_us": 3.0}
+                                   ).splitlines()[:3]
+    at = header.split(" | ").index(f"{PV16} ms")
+    assert row.split(" | ")[at] == "0.650" and row.split(" | ")[-1] == "1.40x |"
 
 
 # ---- results pages ---------------------------------------------------------------------------

@@ -99,6 +99,21 @@ def test_the_launch_without_q_compiles_and_a_bad_name_is_refused(arch, tmp_path)
         compile_kernel("quant_q", torch.bfloat16, 128, arch)
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_the_launch_without_v_quantizes_q_and_k_alone(arch, tmp_path):
+    """quantize_v=False (a kernel with P.V in 16 bits reads V itself): q's and k's rows loaded
+    and cast as with V, no v CTA code at all (its loads, casts and CTA-wide maximum); its
+    neutral V scales on a GPU: tests/gpu/test_pv16_gpu.py."""
+    (tmp_path / "with").mkdir(), (tmp_path / "without").mkdir()
+    with_v = _ptx(tmp_path / "with", torch.bfloat16, 128, arch, False, False)
+    ptx = _ptx(tmp_path / "without", torch.bfloat16, 128, arch, False, False, quantize_v=False)
+    assert ptx.count("ld.global.v4.b32") == (INPUTS - 1) * ROWS
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == (INPUTS - 1) * ROWS * 4
+    assert ptx.count("bar.sync") == with_v.count("bar.sync") - 1 == 1
+    with pytest.raises(ValueError, match="quantize_v=False"):
+        compile_kernel("expand", torch.float32, 0, arch, quantize_v=False)
+
+
 # ---- K smoothing and the Q/K rotation (variants/transforms.py, variants/hadamard_dsl.py) ----
 
 FLAGS = {"smooth": dict(smooth_k=True), "rotate": dict(rotate_qk=True),

@@ -54,6 +54,8 @@ CASES = [
      "head_dim": 64},
     # prepare's transforms: the default's build (no compile of their own, variants/build.py).
     {"k_smoothing": "mean", "qk_rotation": "hadamard"},
+    # P.V in 16 bits (tests/test_wgmma_pv16_compile.py has its covering set).
+    {"pv_dtype": "bf16"},
 ]
 
 

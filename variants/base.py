@@ -97,6 +97,11 @@ class ConfigMixin:
         """The kernel reads the caller's bf16 q and quantizes it itself (prepare leaves q)."""
         return False
 
+    @property
+    def v_unquantized(self) -> bool:
+        """The kernel reads V as bf16, unquantized (natural layout; its block scales neutral)."""
+        return False
+
     def for_q_dtype(self, dtype_name: str):
         """The config to run for a q of this torch dtype name (a family whose kernel reads
         some dtypes only names the config that reads the others). e4m3 codes were quantized by

@@ -24,6 +24,8 @@ The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views):
 (batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of
 V's, 1 / V's and V's; padding rows and blocks get the neutral 1 (log2: 0). BlockQuant(quantize_q=
 False) ("quant_kv") has no q CTAs, for a kernel that quantizes Q itself: q's part is unwritten.
+BlockQuant(quantize_v=False) has no v CTAs, for a kernel that reads V unquantized (P.V in 16
+bits): its k CTAs write V's neutral scales (log2 0, 1 / V's and V's 1) beside K's.
 ExpandScales writes the buffer from the FP8 entry point's descales, one thread per value.
 """
 
@@ -74,9 +76,10 @@ class BlockQuant:
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
                  permute_keys: bool = False, quantize_q: bool = True, smooth_k: bool = False,
-                 rotate_qk: bool = False) -> None:
+                 rotate_qk: bool = False, quantize_v: bool = True) -> None:
         self.in_dtype = in_dtype
         self.quantize_q = quantize_q
+        self.quantize_v = quantize_v
         self.head_dim = head_dim
         self.lanes = head_dim // VEC  # threads per row
         self.threads = GROUPS * self.lanes  # 128 at head_dim 128, 64 at 64
@@ -130,10 +133,13 @@ class BlockQuant:
         if cutlass.const_expr(not self.quantize_q):
             q_ctas = 0
         kv_ctas = batch * kv_heads * ((padded_kv + KV_BLOCK - 1) // KV_BLOCK)
+        grid = q_ctas + 2 * kv_ctas
+        if cutlass.const_expr(not self.quantize_v):
+            grid = q_ctas + kv_ctas
         self.kernel(q_ptr, k_ptr, v_ptr, q8_ptr, k8_ptr, v8_ptr, scales_ptr, mean_ptr, shift_ptr,
                     batch, heads, kv_heads, seq_len, padded, seq_len_kv, padded_kv, q_ctas,
                     kv_ctas, SharedStorage).launch(
-            grid=[q_ctas + 2 * kv_ctas, 1, 1], block=[self.threads, 1, 1],
+            grid=[grid, 1, 1], block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
@@ -164,12 +170,16 @@ class BlockQuant:
     @cute.jit
     def _k_or_v(self, cta, k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
                 bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size):
-        if cta < kv_ctas:
+        if cutlass.const_expr(self.quantize_v):
+            if cta < kv_ctas:
+                self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count,
+                             seq_len_kv, padded_kv, kv_heads, blocks, kv_size, False)
+            else:
+                self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - kv_ctas,
+                             bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size, True)
+        else:  # no v CTAs
             self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count, seq_len_kv,
                          padded_kv, kv_heads, blocks, kv_size, False)
-        else:
-            self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - kv_ctas, bh_count,
-                         seq_len_kv, padded_kv, kv_heads, blocks, kv_size, True)
 
     @cute.jit
     def _load(self, x_ptr, b, h, first, length, heads, permute: cutlass.Constexpr,
@@ -331,6 +341,10 @@ class BlockQuant:
                 _put(scales_ptr + (3 * kv_size + at), descale)
             else:
                 _put(scales_ptr + at, descale)
+                if cutlass.const_expr(not self.quantize_v):  # no v CTA: V's scales neutral
+                    _put(scales_ptr + (kv_size + at), cutlass.Float32(0.0))
+                    _put(scales_ptr + (2 * kv_size + at), cutlass.Float32(1.0))
+                    _put(scales_ptr + (3 * kv_size + at), cutlass.Float32(1.0))
 
     @cute.jit
     def _store_feature_major(self, out_ptr, storage, values, scale, bh, first, padded_kv):
@@ -464,13 +478,14 @@ KERNELS = ("quant", "quant_kv", "expand")
 
 
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
-          smooth_k: bool = False, rotate_qk: bool = False):
+          smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True):
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
     if name == "expand":
-        if smooth_k or rotate_qk:
+        if smooth_k or rotate_qk or not quantize_v:
             raise ValueError("the scale expansion takes codes already quantized: it has no "
-                             "smooth_k or rotate_qk; quantize with 'quant' for those")
+                             "smooth_k, rotate_qk or quantize_v=False; quantize with 'quant' "
+                             "for those")
         return ExpandScales()
     if rotate_qk and name == "quant_kv":
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
@@ -478,20 +493,22 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
     if rotate_qk:
         hadamard_dsl.sign_words(head_dim)  # a power of two up to 128, or a ValueError saying so
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
-                      quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk)
+                      quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk,
+                      quantize_v=quantize_v)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    v_feature_major: bool = True, permute_keys: bool = False, *,
-                   smooth_k: bool = False, rotate_qk: bool = False,
+                   smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
                    keep_ptx_in: str | None = None):
     """(compiled function, its launch slots) of "quant" (BlockQuant), "quant_kv" (BlockQuant
     without q's CTAs) or "expand" (ExpandScales; dtype and head_dim unused) for `arch`, without
-    a GPU; keep_ptx_in: a directory to leave the PTX and the cubin in (the CPU tests read
-    them)."""
+    a GPU; quantize_v=False: no v CTAs (V's scales neutral); keep_ptx_in: a directory to leave
+    the PTX and the cubin in (the CPU tests read them)."""
     from variants.dsl_compile import compile_for_arch
 
-    kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk)
+    kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk,
+                   quantize_v)
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
                                 keep="--keep-ptx --keep-cubin" if keep_ptx_in else "",
                                 dump_dir=keep_ptx_in)
@@ -500,13 +517,15 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
 
 def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
              v_feature_major: bool = True, permute_keys: bool = False, smooth_k: bool = False,
-             rotate_qk: bool = False, compile_now: bool = True) -> FastLaunch | None:
+             rotate_qk: bool = False, quantize_v: bool = True,
+             compile_now: bool = True) -> FastLaunch | None:
     """The launcher of "quant", "quant_kv" or "expand" for this GPU, or None where there is none
     (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
     key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys,
-           smooth_k, rotate_qk)
+           smooth_k, rotate_qk, quantize_v)
 
     def build():
-        return compile_kernel(*key[:6], smooth_k=smooth_k, rotate_qk=rotate_qk)
+        return compile_kernel(*key[:6], smooth_k=smooth_k, rotate_qk=rotate_qk,
+                              quantize_v=quantize_v)
 
     return LAUNCHERS.get(key, build, compile_now=compile_now)

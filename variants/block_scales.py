@@ -173,10 +173,12 @@ def dequantize(q8, dq, k8, dk, v8, dv, block: int = KV_BLOCK):
 
 
 def folded_attention(q8, dq, k8, dk, v8, dv, *, softmax_scale: float, block_n: int = 128,
-                     causal: bool = False, block: int = KV_BLOCK):
+                     causal: bool = False, block: int = KV_BLOCK,
+                     p_dtype: torch.dtype = torch.float8_e4m3fn):
     """The kernels' arithmetic with block scales, emulated in fp32 torch, strip by strip:
     scores from the codes, the folded exponent x' = raw * sq * sk * scale * log2(e) + log2(sv),
-    an online softmax over x', P' rounded to e4m3 before P' @ V_codes, l summing P' / sv. Returns
+    an online softmax over x', P' rounded to p_dtype (e4m3; torch.bfloat16 for P.V in 16 bits,
+    where v8 is the bf16 V itself and dv is 1) before P' @ V_codes, l summing P' / sv. Returns
     (out (batch, seq, heads, dim), lse (batch, heads, seq), natural log). Causal is aligned to
     the bottom right; a row that sees no key gets 0 and -inf. Grouped KV heads: query head h
     reads KV head h // (heads // kv_heads)."""
@@ -211,7 +213,7 @@ def folded_attention(q8, dq, k8, dk, v8, dv, *, softmax_scale: float, block_n: i
         m_use = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # no key yet
         alpha = torch.exp2(m - m_use)
         p = torch.exp2(x - m_use + P_SHIFT_LOG2)
-        p8 = p.to(torch.float8_e4m3fn).float()
+        p8 = p.to(p_dtype).float()
         acc = acc * alpha + p8 @ v[:, :, keys]
         total = total * alpha + (p * inv_sv[:, :, None, keys]).sum(dim=-1, keepdim=True)
         m = m_new

@@ -131,10 +131,12 @@ def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path,
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def build_function(kernel_obj, arch: str, extra_args: tuple = (), *, q_in_kernel: bool = False):
+def build_function(kernel_obj, arch: str, extra_args: tuple = (), *, q_in_kernel: bool = False,
+                   v_unquantized: bool = False):
     """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
     fn, seconds, cubin = compile_for_arch(
-        kernel_obj, arch, fake_args(extra=extra_args, q_in_kernel=q_in_kernel),
+        kernel_obj, arch, fake_args(extra=extra_args, q_in_kernel=q_in_kernel,
+                                    v_unquantized=v_unquantized),
         keep="--keep-cubin")
     return fn, cubin, seconds
 
@@ -288,7 +290,8 @@ class CompiledKernel:
                                v_feature_major=feature_major,
                                q_in_kernel=self.config.q_in_kernel,
                                k_smoothing=self.config.k_smoothing,
-                               qk_rotation=self.config.qk_rotation)
+                               qk_rotation=self.config.qk_rotation,
+                               v_unquantized=self.config.v_unquantized)
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
         """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /
@@ -301,10 +304,10 @@ class CompiledKernel:
             raise ValueError(f"{self.config.short()} transforms q and k before quantizing them "
                              f"({', '.join(self.config.transforms_on())}); FP8 inputs run on "
                              "config.for_q_dtype('float8_e4m3fn'), which turns them off")
-        if self.config.q_in_kernel:
-            raise ValueError(f"{self.config.short()} quantizes a bf16 q itself; FP8 inputs run "
-                             "on config.for_q_dtype('float8_e4m3fn') (tuner.attention_fp8 "
-                             "does so)")
+        if self.config.q_in_kernel or self.config.v_unquantized:
+            what = "quantizes a bf16 q itself" if self.config.q_in_kernel else "reads a bf16 v"
+            raise ValueError(f"{self.config.short()} {what}; FP8 inputs run on "
+                             "config.for_q_dtype('float8_e4m3fn') (tuner.attention_fp8 does so)")
         feature_major, permuted = self._v_layout()
         return fp8_inputs(q, k, v, descales, pad_to=self.config.pad_to(), permute_keys=permuted,
                           softmax_scale=softmax_scale, v_feature_major=feature_major)
@@ -320,7 +323,8 @@ class CompiledKernel:
 
             extra = self._extra_args(device)
             hit = self._launchers[device] = (
-                FastLaunch(self._fn, slots(len(extra), q_in_kernel=self.config.q_in_kernel)),
+                FastLaunch(self._fn, slots(len(extra), q_in_kernel=self.config.q_in_kernel,
+                                           v_unquantized=self.config.v_unquantized)),
                 extra)
         return hit
 
@@ -362,10 +366,16 @@ class CompiledKernel:
         if (prepared.v_feature_major, prepared.key_permuted) != self._v_layout():
             raise ValueError("prepared inputs have the wrong V layout or key order for this "
                              "config: use this kernel's prepare()")
-        if prepared.q_in_kernel != self.config.q_in_kernel:
-            got, want = ("bf16", "e4m3 codes") if prepared.q_in_kernel else ("e4m3 codes", "bf16")
-            raise ValueError(f"prepared q is {got}, this kernel reads {want}: use this "
-                             "kernel's prepare()")
+        for name, got_16, want_16 in (("q", prepared.q_in_kernel, self.config.q_in_kernel),
+                                      ("v", prepared.v_unquantized, self.config.v_unquantized)):
+            if got_16 != want_16:
+                got, want = ("bf16", "e4m3 codes") if got_16 else ("e4m3 codes", "bf16")
+                raise ValueError(f"prepared {name} is {got}, this kernel reads {want}: use "
+                                 "this kernel's prepare()")
+        if prepared.v_unquantized and prepared.v.shape[1] != prepared.seq_len_kv:
+            raise ValueError(f"a bf16 v must hold exactly seq_len_kv = {prepared.seq_len_kv} "
+                             f"keys (the kernel's view of it has that length), not "
+                             f"{prepared.v.shape[1]}: use this kernel's prepare()")
         if ((prepared.k_mean is not None, prepared.qk_rotated)
                 != (self.config.k_smoothing == "mean", self.config.qk_rotation == "hadamard")):
             raise ValueError(f"prepared inputs are smoothed={prepared.k_mean is not None} "
@@ -452,7 +462,8 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
 def _build_and_save(family: str, key: str, src_dir: Path, cfg, head_dim: int, arch: str,
                     make_kernel: Callable[[], Any], smem_bytes: int, example_extra: tuple):
     fn, cubin, seconds = build_function(make_kernel(), arch, example_extra,
-                                        q_in_kernel=cfg.q_in_kernel)
+                                        q_in_kernel=cfg.q_in_kernel,
+                                        v_unquantized=cfg.v_unquantized)
     resources = cubin_resources(cubin, smem_bytes)
     disk = cache_root() / family / key
     disk.mkdir(parents=True, exist_ok=True)

@@ -32,7 +32,9 @@ class Fp8Inputs:
     q: torch.Tensor
     k: torch.Tensor  # (batch, padded_len_kv, kv_heads, head_dim) float8_e4m3fn
     # v_feature_major: (batch, kv_heads, head_dim, padded_len_kv), keys permuted if
-    # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order.
+    # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order;
+    # or, for a kernel that reads V unquantized (v_unquantized), the caller's V in bf16 (batch,
+    # seq_len_kv, kv_heads, head_dim), contiguous, its packed block scales neutral.
     v: torch.Tensor
     # The descales (variants/block_scales.py: q's per token and head, k's and v's per 64 keys of
     # a KV head) packed in the kernels' layout (block_scales.PackedLayout), the one buffer the
@@ -66,6 +68,12 @@ class Fp8Inputs:
         """q is bf16 for a kernel that quantizes it (block_scales.quantize_rows' formula per
         row); its part of `packed` is left unwritten."""
         return self.q.dtype != torch.float8_e4m3fn
+
+    @property
+    def v_unquantized(self) -> bool:
+        """v is bf16 for a 16-bit P.V kernel; its block scales are 1 (log2 0), so every formula
+        that reads V's codes times their scales reads V itself."""
+        return self.v.dtype != torch.float8_e4m3fn
 
     @property
     def scale_layout(self) -> PackedLayout:
@@ -124,9 +132,9 @@ class Fp8Inputs:
         return self.q.shape[2] // self.k.shape[2]
 
     def v_codes(self, b: int, h: int) -> torch.Tensor:
-        """V's fp8 codes of one (batch, KV head) as (head_dim, padded_len_kv), keys in natural
-        order, whatever layout the kernel asked for (the reference and the metrics read V
-        through it)."""
+        """V's fp8 codes (bf16 values where v_unquantized) of one (batch, KV head) as
+        (head_dim, padded_len_kv), keys in natural order, whatever layout the kernel asked for
+        (the reference and the metrics read V through it)."""
         if not self.v_feature_major:
             return self.v[b, :, h].t()
         return self.v[b, h][:, self.natural_key_slots()]
@@ -142,7 +150,7 @@ class Fp8Inputs:
     def padding(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The codes of q at rows >= seq_len and of k, v at keys >= seq_len_kv (fp32; zeros by
         contract, since a kernel that multiplies a masked P of 0 by a NaN code of V would still
-        produce NaN)."""
+        produce NaN). A bf16 V is unpadded: TMA fills the keys past it with zeros."""
         s, skv = self.seq_len, self.seq_len_kv
         v = self.v.float()
         v_pad = v[:, skv:] if not self.v_feature_major else \

@@ -10,7 +10,8 @@ caller drops it) and the outputs, and makes the launches prepare and run make, w
 arguments: the quantization and the kernel; split_tail's counters zeroed where it splits; K
 smoothing's mean, and its LSE shift where the caller reads the LSE. A call whose inputs the
 quantization kernel cannot read (strided, misaligned) gets None: the caller takes prepare + run,
-which quantize those with torch ops.
+which quantize those with torch ops. Nor does a pv_dtype=bf16 kernel, which reads the caller's
+V (prepare + run pass it on).
 
 tests/test_launch_plan.py compares the launches' arguments with prepare + run's on the CPU
 (benchmarks/host_stub.py stands the device in), tests/gpu/test_runtime_gpu.py the output bits.
@@ -47,6 +48,8 @@ class LaunchPlan:
         inputs its prepare made of them (whatever path it took); None where prepare's GPU
         kernel does not take these shapes or is unavailable."""
         config = kernel.config
+        if config.v_unquantized:  # bf16 P.V reads the caller's v: prepare + run pass it on
+            return None
         feature_major, permuted = kernel._v_layout()
         with_q = not config.q_in_kernel
         smooth = config.k_smoothing == "mean"

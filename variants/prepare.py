@@ -19,7 +19,9 @@ of S can be reused as the A fragment of P @ V without crossing lanes. On a GPU o
 (variants/block_quantize_kernel.py) transforms and quantizes all three inputs and writes that
 layout and order itself. A kernel that transposes V itself (wgmma with v_layout=kernel) asks for
 the natural layout instead, (batch, padded_len, heads, head_dim) like K, and applies any key
-order in shared memory. Codes the caller quantized go through variants/prepare_fp8.py.
+order in shared memory. A kernel with P.V in 16 bits (v_unquantized) reads V unquantized:
+prepare passes the caller's V on in bf16 (variants/prepare_v16.py) with neutral V scales. Codes
+the caller quantized go through variants/prepare_fp8.py.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from variants.input_checks import (
 )
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 from variants.prepare_fp8 import fp8_inputs
+from variants.prepare_v16 import unquantized_v
 
 __all__ = ["Fp8Inputs", "check_finite_inputs", "check_fp8_qkv", "check_qkv", "fp8_inputs",
            "inverse_key_order", "key_slot", "quantize_inputs", "register_p_key_order",
@@ -47,7 +50,8 @@ __all__ = ["Fp8Inputs", "check_finite_inputs", "check_fp8_qkv", "check_qkv", "fp
 
 def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
                    padded_kv: int, *, v_feature_major: bool, permute_keys: bool, with_q: bool,
-                   smooth_k: bool, rotate_qk: bool, check_inputs: bool = True):
+                   smooth_k: bool, rotate_qk: bool, with_v: bool = True,
+                   check_inputs: bool = True):
     """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
     where it does not apply (gpu_kernels_apply; check_inputs=False: the shapes alone,
     gpu_kernels_take, for a caller that checks each call's layout itself). Inside a CUDA-graph
@@ -64,16 +68,19 @@ def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
                                           q.shape[-1], q.device,
                                           v_feature_major=v_feature_major,
                                           permute_keys=permute_keys, smooth_k=smooth_k,
-                                          rotate_qk=rotate_qk, compile_now=not capturing())
+                                          rotate_qk=rotate_qk, quantize_v=with_v,
+                                          compile_now=not capturing())
 
 
 def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool,
-                           with_q: bool, k_mean: torch.Tensor | None):
+                           with_q: bool, k_mean: torch.Tensor | None, with_v: bool = True):
     """(codes of q, k, v in the kernel's layouts, packed scales, q . m or None): one launch,
     the outputs and one scale buffer allocated (each allocation costs host time). with_q=False
     (a launcher without q's CTAs): q is returned as it came, q's part of the scales is not
     written, and q . m is not computed. k_mean (fp32 contiguous (batch, kv_heads, head_dim)):
-    the launch subtracts it from the real keys, and its q CTAs write q . m."""
+    the launch subtracts it from the real keys, and its q CTAs write q . m. with_v=False (a
+    launcher without v's CTAs, whose k CTAs write V's neutral scales): v is returned as it
+    came."""
     from variants.launch import current_stream_handle
 
     batch, seq_len, heads, head_dim = q.shape
@@ -90,12 +97,13 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
     else:
         q8, k8 = (torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
                   for shape in (natural, natural_kv))
-    v8 = torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device)
+    v8 = torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device) if with_v else v
     packed = torch.empty(layout.size, dtype=torch.float32, device=device)
     shift = None
     if k_mean is not None and with_q:
         shift = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=device)
-    launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(), v8.data_ptr(),
+    launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(),
+           v8.data_ptr() if with_v else 0,
            packed.data_ptr(), 0 if k_mean is None else k_mean.data_ptr(),
            0 if shift is None else shift.data_ptr(), *quant_scalars(q.shape, k.shape, layout),
            current_stream_handle(device))
@@ -132,6 +140,7 @@ def quantize_inputs(
     q_in_kernel: bool = False,
     k_smoothing: str = "off",
     qk_rotation: str = "none",
+    v_unquantized: bool = False,
 ) -> Fp8Inputs:
     """Transform, quantize and lay out q, k, v for the FP8 kernels, on the device the inputs
     live on.
@@ -147,6 +156,8 @@ def quantize_inputs(
     (contiguous), and only k and v are quantized (q . m, if smoothing, on first use).
     k_smoothing, qk_rotation: the exact transforms of variants/transforms.py ("off" / "mean",
     "none" / "hadamard"); the rotation needs q quantized here (not q_in_kernel).
+    v_unquantized: for a kernel with P.V in 16 bits: v is passed on in bf16, natural layout,
+    unpadded (prepare_v16.unquantized_v), its packed scales neutral; only q and k are quantized.
     """
     if validate:
         check_qkv(q, k, v)
@@ -157,6 +168,9 @@ def quantize_inputs(
     if permute_keys and not v_feature_major:
         raise ValueError("permute_keys applies to feature-major V only: a kernel that reads V in "
                          "its natural layout orders the keys itself")
+    if v_unquantized and (permute_keys or v_feature_major):
+        raise ValueError("v_unquantized: the kernel reads V in its natural layout and order; "
+                         "use v_feature_major=False, permute_keys=False")
     if permute_keys and pad_to % 16:
         raise ValueError(f"permute_keys needs pad_to to be a multiple of 16, got {pad_to}")
     unknown = transforms.check_knobs(k_smoothing, qk_rotation)
@@ -182,13 +196,15 @@ def quantize_inputs(
     common = dict(seq_len=seq_len, key_permuted=permute_keys, softmax_scale=float(softmax_scale),
                   v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
                   q_padded_len=q_padded_len, k_mean=k_mean, qk_rotated=rotate)
-    launch = quant_launcher(q, k, v, padded, padded_kv, v_feature_major=v_feature_major,
+    v16 = unquantized_v(v) if v_unquantized else None
+    v_in = v if v16 is None else v16
+    launch = quant_launcher(q, k, v_in, padded, padded_kv, v_feature_major=v_feature_major,
                             permute_keys=permute_keys, with_q=not q_in_kernel, smooth_k=smooth,
-                            rotate_qk=rotate)
+                            rotate_qk=rotate, with_v=v16 is None)
     if launch is not None:
-        q8, k8, v8, packed, shift = _block_quantize_on_gpu(launch, q, k, v, layout,
+        q8, k8, v8, packed, shift = _block_quantize_on_gpu(launch, q, k, v_in, layout,
                                                            v_feature_major, not q_in_kernel,
-                                                           k_mean)
+                                                           k_mean, with_v=v16 is None)
         return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, q_dot_mean=shift, **common)
     # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
     # (q_in_kernel: q's codes are computed too, and dropped; only its descales' place in the
@@ -208,5 +224,7 @@ def quantize_inputs(
     q8, k8, v8 = out
     if q_in_kernel:
         q8 = q
+    if v16 is not None:  # V's codes are dropped, its scales neutral
+        v8, scales.v = v16, torch.ones_like(scales.v)
     return Fp8Inputs(q=q8, k=k8, v=v8, packed=scales.packed(padded, padded_kv),
                      q_dot_mean=shift, **common)

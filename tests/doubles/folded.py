@@ -1,7 +1,8 @@
 """A CPU family whose kernel is the real families' arithmetic without the GPU: prepare is the real
-`quantize_inputs` (with the prepare-only knobs k_smoothing and qk_rotation), run is
-`block_scales.folded_attention` (the torch emulation of what both families compute: Q's and K's
-scales in the exponent's factor, V's as log2 sv, P' rounded to e4m3, the row sum of P' / sv)
+`quantize_inputs` (with the prepare-only knobs k_smoothing and qk_rotation, and wgmma's pv_dtype:
+V left unquantized in bf16 for P.V in 16 bits), run is `block_scales.folded_attention` (the torch
+emulation of what both families compute: Q's and K's scales in the exponent's factor, V's as log2
+sv, P' rounded to e4m3, or to bf16 with pv_dtype="bf16", the row sum of P' / sv)
 followed by what CompiledKernel.run does after its launch (`restore_lse` unless want_lse=False).
 
 The gate must accept it as it accepts the GPU kernels (tests/test_gate_fold.py), and the planted
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from variants import transforms
 from variants.base import ConfigMixin, ResourceUsage
 from variants.block_scales import folded_attention
@@ -20,6 +23,7 @@ from variants.prepare import quantize_inputs
 
 DEVICE = "cpu"
 PAD_TO = 128
+PV_DTYPES = ("e4m3", "bf16")  # wgmma's (variants/wgmma/config.py)
 
 
 @dataclass(frozen=True)
@@ -27,10 +31,15 @@ class Config(ConfigMixin):
     block_n: int = 128  # keys per strip of the emulated loop
     k_smoothing: str = "off"
     qk_rotation: str = "none"
+    pv_dtype: str = "e4m3"  # wgmma's knob: "bf16" rounds P to bf16 and reads V unquantized
 
     @property
     def register_p(self) -> bool:
         return False
+
+    @property
+    def v_unquantized(self) -> bool:
+        return self.pv_dtype == "bf16"
 
     @property
     def v_feature_major(self) -> bool:
@@ -42,7 +51,7 @@ class Config(ConfigMixin):
 
 def space(arch: str) -> dict[str, list]:
     return {"block_n": [64, 128], "k_smoothing": list(transforms.K_SMOOTHINGS),
-            "qk_rotation": list(transforms.QK_ROTATIONS)}
+            "qk_rotation": list(transforms.QK_ROTATIONS), "pv_dtype": list(PV_DTYPES)}
 
 
 def default(arch: str, problem=None) -> Config:
@@ -51,6 +60,8 @@ def default(arch: str, problem=None) -> Config:
 
 def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
     unknown = transforms.check_knobs(cfg.k_smoothing, cfg.qk_rotation)
+    if not unknown and cfg.pv_dtype not in PV_DTYPES:
+        unknown = f"pv_dtype={cfg.pv_dtype!r} unknown; one of {PV_DTYPES}"
     return (False, unknown) if unknown else (True, None)
 
 
@@ -63,7 +74,8 @@ class FoldedKernel:
         return quantize_inputs(q, k, v, pad_to=PAD_TO, softmax_scale=softmax_scale,
                                validate=validate, v_feature_major=False,
                                k_smoothing=self.config.k_smoothing,
-                               qk_rotation=self.config.qk_rotation)
+                               qk_rotation=self.config.qk_rotation,
+                               v_unquantized=self.config.v_unquantized)
 
     def run(self, prepared, out=None, lse=None, *, want_lse: bool = True):
         skv = prepared.seq_len_kv
@@ -73,7 +85,8 @@ class FoldedKernel:
             q_codes, q_descale.permute(0, 2, 1), prepared.k[:, :skv],
             scales.k.permute(0, 2, 1), prepared.v[:, :skv], scales.v.permute(0, 2, 1),
             softmax_scale=prepared.softmax_scale, block_n=self.config.block_n,
-            causal=self.problem.causal)
+            causal=self.problem.causal,
+            p_dtype=torch.bfloat16 if prepared.v_unquantized else torch.float8_e4m3fn)
         out = o.bfloat16() if out is None else out.copy_(o)
         lse = lse_ if lse is None else lse.copy_(lse_)
         if want_lse:

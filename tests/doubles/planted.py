@@ -49,13 +49,17 @@ BUGS = {
     "rotation_k_only": "prepare",
     # the kernel runs with head_dim^-0.5 whatever softmax scale the caller gave
     "softmax_scale_ignored": "worst row",
+    # P.V in 16 bits: the kernel reads V rounded to e4m3 (64-key block scales) while the config
+    # declares it unquantized (prepare's output is right)
+    "pv16_v_rounded_e4m3": "relative RMS",
 }
 
 # The prepare-only knobs a bug's base config turns on (variants/transforms.py).
 KNOBS = {"k_mean_subtracted_wrong": {"k_smoothing": "mean"},
          "k_mean_declared_wrong": {"k_smoothing": "mean"},
          "lse_unshifted": {"k_smoothing": "mean"},
-         "rotation_k_only": {"qk_rotation": "hadamard"}}
+         "rotation_k_only": {"qk_rotation": "hadamard"},
+         "pv16_v_rounded_e4m3": {"pv_dtype": "bf16"}}
 
 
 def expected_check(bug: str, problem) -> str | None:
@@ -95,6 +99,14 @@ def _swap_first_v_groups(prepared) -> None:
         first = v[:, :16].clone()
         v[:, :16] = v[:, 16:32]
         v[:, 16:32] = first
+
+
+def _v_rounded_e4m3(v: torch.Tensor) -> torch.Tensor:
+    """V (batch, seq_len_kv, kv_heads, head_dim) as its e4m3 codes times their block scales,
+    in V's dtype: what a 16-bit P.V kernel that quantized V anyway computes with."""
+    codes, descale = quantize_key_blocks(v)
+    per_key = descale.repeat_interleave(64, dim=1)[:, :v.shape[1], :, None]
+    return (codes.float() * per_key).to(v.dtype)
 
 
 def _another_head(m: torch.Tensor) -> torch.Tensor:
@@ -148,6 +160,8 @@ class PlantedKernel:
             want_lse = False
         elif bug == "softmax_scale_ignored":
             prepared = dataclasses.replace(prepared, softmax_scale=prepared.q.shape[-1] ** -0.5)
+        elif bug == "pv16_v_rounded_e4m3":
+            prepared = dataclasses.replace(prepared, v=_v_rounded_e4m3(prepared.v))
         out, lse = self._kernel.run(prepared, out=out, lse=lse, want_lse=want_lse)
         if bug == "last_key_masked" and s >= 2:
             # The same kernel over keys 0 .. S-2 gives rows 0 .. S-2 of a kernel whose mask

@@ -36,23 +36,29 @@ ABI_NAMES = tuple(n for n, _, _ in POINTERS) + tuple(n for n, _ in SCALARS)
 # q_ptr's element type when the kernel quantizes Q itself (Config.q_in_kernel): the caller's
 # bf16 (batch, seq_len, heads, head_dim), unpadded.
 Q_IN_KERNEL_DTYPE = "BFloat16"
+# v_ptr's element type when the kernel reads V unquantized (Config.v_unquantized): bf16
+# (batch, seq_len_kv, kv_heads, head_dim), unpadded.
+V_UNQUANTIZED_DTYPE = "BFloat16"
 
 
-def _pointer_types(q_in_kernel: bool):
-    if not q_in_kernel:
-        return POINTERS
-    return (("q_ptr", Q_IN_KERNEL_DTYPE, 16), *POINTERS[1:])
+def _pointer_types(q_in_kernel: bool, v_unquantized: bool = False):
+    types = list(POINTERS)
+    if q_in_kernel:
+        types[0] = ("q_ptr", Q_IN_KERNEL_DTYPE, 16)
+    if v_unquantized:
+        types[2] = ("v_ptr", V_UNQUANTIZED_DTYPE, 16)
+    return tuple(types)
 
 
-def _pointers(addresses, q_in_kernel: bool):
+def _pointers(addresses, q_in_kernel: bool, v_unquantized: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
 
     gmem = cute.AddressSpace.gmem
     return tuple(make_ptr(getattr(cutlass, dtype), address, gmem, assumed_align=align)
-                 for (_, dtype, align), address in zip(_pointer_types(q_in_kernel), addresses,
-                                                       strict=True))
+                 for (_, dtype, align), address in zip(
+                     _pointer_types(q_in_kernel, v_unquantized), addresses, strict=True))
 
 
 def _scalars(values):
@@ -62,19 +68,21 @@ def _scalars(values):
                  for (_, dtype), value in zip(SCALARS, values, strict=True))
 
 
-def fake_args(*, extra: tuple = (), q_in_kernel: bool = False) -> tuple:
+def fake_args(*, extra: tuple = (), q_in_kernel: bool = False,
+              v_unquantized: bool = False) -> tuple:
     """Stand-ins for the launch arguments: only types and alignments reach code generation."""
     from cutlass.cute.runtime import make_fake_stream
 
-    return (*_pointers((0,) * len(POINTERS), q_in_kernel),
+    return (*_pointers((0,) * len(POINTERS), q_in_kernel, v_unquantized),
             *_scalars((1, 1, 1, 256, 1.0, 1, 1, 256)), *extra, make_fake_stream())
 
 
-def slots(extra: int = 0, *, q_in_kernel: bool = False) -> tuple:
+def slots(extra: int = 0, *, q_in_kernel: bool = False, v_unquantized: bool = False) -> tuple:
     """The launch slots (variants.launch.Slot) of the ABI with `extra` Int32 scalars."""
     from variants.launch import STREAM, pointer, scalar
 
-    return (*(pointer(dtype, align) for _, dtype, align in _pointer_types(q_in_kernel)),
+    return (*(pointer(dtype, align)
+              for _, dtype, align in _pointer_types(q_in_kernel, v_unquantized)),
             *(scalar(dtype) for _, dtype in SCALARS), *(scalar("Int32"),) * extra, STREAM)
 
 

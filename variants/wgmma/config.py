@@ -32,6 +32,10 @@ Q_QUANTS = ("prepare", "kernel")
 # head_swizzle: (head, batch) pairs per section of longest_first's order (tiles.py); 0 is one
 # section of every pair.
 HEAD_SWIZZLE_MAX = 64
+# The P.V GEMM's operands: e4m3 (P rounded to e4m3, V quantized by prepare with block scales) or
+# bf16 (P rounded to bf16, V the caller's unquantized in its natural layout, an MN-major B
+# operand; docs/family-wgmma.md, "P.V in 16 bits").
+PV_DTYPES = ("e4m3", "bf16")
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
 HEAD_DIMS = (64, 128)
@@ -92,6 +96,8 @@ class Config(ConfigMixin):
     # prepare did before these knobs existed.
     k_smoothing: str = "off"
     qk_rotation: str = "none"
+    # PV_DTYPES; e4m3 is the kernel built before this knob existed.
+    pv_dtype: str = "e4m3"
 
     @property
     def block_m(self) -> int:
@@ -117,13 +123,19 @@ class Config(ConfigMixin):
         return self.v_layout == "kernel"
 
     @property
+    def v_unquantized(self) -> bool:
+        """pv_dtype=bf16: V is the caller's, in bf16, natural layout (prepare casts fp16)."""
+        return self.pv_dtype == "bf16"
+
+    @property
     def v_feature_major(self) -> bool:
-        return not self.v_in_kernel
+        return not self.v_in_kernel and not self.v_unquantized
 
     @property
     def v_key_permuted(self) -> bool:
-        # With v_layout=kernel the register-P key order is applied by the in-smem transpose.
-        return self.register_p and not self.v_in_kernel
+        # With v_layout=kernel the register-P key order is applied by the in-smem transpose; a
+        # 16-bit P's A fragment is the accumulator's own order (no permutation).
+        return self.register_p and not self.v_in_kernel and not self.v_unquantized
 
     @property
     def q_in_kernel(self) -> bool:
@@ -135,10 +147,14 @@ class Config(ConfigMixin):
         """The config that reads a q of this torch dtype ("bfloat16", "float16",
         "float8_e4m3fn"): an in-kernel quantization reads bf16 only, so fp16 and FP8 callers
         get the same kernel with Q quantized (or laid out) by prepare; FP8 callers get it with
-        prepare's transforms off (ConfigMixin.for_q_dtype)."""
+        prepare's transforms off (ConfigMixin.for_q_dtype) and with e4m3 P.V (fp16 callers
+        keep bf16 P.V: prepare casts their V)."""
         cfg = super().for_q_dtype(dtype_name)
         if cfg.q_in_kernel and dtype_name != "bfloat16":
-            return dataclasses.replace(cfg, q_quant="prepare")
+            cfg = dataclasses.replace(cfg, q_quant="prepare")
+        if cfg.v_unquantized and dtype_name == "float8_e4m3fn":
+            # The caller's V is e4m3 codes already: the e4m3 P.V kernel reads them.
+            cfg = dataclasses.replace(cfg, pv_dtype="e4m3")
         return cfg
 
     def packed_group(self, problem) -> int:
@@ -187,14 +203,20 @@ def smem_header_bytes(cfg: Config) -> int:
     return max(SMEM_BARRIER_BYTES, -(-used // SMEM_ALIGN) * SMEM_ALIGN)
 
 
+def pv_bytes(cfg: Config) -> int:
+    """Bytes of a P or V element of the P.V GEMM."""
+    return 2 if cfg.v_unquantized else 1
+
+
 def smem_bytes(cfg: Config, head_dim: int) -> int:
-    """Shared memory per CTA from the buffers the kernel allocates (fp8: one byte an element)."""
+    """Shared memory per CTA from the buffers the kernel allocates (fp8: one byte an element;
+    P and V two with pv_dtype=bf16)."""
     fields = [cfg.block_m * head_dim,                       # Q tile
               cfg.kv_stages * cfg.block_n * head_dim,       # K ring
-              cfg.kv_stages * head_dim * cfg.block_n]       # V ring (keys contiguous)
+              cfg.kv_stages * head_dim * cfg.block_n * pv_bytes(cfg)]  # V ring
     # P tile; with P in registers the kernel still allocates a one-byte field, aligned like
     # every buffer (so one SMEM_ALIGN block).
-    fields.append(1 if cfg.register_p else cfg.block_m * cfg.block_n)
+    fields.append(1 if cfg.register_p else cfg.block_m * cfg.block_n * pv_bytes(cfg))
     if cfg.v_in_kernel:
         fields.append(cfg.kv_stages * cfg.block_n * head_dim)  # V staging ring, as loaded
     if cfg.q_in_kernel:
@@ -206,22 +228,31 @@ def register_estimate(cfg: Config, head_dim: int) -> int:
     """Live registers per consumer thread at the peak of the K/V loop.
 
     A warpgroup's 64 x N fp32 accumulator is N/2 registers a thread: S is block_n/2, O is
-    head_dim/2. P as fp8 is block_n/8 when it feeds the PV wgmma from registers; with intra-WG
-    overlap it lives beside the next strip's S, without it only while S is converted. The rest
-    (row max/sum, descriptors, addressing, loop state) is a fixed overhead. The block scales
+    head_dim/2. P as fp8 is block_n/8 when it feeds the PV wgmma from registers (block_n/4 as
+    bf16, and block_n/8 more beside the next S: _PV16_OVERLAP); with intra-WG overlap it lives
+    beside the next strip's S, without it only while S is converted. The rest (row max/sum,
+    descriptors, addressing, loop state) is a fixed overhead. The block scales
     (variants/block_scales.py) add Q's scale of each of the thread's two rows and, per 64-key
     block of the strip, K's scale, log2 of V's and 1 / V's (read from shared memory for the
     strip being computed; tests/test_wgmma_compile.py checks for spills).
     """
     live = cfg.block_n // 2 + head_dim // 2
     if cfg.register_p or cfg.intra_wg_overlap:
-        live += cfg.block_n // 8
+        live += cfg.block_n * pv_bytes(cfg) // 8
+    if cfg.v_unquantized and cfg.register_p and cfg.intra_wg_overlap:
+        live += cfg.block_n // _PV16_OVERLAP
     return live + 2 + 3 * cfg.scale_blocks + _REGISTER_OVERHEAD
 
 
 # Softmax state, wgmma descriptors, pipeline state and addressing (FA3 fits 128 x 224 FP8 tiles
 # in 240 registers with overlap and RS: 112 + 28 + 64 + 36).
 _REGISTER_OVERHEAD = 32
+# bf16 P in registers beside the next strip's S (intra-WG overlap) costs block_n/8 more than
+# its block_n/4 (ptxas, sm_90a): without it 2 x 192 keys at head_dim 64 (219 of 240) spill 16 B
+# and 1 x 192 at 128 (251 of 256) 512 B; with it 3 x 64 at 128 (157 of 160) and 1 x 192 at 64
+# (243 of 256) compile without spills, as do all without overlap or with P from smem
+# (tests/test_wgmma_pv16_compile.py).
+_PV16_OVERLAP = 8  # block_n / this
 
 
 # ---- Problem shapes the kernel does not implement yet ------------------------------------------
@@ -260,6 +291,13 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
     unknown = transforms.check_knobs(cfg.k_smoothing, cfg.qk_rotation)
     if unknown:
         return False, unknown
+    if cfg.pv_dtype not in PV_DTYPES:
+        return False, f"pv_dtype={cfg.pv_dtype!r} unknown; one of {PV_DTYPES}"
+    if cfg.v_unquantized and cfg.v_in_kernel:
+        return False, ("pv_dtype=bf16 reads V in its natural layout as the 16-bit wgmma's "
+                       "MN-major B operand, so it has nothing to transpose: v_layout=kernel's "
+                       "in-smem transpose is for e4m3 V (whose B operand must be K-major); use "
+                       "v_layout=prepared")
     if cfg.qk_rotation == "hadamard" and cfg.q_in_kernel:
         return False, ("qk_rotation=hadamard needs q_quant=prepare: with q_quant=kernel the "
                        "attention kernel quantizes the caller's raw bf16 Q itself, so prepare "
@@ -282,14 +320,18 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, reason
     smem = smem_bytes(cfg, d)
     if smem > gpu.smem_per_block:
+        v_ring = (f" (V ring in bf16: {cfg.kv_stages * cfg.block_n * d * 2} B, twice e4m3's)"
+                  if cfg.v_unquantized else "")
         return False, (f"shared memory {smem} B per CTA > {gpu.smem_per_block} B per block on "
-                       f"{gpu.name}")
+                       f"{gpu.name}{v_ring}")
     regs = register_estimate(cfg, d)
     limit = register_split(cfg)[0]
     if regs > limit:
+        p_regs = (f", P in bf16 {cfg.block_n // 4} of them (twice e4m3 P's)"
+                  if cfg.v_unquantized else "")
         return False, (f"register estimate {regs} > {limit} per consumer thread (setmaxnreg "
-                       f"with {cfg.consumer_wgs} consumer warpgroups): block_n={cfg.block_n} "
-                       "would spill")
+                       f"with {cfg.consumer_wgs} consumer warpgroups{p_regs}): "
+                       f"block_n={cfg.block_n} would spill")
     return True, None
 
 

@@ -5,7 +5,8 @@ loops over tiles with the grid's static stride (scheduler.py). Warpgroup 0 produ
 issues the TMA loads of Q and of K and V strips into rings of kv_stages (load, producer.py;
 v_layout=kernel: its other warps transpose V, v_transpose.py). Every other warpgroup consumes
 64 rows: QK^T, the mask (common/mask.py), the online softmax with the block-scale fold, PV
-and the epilogue (mma, mainloop.py; softmax.py, epilogue.py). split_tail launches the whole
+(e4m3, or with pv_dtype=bf16 a bf16 wgmma on the caller's V: pv16.py) and the epilogue (mma,
+mainloop.py; softmax.py, epilogue.py). split_tail launches the whole
 waves' tiles and then, as a second program of this kernel, the pieces of the last wave
 (split_tail.py).
 
@@ -32,6 +33,7 @@ from variants.wgmma.mainloop import ConsumerMixin
 from variants.wgmma.pack_gqa import packed_views
 from variants.wgmma.pipelines import PipelinesMixin
 from variants.wgmma.producer import ProducerMixin
+from variants.wgmma.pv16 import p16_smem_layout, pv16_tiled_mma, v16_smem_layout, v16_view
 from variants.wgmma.quantize_q import QuantizeQMixin
 from variants.wgmma.scheduler import TileScheduler
 from variants.wgmma.smem import SharedMemoryMixin
@@ -60,6 +62,7 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         self.pingpong = cfg.pingpong and cfg.consumer_wgs >= 2
         self.persistent = cfg.persistent
         self.v_in_kernel = cfg.v_in_kernel
+        self.pv16 = cfg.v_unquantized
         self.fma_exp2 = cfg.fma_exp2
         self.longest_first = cfg.tile_order == "longest_first"
         self.q_in_kernel = cfg.q_in_kernel
@@ -109,6 +112,9 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         if cutlass.const_expr(self.v_in_kernel):
             # V as the caller holds it, (batch, seq, heads, head_dim): the same view as K.
             mV = cute.make_tensor(v_ptr, kv_layout)
+        elif cutlass.const_expr(self.pv16):
+            # The caller's bf16 V at its real length, head_dim contiguous (pv16.py).
+            mV = v16_view(v_ptr, batch, seq_len_kv, kv_heads, d)
         else:
             v_layout = cute.make_ordered_layout((batch, kv_heads, d, padded_kv),
                                                 order=(3, 2, 1, 0))
@@ -131,15 +137,20 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         sK_layout = self._smem_layout(bn, d, self.stages)
         sV_layout = self._smem_layout(d, bn, self.stages)
         sP_layout = self._smem_layout(bm, bn, None)
+        if cutlass.const_expr(self.pv16):
+            sV_layout, sP_layout = v16_smem_layout(d, bn, self.stages), p16_smem_layout(bm, bn)
         sQraw_layout = self._smem_layout(bm, d, None, cutlass.BFloat16)
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
             fp8, fp8, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
             cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, bn))
-        tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, d),
-            warpgroup.OperandSource.RMEM if self.register_p else warpgroup.OperandSource.SMEM)
+        if cutlass.const_expr(self.pv16):
+            tiled_mma_pv = pv16_tiled_mma(self.wgs, d, self.register_p)
+        else:
+            tiled_mma_pv = sm90_utils.make_trivial_tiled_mma(
+                fp8, fp8, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+                cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, d),
+                warpgroup.OperandSource.RMEM if self.register_p else warpgroup.OperandSource.SMEM)
 
         g2s = cpasync.CopyBulkTensorTileG2SOp()
         tma_k, tma_mK = cpasync.make_tiled_tma_atom(

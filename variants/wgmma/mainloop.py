@@ -23,6 +23,7 @@ from variants.common.mask import AttentionMask
 from variants.wgmma.barriers import p_store_barrier, sched_barrier
 from variants.wgmma.config import WG_THREADS
 from variants.wgmma.fragments import acc_mn_layout, p_views
+from variants.wgmma.pv16 import PV16, store_p16
 from variants.wgmma.scheduler import LoopState
 from variants.wgmma.softmax import Softmax, StripScales
 
@@ -39,7 +40,7 @@ class MmaFragments:
     tSrK: Any  # K's ring, the B operand of QK^T
     tOrV: Any  # V's ring, the B operand of PV
     tOrP: Any  # P, the A operand of PV: registers, or shared memory (p_source=smem)
-    tPrP: Any  # p_source=smem: P as e4m3 in C order before its store
+    tPrP: Any  # p_source=smem: P as e4m3 (bf16: pv_dtype) in C order before its store
     tPsP: Any  # p_source=smem: the thread's part of the P tile
     tScS: Any  # the (row, key) coordinate of each S accumulator value
     s_rows: Any  # tScS by (row, column)
@@ -94,7 +95,7 @@ class ConsumerMixin:
                                       cutlass.Float32)
         if cutlass.const_expr(not self.register_p):
             tPrP = cute.make_rmem_tensor(thr_qk.partition_shape_C((bm, bn)),
-                                         cutlass.Float8E4M3FN)
+                                         PV16 if self.pv16 else cutlass.Float8E4M3FN)
         return MmaFragments(tiled_mma_qk, tiled_mma_pv, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tOrP,
                             tPrP, tPsP, tScS, s_rows, tOcO, acc_O)
 
@@ -255,13 +256,17 @@ class ConsumerMixin:
     @cute.jit
     def _store_p(self, acc_S, frags, wg):
         """P as e4m3 into the PV wgmma's A operand: its registers (the accumulator's in another
-        order, V's keys being stored to match: fragments.p_views) or the P tile."""
+        order, V's keys being stored to match: fragments.p_views) or the P tile; bf16 with
+        pv_dtype=bf16, in the accumulator's own order (pv16.store_p16)."""
         fp8 = cutlass.Float8E4M3FN
-        if cutlass.const_expr(self.register_p):
+        if cutlass.const_expr(self.pv16):
+            store_p16(acc_S, frags.tOrP if self.register_p else frags.tPrP)
+        elif cutlass.const_expr(self.register_p):
             c_view, a_view = p_views(acc_S, frags.tOrP, self.block_n)
             a_view.store(c_view.load().to(fp8))
         else:
             frags.tPrP.store(acc_S.load().to(fp8))
+        if cutlass.const_expr(not self.register_p):
             cute.autovec_copy(frags.tPrP, frags.tPsP)
             # Generic-proxy smem writes must be visible to the async proxy (wgmma) reads.
             cute.arch.fence_view_async_shared()

@@ -83,9 +83,10 @@ class PipelinesMixin:
                     pipeline.Agent.Thread, WG_THREADS * self.wgs),
                 defer_sync=True)
         else:
+            v_bytes = bn * d * 2 if cutlass.const_expr(self.pv16) else bn * d  # bf16 V: 2 B
             pipe_v = pipeline.PipelineTmaAsync.create(
                 barrier_storage=storage.mbar_v.data_ptr(), num_stages=self.stages,
-                producer_group=producer, consumer_group=consumers, tx_count=bn * d,
+                producer_group=producer, consumer_group=consumers, tx_count=v_bytes,
                 defer_sync=True)
             sV_load, pipe_vload = sV, pipe_v  # TMA fills the ring the wgmma reads
         # The scales' full barriers: the loader warp's 32 threads arrive after their stores;

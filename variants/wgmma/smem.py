@@ -29,14 +29,17 @@ class SharedMemoryMixin:
     def _shared_storage(self, sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout):
         """The CTA's shared memory as a cute.struct: barriers and the block scales' slots, then
         the tiles; v_layout=kernel adds the V staging ring and its barriers, q_quant=kernel the
-        bf16 Q staging tile (config.smem_bytes counts the same fields). Built from a field dict
+        bf16 Q staging tile, pv_dtype=bf16 makes the V ring and the P tile bf16
+        (config.smem_bytes counts the same fields). Built from a field dict
         because this module's annotations are strings (`from __future__ import annotations`),
         which cute.struct does not evaluate."""
         fp8 = cutlass.Float8E4M3FN
         stages = self.stages
 
-        def buffer(elems):
-            return cute.struct.Align[cute.struct.MemRange[fp8, elems], 1024]
+        def buffer(elems, dtype=fp8):
+            return cute.struct.Align[cute.struct.MemRange[dtype, elems], 1024]
+
+        pv = cutlass.BFloat16 if self.pv16 else fp8
 
         fields = {
             "mbar_q": cute.struct.MemRange[cutlass.Int64, 2],
@@ -55,10 +58,10 @@ class SharedMemoryMixin:
             fields["q_scales"] = cute.struct.MemRange[cutlass.Float32, self.block_m]
         fields["q"] = buffer(cute.cosize(sQ_layout))
         fields["k"] = buffer(cute.cosize(sK_layout))
-        fields["v"] = buffer(cute.cosize(sV_layout))
+        fields["v"] = buffer(cute.cosize(sV_layout), pv)
         if self.v_in_kernel:
             fields["vraw"] = buffer(cute.cosize(sK_layout))
-        fields["p"] = buffer(1 if self.register_p else cute.cosize(sP_layout))
+        fields["p"] = buffer(1 if self.register_p else cute.cosize(sP_layout), pv)
         if self.q_in_kernel:  # the caller's bf16 Q tile, as TMA loads it
             fields["qraw"] = cute.struct.Align[
                 cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sQraw_layout)], 1024]

@@ -373,3 +373,18 @@ def test_a_capture_records_a_planned_call(device, tmp_path):
     with tuner.capture(tmp_path / "calib.safetensors") as recorder:
         tuner.attention(q, k, v)
     assert [r.seen for r in recorder.problems.values()] == [1]
+
+
+def test_a_bf16_pv_kernel_takes_prepare_and_run_with_the_callers_v(device, tmp_path):
+    """pv_dtype=bf16 reads the caller's unquantized V, which a LaunchPlan (e4m3 V in its scratch
+    block) does not lay out: the call keeps prepare + run, and the kernel gets v's own pointer."""
+    _, seen = device
+    bf16 = dataclasses.replace(DEFAULT, pv_dtype="bf16")
+    url = f"sqlite:///{tmp_path / 'pv16.sqlite'}"
+    add_winner(url, bf16)
+    q, k, v = qkv()
+    for _ in range(2):
+        assert config_run(q, k, v, db=url) == bf16
+    assert plans.CALLS[api.signature(q, k, v, False, None, "auto", url, None)].launch is None
+    (_, values), *_ = attention_launches(seen[-2:])
+    assert values[2] == v.data_ptr()

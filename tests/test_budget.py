@@ -119,7 +119,9 @@ def test_too_inaccurate_is_stored_never_timed_and_the_fastest_within_budget_wins
     winner = result["winner"]
     assert winner["config"] == {"tile": 64, "k_smoothing": "mean"}
     assert winner["e2e_data"] == "realistic" and winner["e2e_error"] <= 0.35
-    assert result["default"] is None and result["speedup_over_default"] is None
+    # The default is over the budget: its accurate twin (64, mean) is the baseline, and wins.
+    assert result["default"]["config"] == {"tile": 64, "k_smoothing": "mean"}
+    assert result["speedup_over_default"] == pytest.approx(1.0)
     assert result["outcomes"]["too_inaccurate"] == 3 and result["no_winner"] is None
     store = Store(f"sqlite:///{db}", readonly=True)
     try:
@@ -131,6 +133,16 @@ def test_too_inaccurate_is_stored_never_timed_and_the_fastest_within_budget_wins
         assert [t.role for t in got[(64, "off")]] == ["default"]
     finally:
         store.close()
+
+
+def test_the_defaults_accurate_twin_is_measured_right_after_it():
+    from tuner import gpus
+    from tuner.search.proposal import Space
+
+    space = Space.build({FAMILY: acc}, PROBLEM, gpus.PROFILES["h200"], exhaustive_up_to=0)
+    assert space.baselines == [(FAMILY, {"tile": 64, "k_smoothing": "off"}),
+                               (FAMILY, {"tile": 64, "k_smoothing": "mean"})]
+    assert space.accurate not in space.seeds
 
 
 def test_a_crash_in_the_accuracy_check_is_a_typed_outcome(tmp_path, capsys):

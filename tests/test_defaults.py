@@ -130,3 +130,23 @@ def test_every_default_is_feasible(family, head_dim, causal, keys):
     problem = _problem(head_dim, causal, keys)
     fam = load_family(family)
     assert fam.can_implement(fam.default(gpu.arch, problem), problem, gpu) == (True, None)
+
+
+@pytest.mark.parametrize("family", ["wgmma", "mma_sync"])
+@pytest.mark.parametrize("head_dim, causal, keys", [(128, False, 4096), (64, True, 1024),
+                                                    (128, True, 30272)])
+def test_the_defaults_accurate_twin_turns_both_transforms_on_and_can_run(family, head_dim,
+                                                                          causal, keys):
+    """The search's baseline where the default is over the accuracy budget
+    (tuner/search/proposal.py): the same kernel with prepare's transforms on, feasible."""
+    from tuner import gpus
+
+    module = load_family(family)
+    problem = _problem(head_dim, causal, keys)
+    gpu = gpus.PROFILES["h100" if family == "wgmma" else "5090"]
+    plain = module.default(ARCH[family], problem)
+    twin = plain.with_transforms()
+    assert (twin.k_smoothing, twin.qk_rotation) == ("mean", "hadamard")
+    assert twin.without_transforms() == dataclasses.replace(plain, **(
+        {"q_quant": "prepare"} if family == "wgmma" else {}))
+    assert module.can_implement(twin, problem, gpu) == (True, None)

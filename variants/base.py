@@ -40,6 +40,9 @@ HEAD_DIMS = (64, 128)
 # transforms of q and k before quantizing), with their off values: the codegen key leaves them
 # out, so configs that differ only in them share one build (variants/build.py).
 PREPARE_ONLY_KNOBS = {"k_smoothing": "off", "qk_rotation": "none"}
+# Their on values: K smoothing and Q/K rotation together are accurate on realistic activations
+# (docs/accuracy.md).
+TRANSFORMS_ON = {"k_smoothing": "mean", "qk_rotation": "hadamard"}
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,13 @@ class ConfigMixin:
         names = {f.name for f in dataclasses.fields(self)}
         off = {k: v for k, v in PREPARE_ONLY_KNOBS.items() if k in names}
         return dataclasses.replace(self, **off) if off else self
+
+    def with_transforms(self):
+        """This config with every prepare-only transform on (TRANSFORMS_ON): the search's
+        baseline where the plain config is over the accuracy budget."""
+        names = {f.name for f in dataclasses.fields(self)}
+        on = {k: v for k, v in TRANSFORMS_ON.items() if k in names}
+        return dataclasses.replace(self, **on) if on else self
 
     def transforms_on(self) -> list[str]:
         """`knob=value` of each prepare-only transform this config turns on."""

@@ -3,8 +3,9 @@ and the default kept unless the fastest beats it by more than the measured sprea
 
 Only candidates within the accuracy budget take part: a too_inaccurate candidate has no time,
 and a re-time holds each pick to the budget again (the winner's stored error is its re-time's).
-A default that was too_inaccurate in the search is not re-timed; the winner then has no default
-to compare with. Where every candidate that passed the gate was over the budget, no winner is
+A default that was too_inaccurate in the search is not re-timed: its accurate twin (the default
+with prepare's exact transforms on, Space.accurate) is the baseline instead, and where that is
+over the budget too the winner has no baseline to compare with. Where every candidate that passed the gate was over the budget, no winner is
 stored and `no_winner` says so."""
 
 from __future__ import annotations
@@ -63,21 +64,21 @@ def _fastest_first(records) -> list[TrialRecord]:
     return sorted((r for r in records if r.outcome == Outcome.OK), key=record_cost)
 
 
-def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
+def decide(result: ProblemResult, records: Records, baselines: list[tuple[str, dict]],
            pipeline: Pipeline, task_of: Callable[[Candidate], Task]) -> ProblemResult:
-    """Re-time the top TOP_K_RETIME of the study and the default on the GPU sandbox of
-    `pipeline`, store the winner, and fill it into `result`. Without a valid candidate (or
-    without a valid re-time) no winner is stored."""
+    """Re-time the top TOP_K_RETIME of the study and the baseline (the first of `baselines`,
+    the default then its accurate twin, not over the accuracy budget in the search) on the GPU
+    sandbox of `pipeline`, store the winner, and fill it into `result`. Without a valid
+    candidate (or without a valid re-time) no winner is stored."""
     stored = records.stored()
     ok = _fastest_first(stored.values())
     if not ok:
         result.no_winner = _over_budget(stored.values(), result.budget)
         return result
-    default_hash = config_hash(*default)
+    default = next((b for b in baselines if not _over(stored.get(config_hash(*b)))), None)
+    default_hash = config_hash(*default) if default else None
     picks = [(r.family, r.config, r.config_hash) for r in ok[:TOP_K_RETIME]]
-    default_over = (default_hash in stored
-                    and stored[default_hash].outcome == Outcome.TOO_INACCURATE)
-    if default_hash not in {p[2] for p in picks} and not default_over:
+    if default and default_hash not in {p[2] for p in picks}:
         picks.append((*default, default_hash))
     retimed: dict[str, TrialRecord] = {}
     for family, config, digest in picks:
@@ -95,6 +96,10 @@ def decide(result: ProblemResult, records: Records, default: tuple[str, dict],
                            base.id if base else None, speedup)
     result.winner, result.default, result.speedup = winner, base, speedup
     return result
+
+
+def _over(record: TrialRecord | None) -> bool:
+    return record is not None and record.outcome == Outcome.TOO_INACCURATE
 
 
 def _over_budget(records, budget: Budget | None) -> str:

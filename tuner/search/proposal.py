@@ -70,20 +70,34 @@ class Space:
     # Measured right after the default, whatever the sampler: each family's `seeds` (the
     # default's neighbours along knobs whose best value moves with the shape), feasible ones.
     seeds: list[tuple[str, dict]] = field(default_factory=list)
+    # The default with prepare's exact transforms on (ConfigMixin.with_transforms), measured
+    # right after it: the baseline where the plain default is over the accuracy budget. None
+    # where it is the default itself or infeasible.
+    accurate: tuple[str, dict] | None = None
 
     @classmethod
     def build(cls, modules: dict, problem: Problem, gpu, exhaustive_up_to: int) -> Space:
         families = list(modules)
         feasible = feasible_configs(modules, problem, gpu)
-        default = (families[0], modules[families[0]].default(gpu.arch, problem).to_dict())
+        plain = modules[families[0]].default(gpu.arch, problem)
+        default = (families[0], plain.to_dict())
         mode = "exhaustive" if len(feasible) <= exhaustive_up_to else "tpe"
-        # Seeds that can run and are not the default itself.
+        # Seeds that can run and are not the default (nor its accurate twin) itself.
         wanted = {config_hash(f, c) for f, c in feasible} - {config_hash(*default)}
+        accurate = (families[0], plain.with_transforms().to_dict())
+        accurate = accurate if config_hash(*accurate) in wanted else None
+        wanted -= {config_hash(*accurate)} if accurate else set()
         seeds = [(name, cfg.to_dict()) for name, module in modules.items()
                  for cfg in getattr(module, "seeds", lambda arch, problem: [])(gpu.arch, problem)]
         seeds = [seed for seed in seeds if config_hash(*seed) in wanted]
         return cls(families, modules, {n: m.space(gpu.arch) for n, m in modules.items()},
-                   feasible, default, mode, seeds)
+                   feasible, default, mode, seeds, accurate)
+
+    @property
+    def baselines(self) -> list[tuple[str, dict]]:
+        """The configs a winner is compared with, in order of preference: the default, then
+        its accurate twin (decision.decide takes the first within the budget)."""
+        return [self.default, *([self.accurate] if self.accurate else [])]
 
     @property
     def default_hash(self) -> str:
@@ -150,15 +164,15 @@ class Proposer:
 
     def _enqueue_next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> None:
         """Put the next config nobody has measured or claimed in the study's queue: the
-        default first (so that the tuned result is never worse than it), then the families'
-        seeds, then, in exhaustive mode, every feasible config in turn. Two processes may race
+        default first (so that the tuned result is never worse than it), then its accurate twin
+        (the baseline where the default is over the accuracy budget), then the families' seeds, then, in exhaustive mode, every feasible config in turn. Two processes may race
         and enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
         space = self.space
         # Completed trials count too: another process may have measured a config (a seed, say)
         # after this one last read the Store, and re-enqueueing it would only be backed off
         # (held_by_earlier) on every ask until the sampler is declared barren.
         taken = set(stored) | in_flight | self.claims.claimed((*HELD, TrialState.COMPLETE))
-        order = [space.default, *space.seeds,
+        order = [*space.baselines, *space.seeds,
                  *(space.feasible if space.mode == "exhaustive" else [])]
         for family, config in order:
             digest = config_hash(family, config)

@@ -114,7 +114,7 @@ class ProblemSearch:
             self._outcomes = Counter(outcomes)
         if measured_here is not None:
             self._measured_here = measured_here
-        return decide(self._result(stopped), self.records, self.space.default, pipeline,
+        return decide(self._result(stopped), self.records, self.space.baselines, pipeline,
                       lambda cand: self._task(cand, "evaluate"))
 
     def _search(self, pipeline: Pipeline) -> str:

@@ -143,6 +143,13 @@ class Config(ConfigMixin):
         by the consumer warpgroups (the block-scale formula of variants/block_scales.py)."""
         return self.q_quant == "kernel"
 
+    def with_transforms(self) -> Config:
+        """ConfigMixin.with_transforms, with Q quantized by prepare (which rotates it)."""
+        cfg = super().with_transforms()
+        if cfg.q_in_kernel and cfg.qk_rotation == "hadamard":
+            cfg = dataclasses.replace(cfg, q_quant="prepare")
+        return cfg
+
     def for_q_dtype(self, dtype_name: str) -> Config:
         """The config that reads a q of this torch dtype ("bfloat16", "float16",
         "float8_e4m3fn"): an in-kernel quantization reads bf16 only, so fp16 and FP8 callers

@@ -388,3 +388,14 @@ def test_a_bf16_pv_kernel_takes_prepare_and_run_with_the_callers_v(device, tmp_p
     assert plans.CALLS[api.signature(q, k, v, False, None, "auto", url, None)].launch is None
     (_, values), *_ = attention_launches(seen[-2:])
     assert values[2] == v.data_ptr()
+
+
+@pytest.mark.parametrize("bad, says", [(-1, "positive"), (0, "positive"), (float("nan"), "finite"),
+                                       (float("inf"), "finite"), ("0.1", "number"),
+                                       (True, "number")])
+def test_a_bad_max_error_is_refused_by_name_before_any_lookup(device, bad, says):
+    q, k, v = qkv()
+    with pytest.raises(TunerError, match=f"max_error must be .*{says}"):
+        tuner.attention(q, k, v, max_error=bad)
+    with pytest.raises(TunerError, match=f"max_error must be .*{says}"):
+        tuner.load_best_config(256, heads=2, max_error=bad)

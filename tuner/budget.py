@@ -22,6 +22,8 @@ import math
 import time
 from dataclasses import dataclass
 
+from tuner.errors import TunerError
+
 # The default budget. FP8 attention's end-to-end relative RMS against fp32 on the realistic data
 # (CPU emulation of the kernels' block quantization, docs/calibration.md): 0.49-0.65 with neither
 # exact transform, 0.19-0.27 with one, 0.054-0.091 with K smoothing and the Q/K rotation both on
@@ -36,6 +38,18 @@ REALISTIC_SEED = 20261205
 REALISTIC = "realistic"
 
 
+def check_max_error(value, name: str = "max_error") -> float:
+    """`value` as a float if it is a positive, finite relative RMS, else a TunerError naming
+    `name`: the one check of a budget, whether it comes from the CLI, a Budget or the runtime."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TunerError(f"{name} must be a number (a relative RMS such as 0.1), got "
+                         f"{type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise TunerError(f"{name} must be a positive, finite relative RMS (e.g. 0.1), got "
+                         f"{value!r}")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class Budget:
     """What a search holds candidates to: `max_error` on `data` ("realistic", or
@@ -46,9 +60,7 @@ class Budget:
     path: str | None = None
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_error, (int, float)) and math.isfinite(self.max_error)
-                and self.max_error > 0):
-            raise ValueError(f"max_error must be a positive number, got {self.max_error!r}")
+        check_max_error(self.max_error)
 
     @property
     def label(self) -> str:

@@ -48,6 +48,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from tuner.budget import check_max_error
 from tuner.errors import TunerError
 from tuner.plans import CALLS, CallPlan
 from tuner.problem import Problem, preferred_per_problem
@@ -388,6 +389,7 @@ def load_best_config(
         raise TunerError(f"kv_heads={kv_heads} needs heads: the group size is heads // kv_heads; "
                          "pass heads= as well")
     problem = Problem(batch or 1, heads or 1, seq_len, head_dim, causal, seq_len_kv, kv_heads)
+    max_error = None if max_error is None else check_max_error(max_error)
     profile, device_id = _local_gpu_and_device(gpu)
     best = _RESOLVER.resolve(problem, heads, batch, profile, db, device_id, max_error)
     return best if with_source else best.config
@@ -397,6 +399,7 @@ def config_for_problem(problem: Problem, *, gpu: str = "auto", db: str | None = 
                        max_error: float | None = None) -> BestConfig:
     """The BestConfig tuner.attention runs `problem` with: a winner with its heads (any batch),
     else the nearest by work, where the problem's own batch counts, else the default."""
+    max_error = None if max_error is None else check_max_error(max_error)
     profile, device_id = _local_gpu_and_device(gpu)
     return _RESOLVER.resolve(problem, problem.heads, None, profile, db, device_id, max_error)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 
@@ -32,15 +31,14 @@ class DEFAULTS:
 
 
 def max_error(text: str) -> float:
-    """An argparse type: a positive, finite relative RMS."""
+    """An argparse type: a positive, finite relative RMS (budget.check_max_error)."""
+    from tuner.budget import check_max_error
+
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
+        return check_max_error(float(text), "--max-error")
+    except ValueError as exc:  # float()'s, or the check's TunerError
         raise argparse.ArgumentTypeError(
-            f"must be a positive relative RMS (e.g. 0.1), got {text!r}")
-    return value
+            f"must be a positive relative RMS (e.g. 0.1), got {text!r}") from exc
 
 
 def _default_compile_jobs() -> int:

@@ -5,8 +5,8 @@ Only candidates within the accuracy budget take part: a too_inaccurate candidate
 and a re-time holds each pick to the budget again (the winner's stored error is its re-time's).
 A default that was too_inaccurate in the search is not re-timed: its accurate twin (the default
 with prepare's exact transforms on, Space.accurate) is the baseline instead, and where that is
-over the budget too the winner has no baseline to compare with. Where every candidate that passed the gate was over the budget, no winner is
-stored and `no_winner` says so."""
+over the budget too the winner has no baseline to compare with. Where every candidate that passed
+the gate was over the budget, no winner is stored and `no_winner` says so."""
 
 from __future__ import annotations
 

@@ -165,8 +165,9 @@ class Proposer:
     def _enqueue_next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> None:
         """Put the next config nobody has measured or claimed in the study's queue: the
         default first (so that the tuned result is never worse than it), then its accurate twin
-        (the baseline where the default is over the accuracy budget), then the families' seeds, then, in exhaustive mode, every feasible config in turn. Two processes may race
-        and enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
+        (the baseline where the default is over the accuracy budget), then the families' seeds,
+        then, in exhaustive mode, every feasible config in turn. Two processes may race and
+        enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
         space = self.space
         # Completed trials count too: another process may have measured a config (a seed, say)
         # after this one last read the Store, and re-enqueueing it would only be backed off

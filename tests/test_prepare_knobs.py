@@ -144,6 +144,15 @@ def test_attention_fp8_refuses_a_pinned_config_with_a_transform(knobs):
         tuner.attention_fp8(q, q, q, d, d, d, config=cfg)
 
 
+def test_attention_fp8_takes_no_max_error():
+    """A stored error is measured from bf16 inputs through prepare, which codes skip: a budget
+    there would promise what the lookup cannot know."""
+    q = torch.empty(1, 64, 2, 128, dtype=torch.float8_e4m3fn, device="meta")
+    d = torch.empty(1, 2, dtype=torch.float32, device="meta")
+    with pytest.raises(TypeError, match="max_error"):
+        tuner.attention_fp8(q, q, q, d, d, d, max_error=0.1)
+
+
 def test_no_kernel_source_reads_a_prepare_only_knob():
     """The codegen key leaves the knobs out, which is right only while no attention kernel's
     code reads them: a kernel that starts to must move them into the key."""

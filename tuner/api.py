@@ -144,7 +144,6 @@ def attention_fp8(
     config=None,
     gpu: str = "auto",
     db: str | None = None,
-    max_error: float | None = None,
 ):
     """Attention over inputs that are FP8 already: q float8_e4m3fn (batch, seq_len, heads,
     head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA, contiguous, with fp32
@@ -162,7 +161,9 @@ def attention_fp8(
     zero-padded; V too for a config that reads it in this layout (wgmma v_layout=kernel), else
     re-laid out feature-major in one pass over its codes.
     Returns bf16 (batch, seq_len, heads, head_dim) (and fp32 LSE (batch, heads, seq_len) with
-    return_lse), with the same tuned config as tuner.attention for the shape (and max_error).
+    return_lse), with the same tuned config as tuner.attention for the shape. There is no
+    max_error: a winner's stored error is measured from bf16 inputs through prepare, which
+    these codes skip; the caller's quantization decides the accuracy.
     prepare's exact transforms (k_smoothing, qk_rotation: docs/accuracy.md) do not apply here:
     they act on q and k before quantizing, and these codes are quantized already. A looked-up
     config runs with them off (its for_q_dtype("float8_e4m3fn") twin); a pinned config that
@@ -177,8 +178,7 @@ def attention_fp8(
     if config is not None:
         _check_fp8_config(config)
     key = "" if config is None else _eager_config_key(config)
-    out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal,
-                                 max_error)
+    out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal)
     return (out, lse) if return_lse else out
 
 

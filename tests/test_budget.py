@@ -210,6 +210,18 @@ def test_the_worst_call_of_a_calibration_file_is_the_candidates_error(tmp_path):
     assert mixed["e2e_error"] == biased["e2e_error"]
 
 
+def test_a_check_over_no_call_of_the_problem_is_an_error_not_a_pass(tmp_path, monkeypatch):
+    path = tmp_path / "calls.safetensors"
+    with capture(path):
+        q, k, v = (x.transpose(1, 2) for x in activations("randn", PROBLEM, "cpu", 1))
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    spec = budget.Budget(1.0, calibration.read(path).data, str(path)).to_task()
+    kernel = acc.compile(acc.Config(64, "off"), PROBLEM, "sm_90a")
+    monkeypatch.setattr(calibration, "load_calls", lambda *args: iter(()))
+    with pytest.raises(RuntimeError, match="holds no call of"):
+        budget.check(kernel, PROBLEM, torch.device("cpu"), spec)
+
+
 # ---- bad calibration files ---------------------------------------------------------------------
 
 def _rewrite(src: Path, dst: Path, edit) -> Path:

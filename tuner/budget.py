@@ -127,5 +127,8 @@ def check(kernel, problem, device, spec: dict) -> dict:
         error = end_to_end_error(out, *reference, scale, causal=causal)
         worst = max(worst, error) if math.isfinite(error) else math.inf  # NaN output: no budget
         calls += 1
+    if not calls:  # an error of 0 over no data would pass every candidate
+        raise RuntimeError(f"the accuracy data {spec['data']} holds no call of "
+                           f"{problem.key()}: nothing to hold the candidate to")
     return {"e2e_error": worst, "e2e_data": spec["data"], "max_error": spec["max_error"],
             "calls": calls, "accuracy_s": round(time.perf_counter() - t0, 4)}

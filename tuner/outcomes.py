@@ -27,6 +27,9 @@ class Outcome(StrEnum):
 class Role(StrEnum):
     DEFAULT = "default"  # the family default, enqueued first
     SEARCH = "search"  # proposed by the study
+    # A config known near the problem (a shipped table's row, a tuned neighbour's winner),
+    # measured right after the default: tuner/search/known.py
+    KNOWN = "known"
     RETIME = "retime"  # the final side-by-side re-time that decides the winner
     IMPORTED = "imported"  # a winner read from a tuning table, not measured here
     BENCH = "bench"  # a `tuner bench` row: ours or a peer's, for the dashboard

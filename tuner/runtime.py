@@ -113,11 +113,12 @@ def work(problem: Problem) -> int:
     return problem.batch * problem.heads * -(-problem.seq_len // WORK_TILE_ROWS)
 
 
-def _nearest(
-    candidates: list[tuple[Problem, str, dict]], want: Problem, heads: int | None, batch: int | None
-):
-    """Among (problem, family, config) entries with the mask and head_dim of `want` (and the
-    heads/batch if given), the nearest by rules a-e of the module docstring; None if none."""
+def nearest_first(
+    candidates: list[tuple[Problem, str, dict]], want: Problem, heads: int | None = None,
+    batch: int | None = None,
+) -> list:
+    """The (problem, family, config, ...) entries with the mask and head_dim of `want` (and the
+    heads/batch if given), nearest first by rules a-e of the module docstring."""
     usable = [
         c
         for c in candidates
@@ -125,21 +126,27 @@ def _nearest(
         and (heads is None or c[0].heads == heads)
         and (batch is None or c[0].batch == batch)
     ]
-    if not usable:
-        return None
-    return min(usable, key=lambda c: (*_preferences(c[0], want), _length_distance(c[0], want),
-                                      *_longer_first(c[0])))
+    return sorted(usable, key=lambda c: (*_preferences(c[0], want),
+                                         _length_distance(c[0], want), *_longer_first(c[0])))
 
 
-def _nearest_by_work(candidates: list[tuple[Problem, str, dict]], want: Problem):
-    """The head-count fallback: among entries with the mask and head_dim of `want`, whatever
-    their batch and heads, the nearest by rules a, b, the work ratio, then d and e."""
+def nearest_by_work_first(candidates: list[tuple[Problem, str, dict]], want: Problem) -> list:
+    """The head-count fallback: the entries with the mask and head_dim of `want`, whatever
+    their batch and heads, nearest first by rules a, b, the work ratio, then d and e."""
     usable = [c for c in candidates if _same_mask_and_dim(c[0], want)]
-    if not usable:
-        return None
-    return min(usable, key=lambda c: (*_preferences(c[0], want)[:2],
-                                      _log_distance(work(c[0]), work(want)),
-                                      _length_distance(c[0], want), *_longer_first(c[0])))
+    return sorted(usable, key=lambda c: (*_preferences(c[0], want)[:2],
+                                         _log_distance(work(c[0]), work(want)),
+                                         _length_distance(c[0], want), *_longer_first(c[0])))
+
+
+def _nearest(candidates, want: Problem, heads: int | None, batch: int | None):
+    """The first of nearest_first (sorted is stable: on a full tie, the source's order); None
+    if none."""
+    return next(iter(nearest_first(candidates, want, heads, batch)), None)
+
+
+def _nearest_by_work(candidates, want: Problem):
+    return next(iter(nearest_by_work_first(candidates, want)), None)
 
 
 class _Resolver:
@@ -324,6 +331,11 @@ class _Resolver:
 
 
 _RESOLVER = _Resolver()
+# What the lookup reads, for a search that starts from it (tuner/search/known.py):
+# (problem, family, config dict, e2e_error) of the shipped table of a GPU profile, and of the
+# winners of a device in the database at a URL.
+table_entries = _Resolver._table_entries
+db_entries = _Resolver._db_winners
 
 
 def db_url(db: str | None) -> str:

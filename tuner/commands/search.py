@@ -125,6 +125,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "re-run also continues a study with the same arguments)",
     )
     parser.add_argument(
+        "--no-warm-start",
+        dest="warm_start",
+        action="store_false",
+        help="measure only the default, its accurate twin and the sampler's proposals, not the "
+        "configs known near each problem (the GPU's shipped table, this database's nearest "
+        "winners), for a cold comparison",
+    )
+    parser.add_argument(
         "--workers",
         type=at_least(1),
         default=1,
@@ -202,6 +210,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         repeats=args.repeats,
         resume=args.resume,
+        warm_start=args.warm_start,
         budget=budget,
     )
     store = Store(_results_url(args))

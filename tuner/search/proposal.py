@@ -4,11 +4,13 @@ candidate from the study.
 Parameters are named "<family>.<knob>" after a categorical "family", so that several families
 share one study with knobs conditional on the family (multivariate TPE with group=True).
 
-Modes: "exhaustive" when the feasible space is no larger than the trial budget: the next feasible
-config that nobody has measured or claimed is enqueued before each ask (default first), so no
-infeasible point is ever asked; "tpe" otherwise: multivariate TPE where each trial sets a
-constraint, so configs that are infeasible or fail teach the sampler where not to go. Either way
-only configs that pass can_implement reach a compiler.
+Before the sampler's first proposal the study measures the default, its accurate twin, the
+configs known near the problem (known.py: the GPU's table, the database's nearest winners) and
+the families' seeds, in that order. Modes: "exhaustive" when the feasible space is no larger
+than the trial budget: the next feasible config that nobody has measured or claimed is enqueued
+before each ask, so no infeasible point is ever asked; "tpe" otherwise: multivariate TPE where
+each trial sets a constraint, so configs that are infeasible or fail teach the sampler where not
+to go. Either way only configs that pass can_implement reach a compiler.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from tuner.sandbox import CandidateResult
 from tuner.search.claims import HELD, RUNNING, Claims, owner
 from tuner.search.cost import record_cost
 from tuner.search.interrupts import sigint_deferred
+from tuner.search.known import Known
 from tuner.search.records import Candidate, Records
 from tuner.search.settings import FAILED_VALUE_MS, MAX_BARREN_ASKS
 from tuner.store import TrialRecord, config_hash
@@ -74,6 +77,9 @@ class Space:
     # right after it: the baseline where the plain default is over the accuracy budget. None
     # where it is the default itself or infeasible.
     accurate: tuple[str, dict] | None = None
+    # Measured right after the baselines, before the seeds: configs known to do well near the
+    # problem, feasible, no baseline (known.known_configs); none with --no-warm-start.
+    known: list[Known] = field(default_factory=list)
 
     @classmethod
     def build(cls, modules: dict, problem: Problem, gpu, exhaustive_up_to: int) -> Space:
@@ -165,22 +171,27 @@ class Proposer:
     def _enqueue_next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> None:
         """Put the next config nobody has measured or claimed in the study's queue: the
         default first (so that the tuned result is never worse than it), then its accurate twin
-        (the baseline where the default is over the accuracy budget), then the families' seeds,
-        then, in exhaustive mode, every feasible config in turn. Two processes may race and
+        (the baseline where the default is over the accuracy budget), then the known configs
+        (the incumbent from the start where one is the best), then the families' seeds, then,
+        in exhaustive mode, every feasible config in turn. Two processes may race and
         enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
         space = self.space
         # Completed trials count too: another process may have measured a config (a seed, say)
         # after this one last read the Store, and re-enqueueing it would only be backed off
         # (held_by_earlier) on every ask until the sampler is declared barren.
         taken = set(stored) | in_flight | self.claims.claimed((*HELD, TrialState.COMPLETE))
-        order = [*space.baselines, *space.seeds,
+        known = {config_hash(k.family, k.config): k.source for k in space.known}
+        order = [*space.baselines, *((k.family, k.config) for k in space.known), *space.seeds,
                  *(space.feasible if space.mode == "exhaustive" else [])]
         for family, config in order:
             digest = config_hash(family, config)
             if digest not in taken:
-                role = Role.DEFAULT if digest == space.default_hash else Role.SEARCH
+                role = (Role.DEFAULT if digest == space.default_hash
+                        else Role.KNOWN if digest in known else Role.SEARCH)
                 # The owner goes in with the params: a kill right after the ask pops this trial
                 # must still leave it attributable to a (dead) process.
-                self.study.enqueue_trial(params_of(family, config),
-                                         user_attrs={"role": str(role), "owner": owner()})
+                attrs = {"role": str(role), "owner": owner()}
+                if role == Role.KNOWN:
+                    attrs["known_from"] = known[digest]
+                self.study.enqueue_trial(params_of(family, config), user_attrs=attrs)
                 return

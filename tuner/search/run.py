@@ -24,6 +24,7 @@ from tuner.search.claims import Claims
 from tuner.search.cost import caller_ms, record_cost
 from tuner.search.decision import ProblemResult, decide
 from tuner.search.interrupts import sigint_deferred
+from tuner.search.known import known_configs
 from tuner.search.pool import Pipeline, task_for
 from tuner.search.proposal import Proposer, Space, tell
 from tuner.search.records import Candidate, Records, code_version
@@ -60,6 +61,9 @@ class ProblemSearch:
         modules = {name: load_family(name) for name in families}
         self.space = Space.build(modules, problem, target.gpu,
                                  settings.exhaustive_threshold or settings.trials)
+        if settings.warm_start:
+            self.space.known = known_configs(self.space, problem, target.gpu, store,
+                                             target.device_id)
         self.name = study_name(target.device_id, families, problem, settings.budget)
         self.study, self.seed = open_study(
             storage, self.name, settings,

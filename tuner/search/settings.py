@@ -30,6 +30,9 @@ class SearchSettings:
     warmup: int = 3
     exhaustive_threshold: int | None = None  # None: the trial budget
     resume: bool = False  # require an existing study
+    # Measure the configs known near the problem (search/known.py) right after the baselines;
+    # off (`--no-warm-start`): the sampler alone, for a cold comparison.
+    warm_start: bool = True
     # The accuracy budget every candidate that passes the gate is held to (None: none; the CLI
     # always sets one). Part of the study's name: another budget or data is another study.
     budget: Budget | None = None

@@ -1,0 +1,189 @@
+"""A search starts from what is known (tuner/search/known.py): the GPU's table rows and the
+database's nearest winners are measured right after the default, in that order, once each and
+only where feasible; `--no-warm-start` measures none of them; a table row that is already the
+best ends the search after `--patience` candidates."""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+
+from tests.doubles import fake_family_large
+from tests.test_search import BASE, LARGE, PROBLEM, measured, run_cli
+from tuner import runtime
+from tuner.errors import TunerError
+from tuner.problem import Problem
+from tuner.search import Space, make_target
+from tuner.search.known import known_configs
+from tuner.store import Store, TrialRecord, config_hash
+from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
+
+MODULES = {LARGE: fake_family_large}
+TARGET = make_target("h200", MODULES)
+
+
+def cfg(tile: int, stages: int, warps: int = 4, swizzle: bool = True) -> dict:
+    return fake_family_large.Config(tile, stages, warps, swizzle).to_dict()
+
+
+DEFAULT = cfg(64, 2, swizzle=False)
+SEED = cfg(64, 2)  # fake_family_large.seeds: measured after the known configs
+BEST = cfg(64, 3)  # the optimum of fake_family_large.cost_ms
+TABLE_NEAR = cfg(32, 2)
+DB_NEAR, DB_NEXT = cfg(64, 4), cfg(128, 2)
+# Winners of other head_dim and mask: never a known config of PROBLEM (d64, full).
+OTHER_DIM, OTHER_MASK = cfg(32, 3, 2, False), cfg(128, 2, 8, False)
+INFEASIBLE = cfg(128, 4, swizzle=False)  # tile x stages = 512 > 256 (fake_family.can_implement)
+
+
+@pytest.fixture
+def tables(tmp_path, monkeypatch):
+    """write(rows): db/tables/h200.yaml of (problem, config) rows of the large double, in a
+    tables directory of the test's own (runtime.TABLES_DIR, where the lookup and the search
+    read it)."""
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    monkeypatch.setattr(runtime, "TABLES_DIR", folder)
+    # Tables name this package's families only; the double stands in for one here.
+    monkeypatch.setattr("variants.KNOWN_FAMILIES", ("mma_sync", "wgmma", LARGE))
+
+    def write(*rows):
+        entries = [{"problem": p.to_dict(), "family": LARGE, "config": c, "median_ms": 1.0}
+                   for p, c in rows]
+        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
+               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
+               "entry_count": len(entries), "entries_sha256": entries_digest(entries),
+               "entries": entries}
+        (folder / "h200.yaml").write_text(dump_table(doc))
+
+    return write
+
+
+def add_winners(url: str, *rows, device_id: str = TARGET.device_id) -> None:
+    """(problem, config) winners of the large double on `device_id`, as a search stores them."""
+    store = Store(url)
+    try:
+        store.record_device(device_id, TARGET.fingerprint)
+        for problem, config in rows:
+            trial = store.record_trial(TrialRecord(
+                id=None, device_id=device_id, problem_key=problem.key(), family_set=LARGE,
+                family=LARGE, config=config, config_hash=config_hash(LARGE, config),
+                outcome="ok", role="retime", median_ms=1.0))
+            store.set_best(device_id, problem, LARGE, trial, None, None)
+    finally:
+        store.close()
+
+
+def neighbours(tables, url: str) -> None:
+    """A table and a database around PROBLEM (b1-h2-s64-d64-full) with every kind of entry."""
+    tables(
+        (Problem(1, 2, 256, 64), TABLE_NEAR),
+        (Problem(1, 2, 512, 64), INFEASIBLE),
+        (PROBLEM, BEST),  # the row of the problem itself: first, wherever the table lists it
+        (Problem(1, 2, 128, 64), DEFAULT),  # a baseline: measured as the default only
+    )
+    add_winners(
+        url,
+        (Problem(1, 2, 32, 64), DB_NEXT),
+        (Problem(1, 2, 128, 64), DB_NEAR),  # 128 and 32 are as near: the longer first
+        (Problem(1, 2, 16, 64), BEST),  # the table's already: measured once
+        (Problem(1, 2, 64, 128), OTHER_DIM),
+        (Problem(1, 2, 64, 64, causal=True), OTHER_MASK),
+    )
+    # Another device's winner of the problem itself: never this search's.
+    add_winners(url, (PROBLEM, cfg(128, 2, 2)), device_id="another-device")
+
+
+def knobs(row) -> dict:
+    return json.loads(row["config_json"])
+
+
+def by_number(db) -> list:
+    return sorted(measured(db), key=lambda r: r["optuna_number"])
+
+
+def test_known_configs_are_measured_after_the_default_table_first_then_the_database(
+        tmp_path, tables, capsys):
+    db = tmp_path / "db.sqlite"
+    neighbours(tables, f"sqlite:///{db}")
+    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "7", "--seed", "1",
+                           "--db", f"sqlite:///{db}"])
+    (result,) = out["results"]
+    assert result["mode"] == "tpe"
+    done = by_number(db)
+    assert [(r["optuna_number"], r["role"], knobs(r)) for r in done[:6]] == [
+        (0, "default", DEFAULT),
+        (1, "known", BEST), (2, "known", TABLE_NEAR),  # the table: this problem, then nearest
+        (3, "known", DB_NEAR), (4, "known", DB_NEXT),  # the database, nearest first
+        (5, "search", SEED),  # then the family's seeds and the sampler
+    ]
+    assert [r for r in done if r["role"] == "known"] == done[1:5]
+    assert result["winner"]["config"] == BEST
+    # The study says where each came from.
+    study = optuna.load_study(study_name=result["study"], storage=f"sqlite:///{db}")
+    assert [study.trials[n].user_attrs.get("known_from") for n in range(1, 5)] == [
+        "table h200.yaml: b1-h2-s64-d64-full", "table h200.yaml: b1-h2-s256-d64-full",
+        "database: b1-h2-s128-d64-full", "database: b1-h2-s32-d64-full"]
+
+
+def test_infeasible_duplicate_other_family_and_other_shape_entries_are_skipped(tmp_path, tables):
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    neighbours(tables, url)
+    store = Store(url)
+    try:
+        # A wgmma winner of the nearest problem: not in a search over the double alone.
+        trial = store.record_trial(TrialRecord(
+            id=None, device_id=TARGET.device_id, problem_key=Problem(1, 2, 48, 64).key(),
+            family_set="wgmma", family="wgmma", config={"block_n": 128}, config_hash="w",
+            outcome="ok", median_ms=0.5))
+        store.set_best(TARGET.device_id, Problem(1, 2, 48, 64), "wgmma", trial, None, None)
+        space = Space.build(MODULES, PROBLEM, TARGET.gpu, exhaustive_up_to=64)
+        known = known_configs(space, PROBLEM, TARGET.gpu, store, TARGET.device_id)
+    finally:
+        store.close()
+    assert [(k.config, k.source) for k in known] == [
+        (BEST, "table h200.yaml: b1-h2-s64-d64-full"),
+        (TABLE_NEAR, "table h200.yaml: b1-h2-s256-d64-full"),
+        (DB_NEAR, "database: b1-h2-s128-d64-full"),
+        (DB_NEXT, "database: b1-h2-s32-d64-full"),
+    ]
+
+
+def test_a_table_row_that_is_already_the_best_stops_the_search_after_patience(
+        tmp_path, tables, capsys):
+    tables((PROBLEM, BEST))
+    db = tmp_path / "db.sqlite"
+    patience = 4
+    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "60", "--seed", "5",
+                           "--patience", str(patience), "--db", f"sqlite:///{db}"])
+    (result,) = out["results"]
+    assert result["stopped"] == f"no improvement in {patience} trials"
+    done = by_number(db)
+    assert [(r["role"], knobs(r)) for r in done[:2]] == [("default", DEFAULT), ("known", BEST)]
+    # The default, the row, `patience` more, and what the compile pipeline held in flight
+    # (--compile-jobs 1: one compiling, one compiled, one on the GPU).
+    assert patience + 2 <= result["measured_here"] <= patience + 2 + 3
+    assert result["winner"]["config"] == BEST
+
+
+def test_no_warm_start_measures_none_of_the_known_configs(tmp_path, tables, capsys):
+    db = tmp_path / "db.sqlite"
+    neighbours(tables, f"sqlite:///{db}")
+    run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "3", "--seed", "1",
+                     "--patience", "0", "--no-warm-start", "--db", f"sqlite:///{db}"])
+    done = by_number(db)
+    assert [(r["role"], knobs(r)) for r in done[:2]] == [("default", DEFAULT), ("search", SEED)]
+    assert "known" not in {r["role"] for r in done}
+
+
+def test_a_broken_table_stops_the_search_naming_the_way_around_it(tmp_path, tables):
+    (runtime.TABLES_DIR / "h200.yaml").write_text("kind: fp8-attn-tuner/tuning-table\n")
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    try:
+        space = Space.build(MODULES, PROBLEM, TARGET.gpu, exhaustive_up_to=64)
+        with pytest.raises(TunerError, match=r"schema version.*--no-warm-start"):
+            known_configs(space, PROBLEM, TARGET.gpu, store, TARGET.device_id)
+    finally:
+        store.close()

@@ -1,0 +1,92 @@
+"""Where a search starts: the configs already known to do well near its problem, measured right
+after the default and its accurate twin (Space.baselines), before the sampler's proposals.
+
+Two sources, read and ranked as the runtime reads and ranks them (tuner/runtime.py), so that a
+search starts from what `tuner.attention` runs today:
+  table     the shipped table of the GPU (db/tables/<gpu>.yaml, runtime.TABLES_DIR): the rows of
+            the PER_SOURCE nearest problems;
+  database  the search's own results database: the winners of the PER_SOURCE nearest problems
+            tuned on this device.
+Nearest is the runtime's rule for a lookup of the problem: only rows with its mask and head_dim;
+those with its head count first, by rules a-e of tuner/runtime.py, then the others by work; the
+row of the problem itself before all. A config is kept once, and only where it lies in the
+feasible space of the search (its families, the arch's knob domains, can_implement on this
+problem and GPU) and is no baseline. `tuner search --no-warm-start` reads neither source.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tuner.errors import TunerError
+from tuner.problem import Problem
+from tuner.store import config_hash
+
+log = logging.getLogger("tuner.search")
+
+# Problems taken from each source: the nearest few cost a few trials of a budget of 64 and
+# cover what the runtime would fall back to for this problem.
+PER_SOURCE = 4
+
+
+@dataclass(frozen=True)
+class Known:
+    family: str
+    config: dict
+    source: str  # where it was read: "table h200.yaml: b2-h24-s1024-d64-full", "database: ..."
+
+
+def ranked(entries: list, problem: Problem) -> list:
+    """(problem, family, config, ...) entries in the order the runtime prefers them for a lookup
+    of `problem` (tuner.runtime.config_for_problem); only those of its mask and head_dim."""
+    from tuner.runtime import nearest_by_work_first, nearest_first
+
+    same_heads = nearest_first(entries, problem, problem.heads)
+    taken = {id(e) for e in same_heads}
+    by_work = [e for e in nearest_by_work_first(entries, problem) if id(e) not in taken]
+    return sorted([*same_heads, *by_work], key=lambda e: e[0] != problem)
+
+
+def known_configs(space, problem: Problem, gpu, store, device_id: str) -> list[Known]:
+    """The known configs of a search on `space` (proposal.Space), in the order it measures
+    them: the table's, then the database's, each source nearest first."""
+    from tuner.runtime import db_entries, table_entries
+    from tuner.tables import TableError
+
+    try:
+        table = table_entries(gpu)
+    except TableError as exc:
+        raise TunerError(f"{exc}; the search starts from this table: repair or remove it, or "
+                         "pass --no-warm-start") from None
+    sources = [(f"table {gpu.name}.yaml", table), ("database", db_entries(store.url, device_id))]
+    found = [Known(family, config, f"{where}: {tuned.key()}")
+             for where, entries in sources
+             for tuned, family, config, *_ in ranked(entries, problem)[:PER_SOURCE]]
+    return _in_space(found, space)
+
+
+def _in_space(found: list[Known], space) -> list[Known]:
+    """Those of `found` in the feasible space, once each, baselines left out."""
+    seen = {config_hash(*b) for b in space.baselines}
+    feasible = space.feasible_hashes
+    kept = []
+    for known in found:
+        module = space.modules.get(known.family)
+        if module is None:
+            log.info("warm start: %s is a %s config, not searched here", known.source,
+                     known.family)
+            continue
+        try:  # a database row of older code may name knobs this version has not
+            config = module.Config.from_dict(known.config).to_dict()
+        except TunerError as exc:
+            log.info("warm start: %s skipped: %s", known.source, exc)
+            continue
+        digest = config_hash(known.family, config)
+        if digest not in feasible:
+            log.info("warm start: %s skipped: not in the feasible space of this problem",
+                     known.source)
+        elif digest not in seen:
+            seen.add(digest)
+            kept.append(Known(known.family, config, known.source))
+    return kept

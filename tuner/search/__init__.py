@@ -8,6 +8,7 @@ One job per module, in the order a candidate meets them:
   target      where candidates run: GPU profile, device fingerprint, torch device
   storage     the Optuna storage, study names, the sampler, opening a study with its seed
   claims      which process holds which config when several search one study
+  known       the configs known near the problem: the GPU's table, the database's winners
   proposal    the feasible space, the mode, the next candidate from the study
   pool        compile sandboxes ahead of the GPU sandbox
   records     a sandbox's result as one Store row; what the Store holds for the study

@@ -135,7 +135,9 @@ class ConfigMixin:
     RENAMED_KNOBS: ClassVar[dict[str, str]] = {}
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        # Knob values are scalars: a shallow copy, not asdict's deep one (the search turns
+        # every feasible config of a space into a dict).
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]):

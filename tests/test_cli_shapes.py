@@ -61,8 +61,8 @@ def test_every_command_documents_the_flags(command):
 
 def test_space_judges_the_problem_the_flags_build(capsys):
     """`tuner space` checks can_implement against the shaped problem: the causal GQA problem is
-    feasible for wgmma's whole space, and a KV head count that does not divide is named."""
-    assert main(["space", "--gpu", "h200", "--family", "wgmma", "--heads", "32", "--kv-heads",
+    feasible for the family, and a KV head count that does not divide is named."""
+    assert main(["space", "--gpu", "h200", "--family", "mma_sync", "--heads", "32", "--kv-heads",
                  "8", "--kv-len", "512", "--causal", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["problem"] == Problem(1, 32, 4096, 128, True, 512, 8).to_dict()

@@ -220,7 +220,7 @@ def test_smoothing_without_q_writes_no_shift(plain_ptx, tmp_path):
 def test_transforms_the_launch_cannot_do_are_refused():
     with pytest.raises(ValueError, match="rotate_qk needs q rotated like k"):
         compile_kernel("quant_kv", torch.bfloat16, 128, "sm_90a", rotate_qk=True)
-    with pytest.raises(ValueError, match="no smooth_k or rotate_qk"):
+    with pytest.raises(ValueError, match="no smooth_k, rotate_qk or quantize_v=False"):
         compile_kernel("expand", torch.float32, 0, "sm_90a", smooth_k=True)
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         compile_kernel("quant", torch.bfloat16, 96, "sm_90a", rotate_qk=True)

@@ -191,10 +191,12 @@ FEASIBLE = {
     # 4374 of 8424 at 128, 6552 of 13104 at 64), so wgmma's feasible count is 2 x (base + those).
     # pack_gqa x2 and head_swizzle x4 the space; at H=2 (one query head per KV head) pack_gqa
     # is refused, and head_swizzle's sections apply to longest_first only: x2.5 the feasible.
-    ("wgmma", "h200", 128): (884736, 63990),    # sm_90a (split_tail: persistent configs x2)
-    ("wgmma", "h200", 64): (884736, 98280),
-    ("wgmma", "4090", 128): (884736, 0),        # sm_89: no wgmma
-    ("wgmma", "5080", 128): (884736, 0),        # sm_120a: no wgmma
+    # pv_dtype x2 the space; bf16 P.V needs v_layout=prepared, and its V ring and P registers
+    # refuse some tiles: x1.4 the feasible.
+    ("wgmma", "h200", 128): (1769472, 89640),    # sm_90a (split_tail: persistent configs x2)
+    ("wgmma", "h200", 64): (1769472, 135360),
+    ("wgmma", "4090", 128): (1769472, 0),       # sm_89: no wgmma
+    ("wgmma", "5080", 128): (1769472, 0),       # sm_120a: no wgmma
     ("mma_sync", "h200", 128): (6912, 1152),    # sm_90a
     ("mma_sync", "h200", 64): (6912, 1536),
     ("mma_sync", "4090", 128): (6912, 1088),    # sm_89: 99 KB of shared memory a block

@@ -132,7 +132,8 @@ def test_a_packed_build_refuses_inputs_of_another_group():
     kernel = CompiledKernel(cfg, GQA, "sm_90a", None, 0.0, _fn=object())
     prepared = SimpleNamespace(
         v_feature_major=cfg.v_feature_major, key_permuted=cfg.v_key_permuted,
-        q_in_kernel=False, k_mean=None, qk_rotated=False, padded_len=256, padded_len_kv=256,
+        q_in_kernel=False, v_unquantized=False, k_mean=None, qk_rotated=False, padded_len=256,
+        padded_len_kv=256,
         softmax_scale=0.1, q=torch.empty(1, 256, 32, 128), k=torch.empty(1, 256, 4, 128))
     with pytest.raises(ValueError, match="packs 4 query heads per KV head.*32 on 4"):
         kernel.run(prepared)

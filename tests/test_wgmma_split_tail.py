@@ -182,7 +182,7 @@ def test_a_launch_the_rule_keeps_whole_runs_the_single_launch_build(monkeypatch)
             k=torch.empty(batch, padded, heads, 128, dtype=torch.uint8),
             v=torch.empty(batch, heads, 128, padded, dtype=torch.uint8),
             packed=torch.empty(1), seq_len=seq, seq_len_kv=seq, padded_len=padded,
-            padded_len_kv=padded, softmax_scale=0.088, q_in_kernel=False,
+            padded_len_kv=padded, softmax_scale=0.088, q_in_kernel=False, v_unquantized=False,
             v_feature_major=cfg.v_feature_major, key_permuted=cfg.v_key_permuted, k_mean=None,
             qk_rotated=False)
 

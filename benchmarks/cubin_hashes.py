@@ -55,13 +55,15 @@ def _changed(cfg, base) -> int:
 def cover(feasible: list, default) -> list:
     """The default, then the feasible config adding the most uncovered knob values (fewest
     knobs changed from the default on a tie, then space order), until all are covered."""
-    wanted = set().union(*(_values(c) for c in feasible))
+    # Each config's values and distance from the default, once: a space holds 100k configs.
+    scored = [(_values(c), -_changed(c, default), c) for c in feasible]
+    wanted = set().union(*(values for values, _, _ in scored))
     configs = [default]
     covered = _values(default)
     while covered < wanted:
-        best = max(feasible, key=lambda c: (len(_values(c) - covered), -_changed(c, default)))
+        values, _, best = max(scored, key=lambda s: (len(s[0] - covered), s[1]))
         configs.append(best)
-        covered |= _values(best)
+        covered |= values
     return configs
 
 
@@ -69,10 +71,11 @@ def sweep(feasible: list, default, space: dict) -> list:
     """Per knob value the default with that value, or where that is infeasible the first
     feasible config holding it."""
     configs = []
+    feasible_set = set(feasible)
     for name, values in space.items():
         for value in values:
             cfg = dataclasses.replace(default, **{name: value})
-            if cfg not in feasible:
+            if cfg not in feasible_set:
                 cfg = next((c for c in feasible if getattr(c, name) == value), None)
             if cfg is not None and cfg not in configs:
                 configs.append(cfg)

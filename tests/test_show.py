@@ -11,19 +11,23 @@ from tuner.cli import main
 from tuner.store import TrialRecord
 
 
+def show(capsys, url: str, *extra: str) -> str:
+    """`tuner show --db url ...`'s standard output (it must exit 0)."""
+    assert main(["show", "--db", url, *extra]) == 0
+    return capsys.readouterr().out
+
+
 def test_the_speedup_is_labelled_and_shown_with_its_four_times(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     budget_store(url).close()
-    assert main(["show", "--db", url]) == 0
-    text = capsys.readouterr().out
+    text = show(capsys, url)
     # The 4096 winner's kernel (0.910 ms) is slower than the default's (0.892 ms); its prepare
     # (0.052 against 0.078) makes it ahead: the ratio is kernel + prepare, and says so.
     assert "speedup (kernel+prepare)" in text and "the speedup compares kernel + prepare" in text
     row = next(line for line in text.splitlines() if "b1-h56-s4096" in line)
     cells = [c.strip() for c in row.split("│")]
     assert cells[6:11] == ["0.910", "0.052", "0.892", "0.078", "1.020"], cells
-    assert main(["show", "--db", url, "--json"]) == 0
-    rows = {r["problem"]: r for r in json.loads(capsys.readouterr().out)}
+    rows = {r["problem"]: r for r in json.loads(show(capsys, url, "--json"))}
     four = rows["b1-h56-s4096-d128-full"]
     assert (four["median_ms"], four["prepare_ms"], four["default_ms"],
             four["default_prepare_ms"]) == (0.91, 0.052, 0.91 * 0.98, 0.052 * 1.5)
@@ -38,8 +42,7 @@ def test_winners_of_two_family_sets_are_told_apart(tmp_path, capsys):
         family="mma_sync", config=SEED.to_dict(), config_hash="x", outcome="ok", median_ms=0.95))
     store.set_best(DEVICE, problem, "wgmma+mma_sync", tid, None, None)
     store.close()
-    assert main(["show", "--db", url]) == 0
-    rows = [line for line in capsys.readouterr().out.splitlines() if problem.key() in line]
+    rows = [line for line in show(capsys, url).splitlines() if problem.key() in line]
     sets = sorted([c.strip() for c in row.split("│")][3] for row in rows)
     assert sets == ["mma_sync", "wgmma+mma_sync"]
 
@@ -47,13 +50,10 @@ def test_winners_of_two_family_sets_are_told_apart(tmp_path, capsys):
 def test_the_accuracy_budgets_error_and_its_data_are_shown(tmp_path, capsys):
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     budget_store(url).close()
-    assert main(["show", "--db", url]) == 0
-    text = capsys.readouterr().out
+    text = show(capsys, url)
     assert "0.0660 realistic" in text and "0.0412 calib:" in text
-    assert main(["show", "--db", url, "--json"]) == 0
-    rows = {r["problem"]: r for r in json.loads(capsys.readouterr().out)}
+    rows = {r["problem"]: r for r in json.loads(show(capsys, url, "--json"))}
     assert [(rows[p.key()]["e2e_error"], rows[p.key()]["e2e_data"], rows[p.key()]["max_error"])
             for p, *_ in WINNERS] == [(err, data, 0.1) for *_, err, data in WINNERS]
-    assert main(["show", "--db", url, "--trials", "4096", "--json"]) == 0
-    (problem,) = json.loads(capsys.readouterr().out)
+    (problem,) = json.loads(show(capsys, url, "--trials", "4096", "--json"))
     assert {t["e2e_error"] for t in problem["trials"]} == {0.066, None}

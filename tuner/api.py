@@ -93,14 +93,10 @@ def attention(
         _CAPTURE.record(q, k, v, softmax_scale, causal)
     return_lse = _flag("return_lse", return_lse)
     if _eager(q, k, v):
-        from tuner.runtime import attention_plan
+        from tuner.runtime import checked_plan
 
         key = "" if config is None else _eager_config_key(config)
-        plan = attention_plan(q, k, causal, key, gpu, db, max_error)
-        if check_finite:
-            from variants.input_checks import check_finite_inputs
-
-            check_finite_inputs(q, k, v)
+        plan = checked_plan(q, k, v, key, gpu, db, check_finite, causal, max_error)
         out, lse = plan.run(q, k, v, softmax_scale, return_lse, return_lse)
         CALLS[signature(q, k, v, causal, config, gpu, db, max_error)] = plan
     else:

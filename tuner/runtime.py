@@ -425,17 +425,24 @@ def family_of(config) -> str:
     return parts[1]
 
 
-def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool,
-                  causal: bool = False, max_error: float | None = None,
-                  want_lse: bool = True):
-    """The body of the custom op on real tensors: the plan (config pinned or looked up, its
-    kernel compiled once) and its launches on the current stream. want_lse=False: the caller
-    drops the LSE, so K smoothing's shift is not added back (CompiledKernel.run)."""
+def checked_plan(q, k, v, config_text: str, gpu: str, db, check_finite: bool,
+                 causal: bool = False, max_error: float | None = None) -> CallPlan:
+    """The plan of a call on real tensors (config pinned or looked up, its kernel compiled
+    once), after the finite scan where the caller asked for it."""
     if check_finite:
         from variants.input_checks import check_finite_inputs
 
         check_finite_inputs(q, k, v)
-    return attention_plan(q, k, causal, config_text, gpu, db, max_error).run(
+    return attention_plan(q, k, causal, config_text, gpu, db, max_error)
+
+
+def run_attention(q, k, v, softmax_scale, config_text: str, gpu: str, db, check_finite: bool,
+                  causal: bool = False, max_error: float | None = None,
+                  want_lse: bool = True):
+    """The body of the custom op on real tensors: checked_plan's launches on the current
+    stream. want_lse=False: the caller drops the LSE, so K smoothing's shift is not added back
+    (CompiledKernel.run)."""
+    return checked_plan(q, k, v, config_text, gpu, db, check_finite, causal, max_error).run(
         q, k, v, softmax_scale, want_lse)
 
 

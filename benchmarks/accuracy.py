@@ -70,7 +70,11 @@ def with_setting(cfg, setting: str):
     if not {"k_smoothing", "qk_rotation"} <= names:
         return f"{type(cfg).__module__}.Config has no k_smoothing / qk_rotation knobs"
     smoothing, rotation = SETTINGS[setting]
-    return dataclasses.replace(cfg, k_smoothing=smoothing, qk_rotation=rotation)
+    out = dataclasses.replace(cfg, k_smoothing=smoothing, qk_rotation=rotation)
+    if rotation != "none" and getattr(out, "q_in_kernel", False):
+        # Only prepare can rotate Q: the rotated columns quantize Q there (with_transforms' rule).
+        out = dataclasses.replace(out, q_quant="prepare")
+    return out
 
 
 def with_pv16(cfg):

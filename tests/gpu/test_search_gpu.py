@@ -27,7 +27,7 @@ def search(db: Path, *extra: str, env: dict | None = None, families: str = "mma_
     # A budget every config that passes the gate meets (FP8's own error on the realistic data is
     # at most 0.65 without the transforms): these tests are about the search's machinery on the
     # GPU; tests/gpu/test_budget_gpu.py holds candidates to the default budget.
-    args = [sys.executable, "-m", "tuner", "search", "--gpu", "h200", "--families", families,
+    args = [sys.executable, "-m", "tuner", "search", "--gpu", "auto", "--families", families,
             "--seq-lens", "4096", "--heads", "56", "--trials", "12", "--seed", "0", "--json",
             "--max-error", "1", "--db", f"sqlite:///{db}", *extra]
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,

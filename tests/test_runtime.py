@@ -157,3 +157,33 @@ def test_a_q_quant_kernel_config_runs_its_prepare_twin_for_fp16_and_fp8_q(monkey
         runtime.attention_plan(q, q, False, text, "h200", None)
     assert built == [pinned, dc.replace(pinned, q_quant="prepare"),
                      dc.replace(pinned, q_quant="prepare")]  # the second bf16 call: planned
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_each_shipped_table_serves_its_own_gpu(tmp_path, monkeypatch, gpu):
+    """On an H100 the lookup reads db/tables/h100.yaml (not the H200's), and each row it
+    ships is a config its family can run on that GPU."""
+    import yaml
+
+    from variants import load_family
+
+    doc = yaml.safe_load((runtime.TABLES_DIR / f"{gpu}.yaml").read_text())
+    assert doc["gpu"] == gpu
+    monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda _: (PROFILES[gpu], f"dev-{gpu}"))
+    runtime.clear_cache()
+    url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
+    newest = {}  # a problem searched under several family sets: the lookup takes the newest
+    for row in doc["entries"]:
+        key = tuple(sorted(row["problem"].items()))
+        if key not in newest or str(row.get("decided_at")) > str(newest[key].get("decided_at")):
+            newest[key] = row
+    for row in newest.values():
+        p = row["problem"]
+        if p["seq_len_kv"] != p["seq_len"] or p["kv_heads"] != p["heads"] or p["causal"]:
+            continue  # the lookup below names self-attention problems
+        best = runtime.load_best_config(p["seq_len"], heads=p["heads"], batch=p["batch"],
+                                        head_dim=p["head_dim"], db=url, with_source=True)
+        assert best.source == "table-exact", (gpu, p)
+        assert best.config.to_dict() == load_family(row["family"]).Config.from_dict(
+            row["config"]).to_dict()
+    runtime.clear_cache()

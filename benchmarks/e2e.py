@@ -14,6 +14,9 @@ Host and wall time per call, each system on its own, in loops sized to about --l
                GPU sits idle per call (the call's host cost where host > GPU)
   sync - GPU   a loop with a sync after each call, per call, minus the GPU time: the latency a
                synchronous caller pays beyond the GPU's work
+wall - GPU subtracts the GPU time of the rotated-input event timing from a loop on one input
+set, so at tens of ms per call it carries the two runs' clock difference (about +-1 ms at
+30 ms, of either sign across systems), not host work: there the host runs far ahead of the GPU.
 The benchmark's own share is measured beside them (a loop of bare syncs, a loop of bare event
 pairs) and stated under the table: it is what the loops add that no call does.
 No profiler runs in this suite: once torch.profiler has run, CUPTI stays subscribed and every

@@ -27,6 +27,7 @@ import os
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -103,6 +104,8 @@ def stood_in(gpu: str = "h100"):
             (build, "_load_cached", loaded),
             (build, "_FUNCTIONS", {}), (build, "_KERNELS", {}), (build, "_ENTRIES", {}),
             (runtime, "_KERNELS", {}),
+            # The stood-in GPU ships no table (the family default runs); other GPUs keep theirs.
+            (runtime, "TABLES_DIR", _tables_without(Path(tmp) / "tables", profile.name)),
             (runtime, "_local_gpu_and_device", lambda name: (named(name), "host-stub")),
             (gpus, "resolve_gpu", lambda name, **_: named(name)),
         ):
@@ -114,6 +117,19 @@ def stood_in(gpu: str = "h100"):
             cached.cache_clear()
         runtime.clear_cache()
         yield launches
+
+
+def _tables_without(folder, gpu: str):
+    """A copy of the shipped tables in `folder`, leaving out `gpu`'s own."""
+    import shutil
+
+    from tuner import runtime
+
+    folder.mkdir()
+    for table in runtime.TABLES_DIR.glob("*.yaml"):
+        if table.stem != gpu:
+            shutil.copy(table, folder / table.name)
+    return folder
 
 
 def inputs(problem, device: str = "meta"):

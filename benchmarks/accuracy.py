@@ -3,12 +3,13 @@
 kinds of tuner/activations.py, with prepare's exact transforms off and on, beside the peers.
 
 Columns: ours with the config tuner.attention runs for the shape, the transforms set by
-dataclasses.replace: plain (k_smoothing="off", qk_rotation="none"), smoothed (k_smoothing="mean"),
-rotated (qk_rotation="hadamard"), both; both with P.V in bf16 (wgmma pv_dtype="bf16", the rung
-below FP8's floor); the default (tuner.attention as it is, whatever its config turns on); FA3
-FP8 with per-(batch, KV head) descales, SDPA bf16 (cuDNN) and SageAttention 1 (fp16 in) where
-installed. Rows: every --kinds kind at every --shapes shape, then --cases
-(kind@shape: by default "realistic" causal and "k_bias_8" on 32 query heads over 8 KV heads).
+Config.with_transforms (Q quantized in prepare where it is rotated): plain (k_smoothing="off",
+qk_rotation="none"), smoothed (k_smoothing="mean"), rotated (qk_rotation="hadamard"), both;
+both with P.V in bf16 (wgmma pv_dtype="bf16", the rung below FP8's floor); the default
+(tuner.attention as it is, whatever its config turns on); FA3 FP8 with per-(batch, KV head)
+descales, SDPA bf16 (cuDNN) and SageAttention 1 (fp16 in) where installed. Rows: every
+--kinds kind at every --shapes shape, then --cases (kind@shape: by default "realistic"
+causal and "k_bias_8" on 32 query heads over 8 KV heads).
 
 Then the transforms' cost: tuner.attention end to end from bf16 (GPU time, as the e2e suite
 times it) with each setting at --cost-shapes, against plain; and the smoothing vector
@@ -70,11 +71,7 @@ def with_setting(cfg, setting: str):
     if not {"k_smoothing", "qk_rotation"} <= names:
         return f"{type(cfg).__module__}.Config has no k_smoothing / qk_rotation knobs"
     smoothing, rotation = SETTINGS[setting]
-    out = dataclasses.replace(cfg, k_smoothing=smoothing, qk_rotation=rotation)
-    if rotation != "none" and getattr(out, "q_in_kernel", False):
-        # Only prepare can rotate Q: the rotated columns quantize Q there (with_transforms' rule).
-        out = dataclasses.replace(out, q_quant="prepare")
-    return out
+    return cfg.with_transforms(k_smoothing=smoothing, qk_rotation=rotation)
 
 
 def with_pv16(cfg):

@@ -105,7 +105,7 @@ def stood_in(gpu: str = "h100"):
             (build, "_FUNCTIONS", {}), (build, "_KERNELS", {}), (build, "_ENTRIES", {}),
             (runtime, "_KERNELS", {}),
             # The stood-in GPU ships no table (the family default runs); other GPUs keep theirs.
-            (runtime, "TABLES_DIR", _tables_without(Path(tmp) / "tables", profile.name)),
+            (runtime, "TABLES_DIR", _tables_without(runtime.TABLES_DIR, Path(tmp), profile.name)),
             (runtime, "_local_gpu_and_device", lambda name: (named(name), "host-stub")),
             (gpus, "resolve_gpu", lambda name, **_: named(name)),
         ):
@@ -119,14 +119,11 @@ def stood_in(gpu: str = "h100"):
         yield launches
 
 
-def _tables_without(folder, gpu: str):
-    """A copy of the shipped tables in `folder`, leaving out `gpu`'s own."""
+def _tables_without(source, folder, gpu: str):
+    """`folder` holding a copy of each table in `source` but `gpu`'s own."""
     import shutil
 
-    from tuner import runtime
-
-    folder.mkdir()
-    for table in runtime.TABLES_DIR.glob("*.yaml"):
+    for table in source.glob("*.yaml"):
         if table.stem != gpu:
             shutil.copy(table, folder / table.name)
     return folder

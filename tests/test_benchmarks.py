@@ -13,6 +13,7 @@ from benchmarks import SUITES, common, results
 from benchmarks.__main__ import build_parser, main
 from tuner.errors import TunerError
 from tuner.problem import Problem
+from variants.base import ConfigMixin
 
 # ---- shapes ------------------------------------------------------------------------------
 
@@ -265,7 +266,7 @@ def test_host_loops_stay_between_5_and_50_calls():
 
 
 @dataclass(frozen=True)
-class _WithKnobs:
+class _WithKnobs(ConfigMixin):
     tile: int = 128
     k_smoothing: str = "mean"
     qk_rotation: str = "hadamard"

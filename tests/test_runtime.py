@@ -172,18 +172,13 @@ def test_each_shipped_table_serves_its_own_gpu(tmp_path, monkeypatch, gpu):
     monkeypatch.setattr(runtime, "_local_gpu_and_device", lambda _: (PROFILES[gpu], f"dev-{gpu}"))
     runtime.clear_cache()
     url = f"sqlite:///{tmp_path / 'empty.sqlite'}"
-    newest = {}  # a problem searched under several family sets: the lookup takes the newest
-    for row in doc["entries"]:
-        key = tuple(sorted(row["problem"].items()))
-        if key not in newest or str(row.get("decided_at")) > str(newest[key].get("decided_at")):
-            newest[key] = row
-    for row in newest.values():
-        p = row["problem"]
-        if p["seq_len_kv"] != p["seq_len"] or p["kv_heads"] != p["heads"] or p["causal"]:
+    for problem, family, config, _ in runtime.table_entries(PROFILES[gpu]):
+        if problem.seq_len_kv != problem.seq_len or problem.kv_heads != problem.heads \
+                or problem.causal:
             continue  # the lookup below names self-attention problems
-        best = runtime.load_best_config(p["seq_len"], heads=p["heads"], batch=p["batch"],
-                                        head_dim=p["head_dim"], db=url, with_source=True)
-        assert best.source == "table-exact", (gpu, p)
-        assert best.config.to_dict() == load_family(row["family"]).Config.from_dict(
-            row["config"]).to_dict()
+        best = runtime.load_best_config(problem.seq_len, heads=problem.heads,
+                                        batch=problem.batch, head_dim=problem.head_dim, db=url,
+                                        with_source=True)
+        assert best.source == "table-exact", (gpu, problem)
+        assert best.config.to_dict() == load_family(family).Config.from_dict(config).to_dict()
     runtime.clear_cache()

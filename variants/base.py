@@ -119,11 +119,12 @@ class ConfigMixin:
         off = {k: v for k, v in PREPARE_ONLY_KNOBS.items() if k in names}
         return dataclasses.replace(self, **off) if off else self
 
-    def with_transforms(self):
-        """This config with every prepare-only transform on (TRANSFORMS_ON): the search's
-        baseline where the plain config is over the accuracy budget."""
+    def with_transforms(self, **settings):
+        """This config with its prepare-only transforms set to `settings` (default: every one
+        on, TRANSFORMS_ON, the search's baseline where the plain config is over the accuracy
+        budget), and whatever else the family needs to run them."""
         names = {f.name for f in dataclasses.fields(self)}
-        on = {k: v for k, v in TRANSFORMS_ON.items() if k in names}
+        on = {k: v for k, v in (settings or TRANSFORMS_ON).items() if k in names}
         return dataclasses.replace(self, **on) if on else self
 
     def transforms_on(self) -> list[str]:

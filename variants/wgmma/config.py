@@ -143,9 +143,9 @@ class Config(ConfigMixin):
         by the consumer warpgroups (the block-scale formula of variants/block_scales.py)."""
         return self.q_quant == "kernel"
 
-    def with_transforms(self) -> Config:
-        """ConfigMixin.with_transforms, with Q quantized by prepare (which rotates it)."""
-        cfg = super().with_transforms()
+    def with_transforms(self, **settings) -> Config:
+        """ConfigMixin.with_transforms, with Q quantized by prepare where Q is rotated."""
+        cfg = super().with_transforms(**settings)
         if cfg.q_in_kernel and cfg.qk_rotation == "hadamard":
             cfg = dataclasses.replace(cfg, q_quant="prepare")
         return cfg

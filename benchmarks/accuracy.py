@@ -12,8 +12,10 @@ descales, SDPA bf16 (cuDNN) and SageAttention 1 (fp16 in) where installed. Rows:
 causal and "k_bias_8" on 32 query heads over 8 KV heads).
 
 Then the transforms' cost: tuner.attention end to end from bf16 (GPU time, as the e2e suite
-times it) with each setting at --cost-shapes, against plain; and the smoothing vector
-(variants.transforms.smoothing_vector) from the full mean and from the sampled mean.
+times it) with each setting at --cost-shapes, against plain in interleaved rounds (ratios
+taken within a round, since clocks drift between runs by more than a transform costs); and
+the smoothing vector (variants.transforms.smoothing_vector) from the full mean and from the
+sampled mean.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ QUICK_KINDS = ("randn", "k_bias_8", "outliers")
 CASES = ("realistic@1,4096,8,128,causal", "k_bias_8@1,4096,32,128,kvh=8")
 COST_SHAPES = ("1,4096/8192/30272,56,128",)
 QUICK_COST_SHAPES = ("1,8192,56,128",)
+COST_ROUNDS, QUICK_COST_ROUNDS = 7, 3
 # Column -> (k_smoothing, qk_rotation).
 SETTINGS = {"plain": ("off", "none"), "smoothed": ("mean", "none"),
             "rotated": ("off", "hadamard"), "both": ("mean", "hadamard")}
@@ -48,6 +51,9 @@ def add_arguments(parser) -> None:
                         metavar="SHAPE", help=f"shapes of the cost table (default "
                         f"{' '.join(COST_SHAPES)}; --quick {' '.join(QUICK_COST_SHAPES)}; "
                         "none: --cost-shapes)")
+    parser.add_argument("--cost-rounds", type=int, default=None, metavar="N",
+                        help=f"interleaved rounds of the cost table, ratios taken within a "
+                        f"round (default {COST_ROUNDS}; --quick {QUICK_COST_ROUNDS})")
 
 
 def parse_case(text: str) -> tuple[str, list]:
@@ -146,7 +152,14 @@ def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
 
 
 def _cost(problem, gpu, args) -> list:
-    """ms of tuner.attention per setting, and of the two smoothing vectors, at one shape."""
+    """ms of tuner.attention per setting, and of the two smoothing vectors, at one shape.
+
+    The settings are timed in --cost-rounds interleaved rounds (the order rotating each round),
+    and each ratio is taken within its round: clocks drift by a few percent between runs, more
+    than a transform costs, so only same-round ratios compare. Cells: median ms over rounds,
+    then the median ratio against plain and its range over rounds."""
+    import statistics
+
     import tuner
     from tuner.runtime import config_for_problem
     from variants.transforms import smoothing_vector
@@ -154,24 +167,32 @@ def _cost(problem, gpu, args) -> list:
     sets = common.input_sets(problem, gpu.profile.l2_bytes, args.seed,
                              common.output_bytes(problem))
     base = config_for_problem(problem).config
-    ms = {}
-    for setting in SETTINGS:
-        cfg = with_setting(base, setting)
-        if isinstance(cfg, str):
-            ms[setting] = None
-            continue
-        ms[setting] = common.time_calls(
-            lambda i, c=cfg: tuner.attention(*sets[i % len(sets)], causal=problem.causal,
-                                             config=c), len(sets), args.repeats).median_ms
+    configs = {s: with_setting(base, s) for s in SETTINGS}
+    runnable = [s for s, c in configs.items() if not isinstance(c, str)]
+    rounds = common.sized(args.cost_rounds, COST_ROUNDS, QUICK_COST_ROUNDS, args)
+    ms = {s: [] for s in runnable}
+    for r in range(rounds):
+        order = runnable[r % len(runnable):] + runnable[:r % len(runnable)]
+        for setting in order:
+            ms[setting].append(common.time_calls(
+                lambda i, c=configs[setting]: tuner.attention(
+                    *sets[i % len(sets)], causal=problem.causal, config=c),
+                len(sets), args.repeats).median_ms)
     full = common.time_calls(lambda i: smoothing_vector(sets[i % len(sets)][1], sample_keys=None),
                              len(sets), args.repeats).median_ms
     sampled = common.time_calls(lambda i: smoothing_vector(sets[i % len(sets)][1]), len(sets),
                                 args.repeats).median_ms
-    plain = ms["plain"]
     cells = []
     for setting in SETTINGS:
-        vs = f" ({ms[setting] / plain:.3f}x)" if ms[setting] and plain else ""
-        cells.append(cell(ms[setting]) + vs)
+        if setting not in ms:
+            cells.append("-")
+            continue
+        text = cell(statistics.median(ms[setting]))
+        if "plain" in ms and setting != "plain":
+            ratios = [a / b for a, b in zip(ms[setting], ms["plain"], strict=True)]
+            text += (f" ({statistics.median(ratios):.3f}x, "
+                     f"{min(ratios):.3f}-{max(ratios):.3f})")
+        cells.append(text)
     return [shape_text(problem), *cells, cell(full, ".4f"), cell(sampled, ".4f")]
 
 
@@ -200,7 +221,9 @@ def run(args, gpu) -> str:
                          for p in common.parse_shape(t)])
     if cost_shapes:
         cost = [_cost(p, gpu, args) for p in cost_shapes]
-        parts += ["", "The transforms' cost: tuner.attention from bf16, GPU ms (against plain); "
-                  "the smoothing vector from the full mean and from the sampled mean, ms.", "",
+        parts += ["", "The transforms' cost: tuner.attention from bf16, GPU ms, the median of "
+                  "interleaved rounds (the median ratio against plain in its round, and the "
+                  "range over rounds); the smoothing vector from the full mean and from the "
+                  "sampled mean, ms.", "",
                   markdown_table(["shape", *SETTINGS, "full mean", "sampled mean"], cost)]
     return "\n".join(parts)

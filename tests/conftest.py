@@ -26,16 +26,23 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _gpu_builds_ahead(request):
+def _gpu_builds_ahead(request, tmp_path_factory):
     """On a GPU machine, the kernels the selected GPU tests build, compiled in parallel before
-    the first test (tests/gpu/__init__.py: compile time dominates the GPU tiers)."""
+    the first test (tests/gpu/__init__.py: compile time dominates the GPU tiers); under
+    pytest-xdist by one worker while the others wait (the workers' temp folders share a
+    parent)."""
     if not torch.cuda.is_available():
         return
-    from tests.gpu import compile_ahead, selected_builds
+    from tests.gpu import compile_ahead, compile_ahead_once, selected_builds
 
     builds = selected_builds(request.session.items)
-    if builds:
-        compile_ahead(builds, jobs=max(1, (os.cpu_count() or 2) - 1))
+    if not builds:
+        return
+    jobs = max(1, (os.cpu_count() or 2) - 1)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        compile_ahead(builds, jobs)
+    else:
+        compile_ahead_once(builds, jobs, tmp_path_factory.getbasetemp().parent)
 
 
 @pytest.fixture

@@ -1,17 +1,20 @@
 """The GPU tiers (tests/gpu/__init__.py), checked without a GPU: `-m gpu` and `-m gpu_full` never
 select the same test and both skip here; the covering tier holds every knob value of both
 families, both head dims and both masks, and the space tests' covers every pair of knob values;
-the builds compiled ahead are the ones the tests then load."""
+the builds compiled ahead are the ones the tests then load, compiled once for all xdist
+workers."""
 
 import os
 import subprocess
 import sys
+import threading
+import time
 from itertools import combinations
 from pathlib import Path
 
 import pytest
 
-from tests.gpu import compile_ahead, pairwise_cover
+from tests.gpu import compile_ahead, compile_ahead_once, pairwise_cover
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEPS = ["test_wgmma_gpu", "test_mma_sync_gpu", "test_shapes_gpu", "test_gate_gpu",
@@ -120,3 +123,30 @@ def test_a_build_compiled_ahead_is_the_one_the_test_loads(own_build):
     assert row.status == "compiled", row.error
     # In this process (empty memory caches, the same disk cache): loaded, not compiled.
     assert mma_sync.compile(cfg, Problem(2, 3, 300), "sm_90a").loaded_from_disk
+
+
+def test_workers_sharing_a_folder_compile_once_and_the_rest_wait_for_it(tmp_path):
+    calls, finished, returned = [], [], []
+
+    def slow_compile(builds, jobs):
+        calls.append((builds, jobs))
+        time.sleep(0.5)
+        finished.append(time.monotonic())
+
+    def worker():
+        compile_ahead_once(["b"], 3, tmp_path, compile=slow_compile)
+        returned.append(time.monotonic())
+
+    workers = [threading.Thread(target=worker) for _ in range(4)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join(timeout=30)
+    assert calls == [(["b"], 3)] and len(returned) == 4
+    # None went on to its tests before the compile was done.
+    assert min(returned) >= finished[0]
+    # The same session's folder is done; another session's (another folder) compiles again.
+    assert compile_ahead_once(["b"], 3, tmp_path, compile=slow_compile) is False
+    (tmp_path / "next").mkdir()
+    assert compile_ahead_once(["b"], 3, tmp_path / "next", compile=slow_compile) is True
+    assert len(calls) == 2

@@ -7,8 +7,10 @@ parameters) -> [(family, Config, Problem)]) and tests/conftest.py compiles those
 tests in parallel before the first one runs."""
 
 from itertools import combinations
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 GPU = pytest.mark.gpu
 GPU_FULL = pytest.mark.gpu_full
@@ -71,3 +73,17 @@ def compile_ahead(builds, jobs: int) -> list:
     rows = [SpaceRow(family, cfg.to_dict(), True) for family, cfg, _ in builds]
     compile_rows(rows, PROFILES["h200"], [problem for *_, problem in builds], jobs, sass=False)
     return rows
+
+
+def compile_ahead_once(builds, jobs: int, shared: Path, compile=compile_ahead) -> bool:
+    """compile(builds, jobs) once for all processes that share the folder `shared`: under
+    pytest-xdist every worker collects every test, so each would compile every build, all at
+    once on the same cores; the first takes the lock and compiles, the others wait on it and
+    then find the disk cache warm. True where this call compiled."""
+    done = shared / "gpu_builds_ahead.done"
+    with FileLock(shared / "gpu_builds_ahead.lock"):
+        if done.exists():
+            return False
+        compile(builds, jobs)
+        done.touch()
+    return True

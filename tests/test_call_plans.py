@@ -2,7 +2,8 @@
 with the device work stood in (benchmarks/host_stub.py: CPU tensors pass for CUDA ones, launches
 are recorded): a call of another signature never runs another's plan, a changed database is
 seen within STAMP_INTERVAL_S (at once after clear_cache), the launches carry what prepare + run
-would pass, and a repeated call makes two launches and two allocations. The output bits on a
+would pass, and a repeated call makes two launches and two allocations (K smoothing adds its
+sampled mean). The output bits on a
 GPU: tests/gpu/test_runtime_gpu.py."""
 
 import ctypes
@@ -86,12 +87,25 @@ def test_a_repeated_call_runs_its_plan_without_checks_or_lookup(device, monkeypa
 def test_a_repeated_call_makes_two_launches_and_one_scratch_block(device, return_lse,
                                                                   allocations):
     """The quantization and the kernel; the scratch block and the output (and the LSE the
-    caller keeps). Before the plans: five or six allocations."""
+    caller keeps), with K smoothing off. Before the plans: five or six allocations."""
     launches, _ = device
     q, k, v = qkv()
-    work = device_work(lambda: tuner.attention(q, k, v, return_lse=return_lse), launches)
+    plain = wgmma.default(ARCH, Problem(1, 2, 256)).without_transforms()
+    work = device_work(lambda: tuner.attention(q, k, v, return_lse=return_lse, config=plain),
+                       launches)
     assert work["launches"] == 2 and len(work["stub"]) == 2
     assert work["allocations"] == allocations and work["ops"] == {"factory empty": allocations}
+
+
+def test_k_smoothing_adds_one_reduction_to_a_call_that_drops_the_lse(device):
+    """The default's K smoothing: its sampled mean is one torch reduction (and its fp32 vector)
+    before the same two launches."""
+    launches, _ = device
+    q, k, v = qkv()
+    assert wgmma.default(ARCH, Problem(1, 2, 256)).k_smoothing == "mean"
+    work = device_work(lambda: tuner.attention(q, k, v), launches)
+    assert len(work["stub"]) == 2 and work["launches"] == 3
+    assert work["ops"] == {"factory empty": 2, "compute mean": 1}
 
 
 def test_split_tail_zeroes_its_counters_in_the_scratch_block(device):

@@ -114,7 +114,8 @@ def test_split_tail_zeroes_its_counters_in_the_scratch_block(device):
     launches, _ = device
     q, k, v = qkv(batch=9, seq=2048, heads=1)
     work = device_work(lambda: tuner.attention(q, k, v), launches)
-    assert work["launches"] == 3 and work["ops"] == {"factory empty": 2, "inplace zero_": 1}
+    assert len(work["stub"]) == 2 and work["ops"] == {"factory empty": 2, "inplace zero_": 1,
+                                                      "compute mean": 1}  # K smoothing's mean
     plan = plans.CALLS[api.signature(q, k, v, False, None, "auto", None, None)]
     assert plan.launch.parts()["workspace"] is not None and plan.launch.zero is not None
 

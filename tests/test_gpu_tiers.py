@@ -145,7 +145,7 @@ def test_workers_sharing_a_folder_compile_once_and_the_rest_wait_for_it(tmp_path
     assert calls == [(["b"], 3)] and len(returned) == 4
     # None went on to its tests before the compile was done.
     assert min(returned) >= finished[0]
-    # The same session's folder is done; another session's (another folder) compiles again.
+    # A folder already done returns at once; another folder (the next run's) compiles again.
     assert compile_ahead_once(["b"], 3, tmp_path, compile=slow_compile) is False
     (tmp_path / "next").mkdir()
     assert compile_ahead_once(["b"], 3, tmp_path / "next", compile=slow_compile) is True

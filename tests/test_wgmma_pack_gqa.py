@@ -128,7 +128,7 @@ def test_a_packed_build_refuses_inputs_of_another_group():
 
     from variants.build import CompiledKernel
 
-    cfg = _cfg(pack_gqa=True, q_quant="prepare")
+    cfg = _cfg(pack_gqa=True, q_quant="prepare", k_smoothing="off")
     kernel = CompiledKernel(cfg, GQA, "sm_90a", None, 0.0, _fn=object())
     prepared = SimpleNamespace(
         v_feature_major=cfg.v_feature_major, key_permuted=cfg.v_key_permuted,

@@ -104,7 +104,7 @@ def test_fp8_callers_get_the_e4m3_twin_and_fp16_callers_keep_bf16_pv():
     cfg = _cfg(pv_dtype="bf16", k_smoothing="mean")
     assert cfg.for_q_dtype("bfloat16") is cfg
     assert cfg.for_q_dtype("float16") == cfg
-    assert cfg.for_q_dtype("float8_e4m3fn") == _cfg()
+    assert cfg.for_q_dtype("float8_e4m3fn") == _cfg(k_smoothing="off")
 
 
 def _qkv(seq_len=77, seq_len_kv=None, dtype=torch.bfloat16):
@@ -152,8 +152,10 @@ def test_the_launch_refuses_inputs_prepared_for_the_other_pv_dtype():
         return CompiledKernel(config=cfg, problem=Problem(1, 4, 77, 64, kv_heads=2),
                               arch="sm_90a", resources=None, compile_seconds=0.0, _fn=object())
 
-    bf16 = kernel(_cfg(pv_dtype="bf16", q_quant="prepare"))
-    natural_e4m3 = kernel(_cfg(v_layout="kernel", p_source="registers", q_quant="prepare"))
+    # K smoothing off: prepare_fp8 refuses a config with a transform before anything else.
+    bf16 = kernel(_cfg(pv_dtype="bf16", q_quant="prepare", k_smoothing="off"))
+    natural_e4m3 = kernel(_cfg(v_layout="kernel", p_source="registers", q_quant="prepare",
+                               k_smoothing="off"))
     with pytest.raises(ValueError, match="prepared v is e4m3 codes, this kernel reads bf16"):
         bf16.run(natural_e4m3.prepare(q, k, v))
     with pytest.raises(ValueError, match="prepared v is bf16, this kernel reads e4m3 codes"):

@@ -13,7 +13,7 @@ quantization kernel cannot read (strided, misaligned) gets None: the caller take
 which quantize those with torch ops. Nor does a pv_dtype=bf16 kernel, which reads the caller's
 V (prepare + run pass it on).
 
-tests/test_launch_plan.py compares the launches' arguments with prepare + run's on the CPU
+tests/test_call_plans.py compares the launches' arguments with prepare + run's on the CPU
 (benchmarks/host_stub.py stands the device in), tests/gpu/test_runtime_gpu.py the output bits.
 """
 
@@ -86,7 +86,7 @@ class LaunchPlan:
         plan._head, plan._tail = scalars[:SCALE_AT], (*scalars[SCALE_AT + 1:], *extra)
         plan._quant, plan._attend = quant, attend
         plan._quant_scalars = quant_scalars(q.shape, k.shape, layout)
-        plan.smooth = smooth
+        plan.smooth = transforms.sample_view(k.shape) if smooth else None
         plan._device, plan._index, plan._stream = device, device.index, stream_query()
         plan._out_shape, plan._lse_shape = tuple(q.shape), (batch, heads, seq_len)
         return plan
@@ -120,8 +120,8 @@ class LaunchPlan:
         q8 = qp if self._q8 is None else base + self._q8
         k8, v8, packed = base + self._k8, base + self._v8, base + self._packed
         k_mean = None
-        if self.smooth:
-            k_mean = transforms.smoothing_vector(k).contiguous()
+        if self.smooth is not None:  # transforms.smoothing_vector of this contiguous k
+            k_mean = torch.mean(k.as_strided(*self.smooth), 1, dtype=torch.float32)
         self._quant(qp, kp, vp, q8, k8, v8, packed, 0 if k_mean is None else k_mean.data_ptr(),
                     0 if self._shift is None else base + self._shift, *self._quant_scalars,
                     stream)

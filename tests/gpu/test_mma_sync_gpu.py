@@ -143,7 +143,8 @@ def test_pv_accum_fp16_worst_case_strip(block_n_cfg, sign):
         problem = Problem(batch=1, heads=2, seq_len=seq_len)
         shape = (1, seq_len, 2, problem.head_dim)
         ones = torch.ones(shape, device="cuda", dtype=torch.bfloat16)
-        _check(block_n_cfg, problem, inputs=(ones, ones, ones * sign))
+        # K as it is: smoothing would quantize k - mean(k) = 0 and leave the scores untested.
+        _check(block_n_cfg.without_transforms(), problem, inputs=(ones, ones, ones * sign))
 
 
 def gpu_builds(name, params):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tuner import runtime
-from variants.prepare_check import prepare_mismatch
+from variants.prepare_check import declared_transforms, prepare_mismatch
 from variants.reference import quantize_reference, validate
 
 pytestmark = pytest.mark.gpu
@@ -34,9 +34,16 @@ def test_attention_matches_the_reference(seq):
     best = runtime.load_best_config(seq, heads=56, with_source=True)
     # The gate's checks: the reference on its own quantization of q, k, v; the config's
     # prepare decodes to exactly those codes.
-    kernel = runtime._kernel_for(best.family, best.config, runtime.Problem(1, 56, seq, 128), "auto")
-    assert prepare_mismatch(kernel.prepare(q, k, v), quantize_reference(q, k, v)) is None
-    metrics = validate(q, k, v, out, lse)
+    # The config's transforms (the default smooths K; tuned rows may rotate Q and K as well).
+    cfg = best.config
+    kernel = runtime._kernel_for(best.family, cfg, runtime.Problem(1, 56, seq, 128), "auto")
+    prepared = kernel.prepare(q, k, v)
+    k_mean, mismatch = declared_transforms(prepared, k, cfg.k_smoothing, cfg.qk_rotation)
+    assert mismatch is None
+    ref = quantize_reference(q, k, v, k_mean=k_mean, rotate=cfg.qk_rotation == "hadamard")
+    assert prepare_mismatch(prepared, ref) is None
+    metrics = validate(q, k, v, out, lse, k_smoothing=cfg.k_smoothing,
+                       qk_rotation=cfg.qk_rotation)
     print(
         f"\nS={seq}: {best.family} {best.config.short()} [{best.source}] "
         f"rel_rms={metrics.rel_rms:.4f}"

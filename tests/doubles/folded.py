@@ -29,7 +29,7 @@ PV_DTYPES = ("e4m3", "bf16")  # wgmma's (variants/wgmma/config.py)
 @dataclass(frozen=True)
 class Config(ConfigMixin):
     block_n: int = 128  # keys per strip of the emulated loop
-    k_smoothing: str = "off"
+    k_smoothing: str = "mean"  # as both families default
     qk_rotation: str = "none"
     pv_dtype: str = "e4m3"  # wgmma's knob: "bf16" rounds P to bf16 and reads V unquantized
 

@@ -166,13 +166,13 @@ class PlantedKernel:
         if bug == "last_key_masked" and s >= 2:
             # The same kernel over keys 0 .. S-2 gives rows 0 .. S-2 of a kernel whose mask
             # drops the last key.
-            # Its LSE comes back without K smoothing's shift, which is added here for the
-            # S - 1 rows (prepare's q . m covers all S).
+            # K smoothing's q . m is cut to those rows, for run to add back as it does.
+            raw = prepared.raw_lse_shift()
             short_out, short_lse = self._kernel.run(dataclasses.replace(
-                prepared, seq_len=s - 1, seq_len_kv=prepared.seq_len_kv - 1), want_lse=False)
-            shift = prepared.lse_shift() if want_lse else None
+                prepared, seq_len=s - 1, seq_len_kv=prepared.seq_len_kv - 1,
+                q_dot_mean=None if raw is None else raw[:, :, : s - 1]), want_lse=want_lse)
             out[:, : s - 1] = short_out
-            lse[:, :, : s - 1] = short_lse if shift is None else short_lse + shift[:, :, : s - 1]
+            lse[:, :, : s - 1] = short_lse
         elif bug == "tail_row" and s >= 2:
             out[:, s - 1] = out[:, s - 2]
             lse[:, :, s - 1] = lse[:, :, s - 2]

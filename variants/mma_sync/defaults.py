@@ -4,7 +4,7 @@ config.default builds the Config from these rules."""
 
 from __future__ import annotations
 
-from variants.defaults import Rule, When
+from variants.defaults import Rule, When, k_smoothing_rule
 
 DOCS = "docs/family-mma_sync.md#defaults"
 
@@ -15,7 +15,5 @@ RULES = (
               pv_accum="fp32"),
          "the seed kernel's final config (RTX 5080); within 2% of the best of 144 feasible "
          "configs on the H200; FP32 accumulate, the numerics validated here", DOCS),
-    Rule(When(), dict(k_smoothing="mean"),
-         "K smoothing on: exact, and K's per-channel bias no longer costs FP8 accuracy "
-         "(docs/accuracy.md); one sampled-mean reduction beside the quantization", DOCS),
+    k_smoothing_rule(DOCS),
 )

@@ -4,7 +4,7 @@ config.default builds the Config from these rules."""
 
 from __future__ import annotations
 
-from variants.defaults import Rule, When
+from variants.defaults import Rule, When, k_smoothing_rule
 
 DOCS = "docs/family-wgmma.md#defaults"
 
@@ -50,7 +50,5 @@ RULES = (
     Rule(When(head_dim=128, max_keys=Q_IN_KERNEL_UP_TO), dict(q_quant="kernel"),
          "Q quantized in the kernel: 0.138 vs 0.142 ms at B=4 S=1024 H=32; from 4096 keys its "
          "kernel's 3.5-6% loss outweighs the saved quantization (H200)", DOCS),
-    Rule(When(), dict(k_smoothing="mean"),
-         "K smoothing on: exact, and K's per-channel bias no longer costs FP8 accuracy "
-         "(docs/accuracy.md); one sampled-mean reduction beside the quantization", DOCS),
+    k_smoothing_rule(DOCS),
 )

@@ -25,7 +25,8 @@ HELP = "where the host time of a repeated tuner.attention call goes (parts, cPro
 DEFAULT_SHAPES = ("4,1024,32,128", "1,4096,56,128", "1,8192,32,128,causal,kvh=8")
 QUICK_SHAPES = ("4,1024,32,128",)
 # The parts of call_parts that make up the call (the others are inside one of these, or not in it).
-DISJOINT = ("signature and plan lookup", "launch plan (allocations, launches)")
+NO_PLAN = "prepare + run (no launch plan: the call's path)"
+DISJOINT = ("signature and plan lookup", "launch plan (allocations, launches)", NO_PLAN)
 
 
 def add_arguments(parser) -> None:
@@ -69,7 +70,8 @@ def call_parts(q, k, v, causal: bool) -> dict:
     plan made here): the CUDA suite above and the CPU stand-in (benchmarks/host_stub.py) time
     the same parts. The last, prepare + run, is not part of the call: it is what a call pays
     where the plan's launches do not take its inputs (strided ones), and the custom op's
-    body before its first call."""
+    body before its first call. A call without a launch plan (LaunchPlan.make's None) takes
+    prepare + run itself, its part then."""
     import torch
 
     import tuner
@@ -78,18 +80,27 @@ def call_parts(q, k, v, causal: bool) -> dict:
     tuner.attention(q, k, v, causal=causal)
     plan = plans.CALLS[api.signature(q, k, v, causal, None, "auto", None, None)]
     launch, kernel = plan.launch, plan.kernel
-    scratch = launch.scratch_bytes
-    return {
+    found = {
         "attention() (whole call)": lambda: tuner.attention(q, k, v, causal=causal),
         "signature and plan lookup": lambda: plans.CALLS.get(
             api.signature(q, k, v, causal, None, "auto", None, None)),
+    }
+
+    def prepare_run():
+        return kernel.run(kernel.prepare(q, k, v, validate=False), want_lse=False)
+
+    if launch is None:
+        found[NO_PLAN] = prepare_run
+        return found
+    scratch = launch.scratch_bytes
+    found.update({
         "launch plan (allocations, launches)": lambda: launch(q, k, v, None, False, False),
         "of which allocations (scratch, out)": lambda: (
             torch.empty(scratch, dtype=torch.uint8, device=q.device),
             torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)),
-        "prepare + run (not in the call)": lambda: kernel.run(
-            kernel.prepare(q, k, v, validate=False), want_lse=False),
-    }
+        "prepare + run (not in the call)": prepare_run,
+    })
+    return found
 
 
 def hot_spots(fn, calls: int, top: int) -> list:
@@ -176,7 +187,7 @@ def run(args, gpu) -> str:
     for p in problems:
         us = host[p]
         whole = us["attention() (whole call)"]
-        rest = whole - sum(us[n] for n in DISJOINT)
+        rest = whole - sum(us[n] for n in DISJOINT if n in us)
         rows = [[n, cell(v, ".1f"), f"{v / whole:.0%}"] for n, v in us.items()]
         rows.append(["rest (checks, glue)", cell(rest, ".1f"), f"{rest / whole:.0%}"])
         print(f"  {shape_text(p)}: attention() {whole:.1f} us host", flush=True)

@@ -198,7 +198,7 @@ def report(problem, gpu: str, calls: int, repeats: int, profile_calls: int, top:
         us = {name: us_per_call(fn, calls, repeats) for name, fn in parts.items()}
         whole_name = next(iter(parts))
         whole = us[whole_name]
-        rest = whole - sum(us[name] for name in DISJOINT)
+        rest = whole - sum(us[name] for name in DISJOINT if name in us)
         for name, t in [*us.items(), ("rest (checks, glue)", rest)]:
             lines.append(f"  {name:<32} {t:8.1f} us  {t / whole:5.0%}")
         work = device_work(parts[whole_name], launches)

@@ -315,6 +315,7 @@ CASES = {
     "K smoothing, q in the kernel": dict(seq=1024, config=dict(k_smoothing="mean")),
     "rotation": dict(config=dict(qk_rotation="hadamard", q_quant="prepare")),
     "V transposed in the kernel": dict(config=dict(v_layout="kernel")),
+    "P.V in bf16": dict(seq=1000, heads=4, kv_heads=2, config=dict(pv_dtype="bf16")),
     "causal": dict(seq=512, causal=True),
     "mma_sync": dict(seq=500, family="mma_sync"),
 }
@@ -357,9 +358,14 @@ def test_the_plan_launches_what_prepare_and_run_launch(device, case, want_lse, m
     # Present or absent alike: k_mean and shift of the quantization, the kernel's workspace.
     assert [bool(x) for x in (quant[7], quant[8], attend[6])] == \
         [bool(x) for x in (quant_ref[7], quant_ref[8], attend_ref[6])]
-    # The kernel reads what the quantization wrote: q codes (or the caller's q), k, v, scales.
-    assert attend[:4] == (quant[3], *quant[4:7]) and attend_ref[:4] == (quant_ref[3],
-                                                                        *quant_ref[4:7])
+    # The kernel reads what the quantization wrote: q codes (or the caller's q), k, v, scales;
+    # a bf16 P.V kernel the caller's v, which the quantization does not write.
+    v16 = kernel.config.v_unquantized
+    assert (quant[5] == 0, quant_ref[5] == 0) == (v16, v16)
+    v_read = v.data_ptr() if v16 else quant[5]
+    assert attend[:4] == (quant[3], quant[4], v_read, quant[6])
+    assert attend_ref[:4] == (quant_ref[3], quant_ref[4], v_read if v16 else quant_ref[5],
+                              quant_ref[6])
     assert attend[4:6] == (out.data_ptr(), lse.data_ptr())
     parts = {name: at for name, at in plan.launch.parts().items() if at is not None}
     assert all(at % 16 == 0 for at in parts.values())
@@ -390,9 +396,10 @@ def test_a_capture_records_a_planned_call(device, tmp_path):
     assert [r.seen for r in recorder.problems.values()] == [1]
 
 
-def test_a_bf16_pv_kernel_takes_prepare_and_run_with_the_callers_v(device, tmp_path):
-    """pv_dtype=bf16 reads the caller's unquantized V, which a LaunchPlan (e4m3 V in its scratch
-    block) does not lay out: the call keeps prepare + run, and the kernel gets v's own pointer."""
+def test_a_bf16_pv_kernel_runs_its_plan_on_the_callers_v(device, tmp_path):
+    """pv_dtype=bf16 reads the caller's unquantized V: its plan quantizes q and k alone (no v
+    part in the scratch block) and the kernel gets v's own pointer; fp16 inputs, whose V
+    prepare casts to bf16 first, keep prepare + run."""
     _, seen = device
     bf16 = dataclasses.replace(DEFAULT, pv_dtype="bf16")
     url = f"sqlite:///{tmp_path / 'pv16.sqlite'}"
@@ -400,9 +407,18 @@ def test_a_bf16_pv_kernel_takes_prepare_and_run_with_the_callers_v(device, tmp_p
     q, k, v = qkv()
     for _ in range(2):
         assert config_run(q, k, v, db=url) == bf16
+    launch = plans.CALLS[api.signature(q, k, v, False, None, "auto", url, None)].launch
+    assert launch is not None and launch.parts()["v8"] is None
+    seen.clear()
+    tuner.attention(q, k, v, db=url)
+    (quant_fn, quant), (_, attend) = seen
+    assert quant_fn.name.startswith("prepare quant") and quant[5] == 0
+    assert attend[2] == v.data_ptr()
+    q, k, v = (x.half() for x in qkv())
+    for _ in range(2):
+        config_run(q, k, v, db=url)
     assert plans.CALLS[api.signature(q, k, v, False, None, "auto", url, None)].launch is None
-    (_, values), *_ = attention_launches(seen[-2:])
-    assert values[2] == v.data_ptr()
+    assert attention_launches(seen[-2:])[-1][1][2] != v.data_ptr()  # its bf16 copy
 
 
 @pytest.mark.parametrize("bad, says", [(-1, "positive"), (0, "positive"), (float("nan"), "finite"),

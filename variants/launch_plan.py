@@ -10,8 +10,9 @@ caller drops it) and the outputs, and makes the launches prepare and run make, w
 arguments: the quantization and the kernel; split_tail's counters zeroed where it splits; K
 smoothing's mean, and its LSE shift where the caller reads the LSE. A call whose inputs the
 quantization kernel cannot read (strided, misaligned) gets None: the caller takes prepare + run,
-which quantize those with torch ops. Nor does a pv_dtype=bf16 kernel, which reads the caller's
-V (prepare + run pass it on).
+which quantize those with torch ops. A pv_dtype=bf16 kernel reads the caller's bf16 V: its
+plan quantizes q and k only and hands the kernel v's own pointer (prepare + run pass it on
+likewise); fp16 inputs, whose V prepare casts to bf16 first, take prepare + run.
 
 tests/test_call_plans.py compares the launches' arguments with prepare + run's on the CPU
 (benchmarks/host_stub.py stands the device in), tests/gpu/test_runtime_gpu.py the output bits.
@@ -48,7 +49,8 @@ class LaunchPlan:
         inputs its prepare made of them (whatever path it took); None where prepare's GPU
         kernel does not take these shapes or is unavailable."""
         config = kernel.config
-        if config.v_unquantized:  # bf16 P.V reads the caller's v: prepare + run pass it on
+        v16 = config.v_unquantized
+        if v16 and k.dtype != torch.bfloat16:  # prepare casts an fp16 v: a copy per call
             return None
         feature_major, permuted = kernel._v_layout()
         with_q = not config.q_in_kernel
@@ -57,7 +59,8 @@ class LaunchPlan:
         quant = quant_launcher(q, k, k, layout.padded_len, layout.padded_len_kv,
                                v_feature_major=feature_major, permute_keys=permuted,
                                with_q=with_q, smooth_k=smooth,
-                               rotate_qk=config.qk_rotation == "hadamard", check_inputs=False)
+                               rotate_qk=config.qk_rotation == "hadamard", with_v=not v16,
+                               check_inputs=False)
         if quant is None:
             return None
         target = kernel.kernel_for(prepared)
@@ -70,7 +73,8 @@ class LaunchPlan:
         plan = cls()
         at, end = {}, 0
         for name, size in (("q8", batch * layout.padded_len * heads * head_dim if with_q else 0),
-                           ("k8", kv_bytes), ("v8", kv_bytes), ("packed", 4 * layout.size),
+                           ("k8", kv_bytes), ("v8", 0 if v16 else kv_bytes),
+                           ("packed", 4 * layout.size),
                            ("shift", lse_bytes if smooth and with_q else 0),
                            ("workspace", 4 * words), ("lse", lse_bytes)):
             at[name] = round_up(end, ALIGN) if size else None
@@ -118,11 +122,13 @@ class LaunchPlan:
             lse, lse_ptr = None, base + self._lse
         stream = self._stream(self._index)
         q8 = qp if self._q8 is None else base + self._q8
-        k8, v8, packed = base + self._k8, base + self._v8, base + self._packed
+        k8, packed = base + self._k8, base + self._packed
+        v8 = vp if self._v8 is None else base + self._v8  # bf16 P.V reads the caller's v
         k_mean = None
         if self.smooth is not None:  # transforms.smoothing_vector of this contiguous k
             k_mean = torch.mean(k.as_strided(*self.smooth), 1, dtype=torch.float32)
-        self._quant(qp, kp, vp, q8, k8, v8, packed, 0 if k_mean is None else k_mean.data_ptr(),
+        self._quant(qp, kp, vp, q8, k8, 0 if self._v8 is None else v8, packed,
+                    0 if k_mean is None else k_mean.data_ptr(),
                     0 if self._shift is None else base + self._shift, *self._quant_scalars,
                     stream)
         if self.zero is not None:

@@ -2,9 +2,10 @@
 bf16 configs through the correctness gate (random, structured and realistic inputs; the
 reference with V unquantized and the bf16-P thresholds of variants/reference.py), prepare's
 launch without v CTAs against the gate's quantization, the end-to-end error through
-tuner.attention below the e4m3 kernel's on random and K-bias activations (K smoothing on), and
-a kernel that reads V rounded to e4m3 while declaring it unquantized rejected. `-m gpu` runs
-each config on one problem (cycling); `-m gpu_full` every config on every problem."""
+tuner.attention below the e4m3 kernel's on random and K-bias activations (K smoothing on), a
+kernel that reads V rounded to e4m3 while declaring it unquantized rejected, and a repeated
+call's launch plan giving prepare + run's bits. `-m gpu` runs each config on one problem
+(cycling); `-m gpu_full` every config on every problem."""
 
 from __future__ import annotations
 
@@ -106,6 +107,25 @@ def test_the_launch_without_v_writes_the_gates_codes_and_neutral_v_scales(knobs,
     assert prepare_mismatch(prepared, ref) is None
     _, _, log2_v, inv_v, sv = PackedLayout(2, 8, 1024, 2, 896).views(prepared.packed)
     assert bool((log2_v == 0).all() and (inv_v == 1).all() and (sv == 1).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["recipe", "q-in-kernel-exp2", "rotated"])
+def test_a_repeated_call_gives_the_bits_of_prepare_and_run(name):
+    """A repeated tuner.attention call runs its launch plan (variants/launch_plan.py: q and k
+    quantized into its scratch block, the kernel handed the caller's v): the output and LSE
+    bits of the config's prepare + run on the same inputs, with the LSE's K smoothing shift."""
+    from tuner import api, plans
+
+    problem = Problem(2, 8, 1000, 128, seq_len_kv=777, kv_heads=2)
+    cfg = _config(name, problem)
+    q, k, v = activations("realistic", problem, "cuda", seed=9)
+    tuner.attention(q, k, v, config=cfg)  # the first call makes the plan
+    got, got_lse = tuner.attention(q, k, v, config=cfg, return_lse=True)
+    plan = plans.CALLS[api.signature(q, k, v, False, cfg, "auto", None, None)]
+    assert plan.launch is not None and plan.launch.parts()["v8"] is None
+    want, want_lse = plan.kernel.run(plan.kernel.prepare(q, k, v))
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
 
 
 # The CPU emulation of the kernels' arithmetic (tests/test_pv16_accuracy.py, B=1 H=2 S=1024):

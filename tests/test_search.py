@@ -128,7 +128,8 @@ def test_cli_defaults_match_the_search_settings():
 
     d = SearchSettings()
     assert (command.DEFAULTS.trials, command.DEFAULTS.patience, command.DEFAULTS.timeout_s,
-            command.DEFAULTS.repeats) == (d.trials, d.patience, d.timeout_s, d.repeats)
+            command.DEFAULTS.repeats, command.DEFAULTS.confirm_patience) == (
+        d.trials, d.patience, d.timeout_s, d.repeats, d.confirm_patience)
 
 
 def test_cpu_double_needs_no_gpu_but_real_family_does():

@@ -1,7 +1,8 @@
 """A search starts from what is known (tuner/search/known.py): the GPU's table rows and the
 database's nearest winners are measured right after the default, in that order, once each and
 only where feasible; `--no-warm-start` measures none of them; a table row that is already the
-best ends the search after `--patience` candidates."""
+best ends the search after `--patience` candidates, and after SearchSettings.confirm_patience
+where the row was measured by this code within the search's accuracy budget (a confirmed row)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from tests.test_search import BASE, LARGE, PROBLEM, measured, run_cli
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.search import Space, make_target
-from tuner.search.known import known_configs
+from tuner.search import SearchSettings, Space, make_target
+from tuner.search.known import confirmed_row, known_configs
+from tuner.search.records import code_version
 from tuner.store import Store, TrialRecord, config_hash
 from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
 
@@ -50,8 +52,9 @@ def tables(tmp_path, monkeypatch):
     monkeypatch.setattr("variants.KNOWN_FAMILIES", ("mma_sync", "wgmma", LARGE))
 
     def write(*rows):
-        entries = [{"problem": p.to_dict(), "family": LARGE, "config": c, "median_ms": 1.0}
-                   for p, c in rows]
+        """Rows (problem, config) or (problem, config, more fields of the entry)."""
+        entries = [{"problem": p.to_dict(), "family": LARGE, "config": c, "median_ms": 1.0,
+                    **(more[0] if more else {})} for p, c, *more in rows]
         doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
                "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
                "entry_count": len(entries), "entries_sha256": entries_digest(entries),
@@ -187,3 +190,49 @@ def test_a_broken_table_stops_the_search_naming_the_way_around_it(tmp_path, tabl
             known_configs(space, PROBLEM, TARGET.gpu, store, TARGET.device_id)
     finally:
         store.close()
+
+
+# ---- a confirmed row: the problem's own, measured by this code, within the budget -------------
+
+def current(**more) -> dict:
+    """Fields of a row measured by this code within the default budget on the realistic data."""
+    return {"code_version": code_version(fake_family_large), "e2e_error": 0.05,
+            "e2e_data": "realistic", "max_error": 0.12, "trials": 64, **more}
+
+
+@pytest.mark.parametrize("row, confirms", [
+    (current(), True),
+    (current(code_version="0123456789ab"), False),  # measured by other code
+    (current(trials=11), False),  # a search shorter than this one's patience (12)
+    (current(e2e_error=20.0), False),  # over the search's budget (ANY_ACCURACY: 10)
+    (current(e2e_data="calibration:" + "0f" * 32), False),  # on data the search does not hold it to
+    ({}, False),  # a row of an older schema: no code version, no error
+])
+def test_a_confirmed_row_ends_the_search_after_the_confirming_patience(
+        tmp_path, tables, capsys, row, confirms):
+    tables((PROBLEM, BEST, row))
+    db = tmp_path / "db.sqlite"
+    out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "60", "--seed", "5",
+                           "--patience", "12", "--db", f"sqlite:///{db}"])
+    (result,) = out["results"]
+    if confirms:
+        patience = SearchSettings().confirm_patience
+        assert patience < 12
+        assert result["stopped"] == (f"no improvement in {patience} trials (confirming table "
+                                     f"h200.yaml: {PROBLEM.key()})")
+        assert result["measured_here"] <= 2 + patience + 3  # the default, the row, in flight
+    else:
+        assert result["stopped"] == "no improvement in 12 trials"
+    assert result["winner"]["config"] == BEST
+
+
+def test_only_the_problems_own_row_of_a_searched_family_confirms(tables):
+    versions = {LARGE: code_version(fake_family_large)}
+    tables((Problem(1, 2, 128, 64), BEST, current()))
+    assert confirmed_row(PROBLEM, TARGET.gpu, versions, None, 32) is None  # a neighbour's row
+    tables((PROBLEM, BEST, current()))
+    assert confirmed_row(PROBLEM, TARGET.gpu, versions, None, 32) == \
+        f"table h200.yaml: {PROBLEM.key()}"
+    assert confirmed_row(PROBLEM, TARGET.gpu, {"wgmma": "x"}, None, 32) is None  # not searched
+    (runtime.TABLES_DIR / "h200.yaml").write_text("kind: fp8-attn-tuner/tuning-table\n")
+    assert confirmed_row(PROBLEM, TARGET.gpu, versions, None, 32) is None  # unreadable

@@ -26,6 +26,7 @@ HELP = "tune kernel configs for this GPU and store the winner per sequence lengt
 class DEFAULTS:
     trials = 64
     patience = 32
+    confirm_patience = 8
     timeout_s = 600.0
     repeats = 20
 
@@ -80,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=at_least(0),
         default=d.patience,
         help="stop after this many measured candidates without improvement "
-        f"(0: never; default {d.patience})",
+        f"(0: never; default {d.patience}; at most {d.confirm_patience} where the GPU's shipped "
+        "table holds this problem's row, measured by this code within the budget)",
     )
     parser.add_argument(
         "--db",

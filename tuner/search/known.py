@@ -12,6 +12,12 @@ those with its head count first, by rules a-e of tuner/runtime.py, then the othe
 row of the problem itself before all. A config is kept once, and only where it lies in the
 feasible space of the search (its families, the arch's knob domains, can_implement on this
 problem and GPU) and is no baseline. `tuner search --no-warm-start` reads neither source.
+
+A problem whose own row ships in the table, measured by the code that runs now, within the
+search's accuracy budget on the same data and by a search as long as its patience, is confirmed
+rather than searched again
+(confirmed_row): its search stops after SearchSettings.confirm_patience candidates without
+improvement.
 """
 
 from __future__ import annotations
@@ -64,6 +70,35 @@ def known_configs(space, problem: Problem, gpu, store, device_id: str) -> list[K
              for where, entries in sources
              for tuned, family, config, *_ in ranked(entries, problem)[:PER_SOURCE]]
     return _in_space(found, space)
+
+
+def confirmed_row(problem: Problem, gpu, code_versions: dict[str, str], budget,
+                  min_trials: int) -> str | None:
+    """"table <gpu>.yaml: <problem key>" where the GPU's shipped table holds a row of `problem`
+    itself whose family is searched, measured by the code that runs now (code_versions: family
+    -> records.code_version), within `budget` (a tuner.budget.Budget, or None) on the same data,
+    and decided by a search of at least `min_trials` candidates (not one a time budget cut
+    short); None elsewhere, a missing or unreadable table included (known_configs reports it)."""
+    from tuner.runtime import TABLES_DIR
+    from tuner.tables import TableError, read_table
+
+    path = TABLES_DIR / f"{gpu.name}.yaml"
+    try:
+        _, entries = read_table(path) if path.exists() else (None, [])
+    except TableError:
+        return None
+    for entry in entries:
+        fields = entry.fields
+        if entry.problem != problem or code_versions.get(entry.family) is None \
+                or fields.get("code_version") != code_versions[entry.family] \
+                or (fields.get("trials") or 0) < min_trials:
+            continue
+        if budget is not None and not (fields.get("e2e_data") == budget.data
+                                       and fields.get("e2e_error") is not None
+                                       and fields["e2e_error"] <= budget.max_error):
+            continue
+        return f"table {gpu.name}.yaml: {problem.key()}"
+    return None
 
 
 def _in_space(found: list[Known], space) -> list[Known]:

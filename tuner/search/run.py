@@ -24,7 +24,7 @@ from tuner.search.claims import Claims
 from tuner.search.cost import caller_ms, record_cost
 from tuner.search.decision import ProblemResult, decide
 from tuner.search.interrupts import sigint_deferred
-from tuner.search.known import known_configs
+from tuner.search.known import confirmed_row, known_configs
 from tuner.search.pool import Pipeline, task_for
 from tuner.search.proposal import Proposer, Space, tell
 from tuner.search.records import Candidate, Records, code_version
@@ -61,9 +61,17 @@ class ProblemSearch:
         modules = {name: load_family(name) for name in families}
         self.space = Space.build(modules, problem, target.gpu,
                                  settings.exhaustive_threshold or settings.trials)
+        versions = {name: code_version(m) for name, m in modules.items()}
+        # Stop after this many candidates without improvement (None: never).
+        self.patience, self.confirms = settings.patience, None
         if settings.warm_start:
             self.space.known = known_configs(self.space, problem, target.gpu, store,
                                              target.device_id)
+            if self.patience:
+                self.confirms = confirmed_row(problem, target.gpu, versions, settings.budget,
+                                              self.patience)
+            if self.confirms:
+                self.patience = min(self.patience, settings.confirm_patience)
         self.name = study_name(target.device_id, families, problem, settings.budget)
         self.study, self.seed = open_study(
             storage, self.name, settings,
@@ -71,8 +79,7 @@ class ProblemSearch:
         self.claims = Claims(self.study, families)
         self.claims.fail_dead()
         self.records = Records(store, target.device_id, problem, family_set_name(families),
-                               self.name, self.seed,
-                               {name: code_version(m) for name, m in modules.items()})
+                               self.name, self.seed, versions)
         self.proposer = Proposer(self.study, self.space, self.claims, self.records, problem,
                                  target.gpu)
         self._on_progress = on_progress or (lambda _p: None)
@@ -164,8 +171,10 @@ class ProblemSearch:
             return "trial budget"
         if s.time_budget_s and time.monotonic() - start > s.time_budget_s:
             return "time budget"
-        if s.patience and self._since_improvement >= s.patience:
-            return f"no improvement in {s.patience} trials"
+        if self.patience and self._since_improvement >= self.patience:
+            if self.confirms:
+                return f"no improvement in {self.patience} trials (confirming {self.confirms})"
+            return f"no improvement in {self.patience} trials"
         if self.proposer.all_done(stored, in_flight):
             return "space exhausted"
         return ""

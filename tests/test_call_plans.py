@@ -316,6 +316,8 @@ CASES = {
     "rotation": dict(config=dict(qk_rotation="hadamard", q_quant="prepare")),
     "V transposed in the kernel": dict(config=dict(v_layout="kernel")),
     "P.V in bf16": dict(seq=1000, heads=4, kv_heads=2, config=dict(pv_dtype="bf16")),
+    "P.V in bf16, split tail": dict(batch=9, seq=2048, heads=1,
+                                    config=dict(pv_dtype="bf16", split_tail=True)),
     "causal": dict(seq=512, causal=True),
     "mma_sync": dict(seq=500, family="mma_sync"),
 }

@@ -320,19 +320,24 @@ def test_fp8_inputs_expand_per_head_descales_into_the_packed_scales(device):
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
-@pytest.mark.parametrize("contiguous", [True, False])
-def test_q_in_kernel_leaves_q_as_it_is_and_quantizes_k_and_v_alike(device, contiguous):
-    """q_quant=kernel: prepare hands q on as bf16 (contiguous, unpadded) with the tile's padded
-    length beside it; k's and v's codes and scales are those of the full prepare, and q decodes,
-    by the formula the kernel applies, to the very values the full prepare's codes give."""
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "misaligned"])
+def test_q_in_kernel_leaves_q_as_it_is_and_quantizes_k_and_v_alike(device, layout):
+    """q_quant=kernel: prepare hands q on as bf16 (contiguous, 16-byte aligned, unpadded) with
+    the tile's padded length beside it; k's and v's codes and scales are those of the full
+    prepare, and q decodes, by the formula the kernel applies, to the very values the full
+    prepare's codes give. A contiguous q 2 bytes off alignment is copied, not passed on."""
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, 300, 4, 128, generator=g).bfloat16().to(device) for _ in range(3))
-    if not contiguous:
+    if layout == "strided":
         q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    elif layout == "misaligned":
+        q = torch.cat((q.new_zeros(1), q.flatten()))[1:].view(q.shape)
+        assert q.is_contiguous() and q.data_ptr() % 16 == 2
     full = quantize_inputs(q, k, v, pad_to=128, permute_keys=True)
     ours = quantize_inputs(q, k, v, pad_to=128, permute_keys=True, q_in_kernel=True)
     assert ours.q_in_kernel and not full.q_in_kernel
     assert ours.q.dtype == torch.bfloat16 and ours.q.is_contiguous() and torch.equal(ours.q, q)
+    assert ours.q.data_ptr() % 16 == 0
     assert ours.padded_len == full.padded_len == 384 and ours.q.shape[1] == 300
     assert ours.padding()[0].numel() == 0
     for name in ("k", "v"):

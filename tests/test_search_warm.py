@@ -197,14 +197,16 @@ def test_a_broken_table_stops_the_search_naming_the_way_around_it(tmp_path, tabl
 def current(**more) -> dict:
     """Fields of a row measured by this code within the default budget on the realistic data."""
     return {"code_version": code_version(fake_family_large), "e2e_error": 0.05,
-            "e2e_data": "realistic", "max_error": 0.12, "trials": 64, **more}
+            "e2e_data": "realistic", "max_error": 10.0, "trials": 64, **more}  # ANY_ACCURACY
 
 
 @pytest.mark.parametrize("row, confirms", [
     (current(), True),
-    (current(code_version="0123456789ab"), False),  # measured by other code
-    (current(trials=11), False),  # a search shorter than this one's patience (12)
+    (current(code_version="older-code"), False),  # measured by other code
+    (current(trials=19), False),  # a search shorter than this one's patience (20)
     (current(e2e_error=20.0), False),  # over the search's budget (ANY_ACCURACY: 10)
+    (current(max_error=0.12), False),  # a tighter budget: faster configs were never timed
+    (current(family_set=f"{LARGE}+wgmma"), False),  # decided among other families too
     (current(e2e_data="calibration:" + "0f" * 32), False),  # on data the search does not hold it to
     ({}, False),  # a row of an older schema: no code version, no error
 ])
@@ -213,26 +215,38 @@ def test_a_confirmed_row_ends_the_search_after_the_confirming_patience(
     tables((PROBLEM, BEST, row))
     db = tmp_path / "db.sqlite"
     out = run_cli(capsys, [*BASE, "--families", LARGE, "--trials", "60", "--seed", "5",
-                           "--patience", "12", "--db", f"sqlite:///{db}"])
+                           "--patience", "20", "--db", f"sqlite:///{db}"])
     (result,) = out["results"]
     if confirms:
         patience = SearchSettings().confirm_patience
-        assert patience < 12
+        assert patience < 20
         assert result["stopped"] == (f"no improvement in {patience} trials (confirming table "
                                      f"h200.yaml: {PROBLEM.key()})")
         assert result["measured_here"] <= 2 + patience + 3  # the default, the row, in flight
     else:
-        assert result["stopped"] == "no improvement in 12 trials"
+        assert result["stopped"] == "no improvement in 20 trials"
     assert result["winner"]["config"] == BEST
 
 
-def test_only_the_problems_own_row_of_a_searched_family_confirms(tables):
+def test_only_the_problems_own_row_that_the_search_measures_confirms(tables, tmp_path):
     versions = {LARGE: code_version(fake_family_large)}
-    tables((Problem(1, 2, 128, 64), BEST, current()))
-    assert confirmed_row(PROBLEM, TARGET.gpu, versions, None, 32) is None  # a neighbour's row
-    tables((PROBLEM, BEST, current()))
-    assert confirmed_row(PROBLEM, TARGET.gpu, versions, None, 32) == \
-        f"table h200.yaml: {PROBLEM.key()}"
-    assert confirmed_row(PROBLEM, TARGET.gpu, {"wgmma": "x"}, None, 32) is None  # not searched
-    (runtime.TABLES_DIR / "h200.yaml").write_text("kind: fp8-attn-tuner/tuning-table\n")
-    assert confirmed_row(PROBLEM, TARGET.gpu, versions, None, 32) is None  # unreadable
+    store = Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
+
+    def confirms(families=LARGE):
+        space = Space.build(MODULES, PROBLEM, TARGET.gpu, exhaustive_up_to=64)
+        space.known = known_configs(space, PROBLEM, TARGET.gpu, store, TARGET.device_id)
+        return confirmed_row(space, PROBLEM, TARGET.gpu, versions, families, None, 32)
+
+    try:
+        tables((Problem(1, 2, 128, 64), BEST, current()))
+        assert confirms() is None  # a neighbour's row
+        tables((PROBLEM, BEST, current()))
+        assert confirms() == f"table h200.yaml: {PROBLEM.key()}"
+        assert confirms(f"{LARGE}+wgmma") is None  # another family set searched
+        tables((PROBLEM, INFEASIBLE, current()))
+        assert confirms() is None  # a row this search does not measure
+        (runtime.TABLES_DIR / "h200.yaml").write_text("kind: fp8-attn-tuner/tuning-table\n")
+        assert confirmed_row(Space.build(MODULES, PROBLEM, TARGET.gpu, exhaustive_up_to=64),
+                             PROBLEM, TARGET.gpu, versions, LARGE, None, 32) is None  # unreadable
+    finally:
+        store.close()

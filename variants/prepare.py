@@ -189,7 +189,9 @@ def quantize_inputs(
             raise ValueError(f"q_in_kernel: the kernel reads bf16 q, got {q.dtype}; run the "
                              "config's for_q_dtype() twin, which quantizes q here")
         if not (q.is_contiguous() and q.data_ptr() % 16 == 0):
-            q = q.contiguous()  # the kernel reads (batch, seq_len, heads, head_dim) rows
+            # The kernel reads (batch, seq_len, heads, head_dim) rows 16 bytes at a time; a
+            # contiguous q off that alignment is its own .contiguous(), so copy it.
+            q = q.clone(memory_format=torch.contiguous_format)
         q_padded_len = padded
     # One torch reduction over a strided sample of the keys, on either path.
     k_mean = transforms.smoothing_vector(k).contiguous() if smooth else None

@@ -110,22 +110,25 @@ def test_the_launch_without_v_writes_the_gates_codes_and_neutral_v_scales(knobs,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["recipe", "q-in-kernel-exp2", "rotated"])
-def test_a_repeated_call_gives_the_bits_of_prepare_and_run(name):
-    """A repeated tuner.attention call runs its launch plan (variants/launch_plan.py: q and k
-    quantized into its scratch block, the kernel handed the caller's v): the output and LSE
-    bits of the config's prepare + run on the same inputs, with the LSE's K smoothing shift."""
+@pytest.mark.parametrize("name, shape", [("recipe", "causal-gqa-cross"),
+                                         ("q-in-kernel-exp2", "d64-cross"),
+                                         ("rotated", "ragged"), ("split-tail", "split")])
+def test_a_repeated_call_gives_the_bits_of_prepare_and_run(name, shape):
+    """A repeated tuner.attention call's launch plan (variants/launch_plan.py: q and k quantized
+    into its scratch block, the kernel handed the caller's v) writes the output and LSE bits of
+    the config's prepare + run on the same inputs, K smoothing's LSE shift included."""
     from tuner import api, plans
 
-    problem = Problem(2, 8, 1000, 128, seq_len_kv=777, kv_heads=2)
+    problem = PROBLEMS[shape]
     cfg = _config(name, problem)
     q, k, v = activations("realistic", problem, "cuda", seed=9)
-    tuner.attention(q, k, v, config=cfg)  # the first call makes the plan
-    got, got_lse = tuner.attention(q, k, v, config=cfg, return_lse=True)
-    plan = plans.CALLS[api.signature(q, k, v, False, cfg, "auto", None, None)]
+    tuner.attention(q, k, v, causal=problem.causal, config=cfg)  # the first call makes the plan
+    plan = plans.CALLS[api.signature(q, k, v, problem.causal, cfg, "auto", None, None)]
     assert plan.launch is not None and plan.launch.parts()["v8"] is None
+    planned = plan.launch(q, k, v, None, True, True)
+    assert planned is not None  # these inputs take the plan, not prepare + run
     want, want_lse = plan.kernel.run(plan.kernel.prepare(q, k, v))
-    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    assert torch.equal(planned[0], want) and torch.equal(planned[1], want_lse)
 
 
 # The CPU emulation of the kernels' arithmetic (tests/test_pv16_accuracy.py, B=1 H=2 S=1024):

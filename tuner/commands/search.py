@@ -26,7 +26,7 @@ HELP = "tune kernel configs for this GPU and store the winner per sequence lengt
 class DEFAULTS:
     trials = 64
     patience = 32
-    confirm_patience = 8
+    confirm_patience = 12
     timeout_s = 600.0
     repeats = 20
 

@@ -13,9 +13,9 @@ row of the problem itself before all. A config is kept once, and only where it l
 feasible space of the search (its families, the arch's knob domains, can_implement on this
 problem and GPU) and is no baseline. `tuner search --no-warm-start` reads neither source.
 
-A problem whose own row ships in the table, measured by the code that runs now, within the
-search's accuracy budget on the same data and by a search as long as its patience, is confirmed
-rather than searched again
+A problem whose own row ships in the table, decided by a search like this one (family set, code
+version, accuracy budget and data, at least its patience in trials), is confirmed rather than
+searched again
 (confirmed_row): its search stops after SearchSettings.confirm_patience candidates without
 improvement.
 """
@@ -72,13 +72,14 @@ def known_configs(space, problem: Problem, gpu, store, device_id: str) -> list[K
     return _in_space(found, space)
 
 
-def confirmed_row(problem: Problem, gpu, code_versions: dict[str, str], budget,
-                  min_trials: int) -> str | None:
+def confirmed_row(space, problem: Problem, gpu, code_versions: dict[str, str], family_set: str,
+                  budget, min_trials: int) -> str | None:
     """"table <gpu>.yaml: <problem key>" where the GPU's shipped table holds a row of `problem`
-    itself whose family is searched, measured by the code that runs now (code_versions: family
-    -> records.code_version), within `budget` (a tuner.budget.Budget, or None) on the same data,
-    and decided by a search of at least `min_trials` candidates (not one a time budget cut
-    short); None elsewhere, a missing or unreadable table included (known_configs reports it)."""
+    itself that this search measures (a baseline or one of space.known) and that a search like
+    this one decided: the same family set, the code that runs now (code_versions: family ->
+    records.code_version), an accuracy budget on the same data no tighter than `budget`'s (a
+    tuner.budget.Budget, or None) with the row within it, and at least `min_trials` candidates.
+    None elsewhere, a missing or unreadable table included (known_configs reports it)."""
     from tuner.runtime import TABLES_DIR
     from tuner.tables import TableError, read_table
 
@@ -87,15 +88,23 @@ def confirmed_row(problem: Problem, gpu, code_versions: dict[str, str], budget,
         _, entries = read_table(path) if path.exists() else (None, [])
     except TableError:
         return None
+    measured = {config_hash(*b) for b in space.baselines} | \
+        {config_hash(k.family, k.config) for k in space.known}
     for entry in entries:
         fields = entry.fields
-        if entry.problem != problem or code_versions.get(entry.family) is None \
-                or fields.get("code_version") != code_versions[entry.family] \
-                or (fields.get("trials") or 0) < min_trials:
+        if entry.problem != problem or entry.family_set != family_set \
+                or fields.get("code_version") != code_versions.get(entry.family) \
+                or (fields.get("trials") or 0) < min_trials \
+                or config_hash(entry.family, entry.config.to_dict()) not in measured:
             continue
-        if budget is not None and not (fields.get("e2e_data") == budget.data
-                                       and fields.get("e2e_error") is not None
-                                       and fields["e2e_error"] <= budget.max_error):
+        # A looser budget admits configs the row's search never timed; a tighter one only
+        # drops some, and the row's stays where its error is within it.
+        if budget is not None and not (
+                fields.get("e2e_data") == budget.data
+                and fields.get("max_error") is not None
+                and fields["max_error"] >= budget.max_error
+                and fields.get("e2e_error") is not None
+                and fields["e2e_error"] <= budget.max_error):
             continue
         return f"table {gpu.name}.yaml: {problem.key()}"
     return None

@@ -67,8 +67,9 @@ class ProblemSearch:
         if settings.warm_start:
             self.space.known = known_configs(self.space, problem, target.gpu, store,
                                              target.device_id)
-            if self.patience:
-                self.confirms = confirmed_row(problem, target.gpu, versions, settings.budget,
+            if self.patience and settings.confirm_patience > 0:
+                self.confirms = confirmed_row(self.space, problem, target.gpu, versions,
+                                              family_set_name(families), settings.budget,
                                               self.patience)
             if self.confirms:
                 self.patience = min(self.patience, settings.confirm_patience)

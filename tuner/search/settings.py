@@ -24,9 +24,9 @@ class SearchSettings:
     time_budget_s: float | None = None  # wall time of this run
     patience: int | None = 32  # stop after this many measured candidates without improvement
     # The patience (or `patience`, where fewer) of a search that confirms a shipped row
-    # (known.confirmed_row): the row came out of a full search of its own, so a few proposals
-    # beyond the known configs show whether this device disagrees; an improvement restarts it.
-    confirm_patience: int = 8
+    # (known.confirmed_row): the row came out of a search like this one, so its neighbours' rows
+    # and a few proposals show whether this device disagrees; an improvement restarts the count.
+    confirm_patience: int = 12
     seed: int | None = None  # None: the study's recorded seed, else a fresh random one
     compile_jobs: int = 2
     timeout_s: float = 600.0  # per candidate and stage (compile, evaluate)

@@ -57,3 +57,23 @@ def test_the_accuracy_budgets_error_and_its_data_are_shown(tmp_path, capsys):
             for p, *_ in WINNERS] == [(err, data, 0.1) for *_, err, data in WINNERS]
     (problem,) = json.loads(show(capsys, url, "--trials", "4096", "--json"))
     assert {t["e2e_error"] for t in problem["trials"]} == {0.066, None}
+
+
+def test_the_gpu_filter_takes_auto_and_aliases_as_the_other_commands_do(tmp_path, capsys,
+                                                                      monkeypatch):
+    """--gpu auto is the local GPU's profile (as in search and export), a profile name keeps its
+    devices, another GPU's keeps none, and an unknown name is one line naming the profiles."""
+    from tuner import gpus
+
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    budget_store(url).close()  # winners of an H200
+    monkeypatch.setattr(gpus, "local_profile", lambda device=0: gpus.PROFILES["h200"])
+    rows = {gpu: json.loads(show(capsys, url, "--gpu", gpu, "--json"))
+            for gpu in ("auto", "h200", "H200", "h100")}
+    assert len(rows["auto"]) == len(WINNERS) and rows["auto"] == rows["h200"] == rows["H200"]
+    assert rows["h100"] == []
+    monkeypatch.setattr(gpus, "local_profile", lambda device=0: gpus.PROFILES["h100"])
+    assert json.loads(show(capsys, url, "--gpu", "auto", "--json")) == []
+    assert main(["show", "--db", url, "--gpu", "a100"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown GPU 'a100'" in err and "h200" in err

@@ -30,7 +30,8 @@ def add_arguments(parser) -> None:
         help="results database URL (default: TUNER_DB_URL or the embedded SQLite file)",
     )
     parser.add_argument(
-        "--gpu", default=None, help="only devices whose name matches this profile (e.g. h200)"
+        "--gpu", default=None,
+        help="only devices whose name matches this profile (e.g. h200; auto: the local GPU's)"
     )
     parser.add_argument(
         "--trials",
@@ -54,14 +55,14 @@ def _devices(store, gpu_name: str | None) -> dict[str, dict]:
     devices = store.devices()
     if gpu_name is None:
         return devices
-    from tuner.gpus import PROFILES, profile_for_device_name
+    from tuner.gpus import profile_for_device_name, resolve_gpu
 
-    if gpu_name not in PROFILES:
-        raise TunerError(f"unknown GPU {gpu_name!r}; known profiles: {', '.join(PROFILES)}")
+    # A filter, not a target: any profile, not only the local GPU's ('auto' is that one).
+    profile = resolve_gpu(gpu_name, require_local=False)
     return {
         i: fp
         for i, fp in devices.items()
-        if profile_for_device_name(fp.get("name", "")) is PROFILES[gpu_name]
+        if profile_for_device_name(fp.get("name", "")) is profile
     }
 
 

@@ -250,3 +250,18 @@ def test_only_the_problems_own_row_that_the_search_measures_confirms(tables, tmp
                              PROBLEM, TARGET.gpu, versions, LARGE, None, 32) is None  # unreadable
     finally:
         store.close()
+
+
+def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch):
+    """A stored time (and so a confirmed row) depends on the family's files, the device code
+    every family shares and prepare's quantization as much as on the measuring code: an edit to
+    any of them is another code version."""
+    from tuner.search import records
+
+    hashed = []
+    monkeypatch.setattr(records, "files_hash", lambda paths: hashed.extend(paths) or "0" * 16)
+    records.code_version(fake_family_large)
+    names = {f"{p.parent.name}/{p.name}" for p in hashed}
+    assert {"doubles/fake_family_large.py", "variants/prepare.py",
+            "variants/block_quantize_kernel.py", "variants/transforms.py", "common/mask.py",
+            "tuner/measure.py", "tuner/sandbox.py"} <= names

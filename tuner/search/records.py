@@ -8,6 +8,7 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
+import variants
 from tuner.outcomes import Role
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult
@@ -40,12 +41,17 @@ class Candidate:
 
 
 def code_version(family_module) -> str:
-    """Hash of the family's source files and the tuner's measuring code: a stored time is only
-    comparable with times the same code measured."""
+    """Hash of the code a stored time depends on: the family's source files, the device code and
+    host work every family shares (variants/*.py: prepare and its quantization kernel, the launch,
+    the block scales; variants/common/*.py), and the tuner's measuring code. A stored time is
+    only comparable with times the same code measured."""
     path = Path(family_module.__file__)
     files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     tuner = Path(__file__).parents[1]
-    return files_hash([*files, tuner / "measure.py", tuner / "sandbox.py"])[:12]
+    shared = Path(variants.__file__).parent
+    return files_hash([*files, *sorted(shared.glob("*.py")),
+                       *sorted((shared / "common").glob("*.py")), tuner / "measure.py",
+                       tuner / "sandbox.py"])[:12]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.search import SearchSettings, Space, make_target
-from tuner.search.known import confirmed_row, known_configs
+from tuner.search.known import PER_SOURCE, confirmed_row, known_configs
 from tuner.search.records import code_version
 from tuner.store import Store, TrialRecord, config_hash
 from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
@@ -51,15 +51,15 @@ def tables(tmp_path, monkeypatch):
     # Tables name this package's families only; the double stands in for one here.
     monkeypatch.setattr("variants.KNOWN_FAMILIES", ("mma_sync", "wgmma", LARGE))
 
-    def write(*rows):
+    def write(*rows, gpu="h200", device="NVIDIA H200"):
         """Rows (problem, config) or (problem, config, more fields of the entry)."""
         entries = [{"problem": p.to_dict(), "family": LARGE, "config": c, "median_ms": 1.0,
                     **(more[0] if more else {})} for p, c, *more in rows]
-        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
-               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
+        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": gpu,
+               "device": {"name": device, "compute_capability": "9.0", "sm_count": 132},
                "entry_count": len(entries), "entries_sha256": entries_digest(entries),
                "entries": entries}
-        (folder / "h200.yaml").write_text(dump_table(doc))
+        (folder / f"{gpu}.yaml").write_text(dump_table(doc))
 
     return write
 
@@ -265,3 +265,30 @@ def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch
     assert {"doubles/fake_family_large.py", "variants/prepare.py",
             "variants/block_quantize_kernel.py", "variants/transforms.py", "common/mask.py",
             "tuner/measure.py", "tuner/sandbox.py"} <= names
+
+
+def test_the_tables_of_the_other_gpus_of_the_arch_come_after_this_gpus_and_the_database(
+        tmp_path, tables):
+    """An H200's search (sm_90a) also starts from the H100's table, after its own table and the
+    database (times of another GPU, the same kernels), PER_SOURCE of its rows at most; an sm_89
+    GPU's table never."""
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    neighbours(tables, url)
+    configs = [cfg(32, 3, 2), cfg(32, 2, 2), cfg(32, 4, 2), cfg(128, 2, 8), cfg(32, 2, 8),
+               cfg(64, 2, 8)]
+    sibling = [(Problem(1, 2, 64 * 2**i, 64), c) for i, c in enumerate(configs)]
+    tables(*sibling, gpu="h100", device="NVIDIA H100 80GB HBM3")
+    (runtime.TABLES_DIR / "4090.yaml").write_text("kind: not read\n")  # another arch's
+    store = Store(url)
+    try:
+        space = Space.build(MODULES, PROBLEM, TARGET.gpu, exhaustive_up_to=64)
+        known = known_configs(space, PROBLEM, TARGET.gpu, store, TARGET.device_id)
+    finally:
+        store.close()
+    sources = [k.source for k in known]
+    assert sources[:4] == ["table h200.yaml: b1-h2-s64-d64-full",
+                           "table h200.yaml: b1-h2-s256-d64-full",
+                           "database: b1-h2-s128-d64-full", "database: b1-h2-s32-d64-full"]
+    # Six rows, PER_SOURCE of them: the problem's own first, then the nearest.
+    assert PER_SOURCE == 4 and sources[4:] == [
+        f"table h100.yaml: b1-h2-s{s}-d64-full" for s in (64, 128, 256, 512)]

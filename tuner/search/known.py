@@ -1,12 +1,16 @@
 """Where a search starts: the configs already known to do well near its problem, measured right
 after the default and its accurate twin (Space.baselines), before the sampler's proposals.
 
-Two sources, read and ranked as the runtime reads and ranks them (tuner/runtime.py), so that a
-search starts from what `tuner.attention` runs today:
+Three sources, read and ranked as the runtime reads and ranks them (tuner/runtime.py), so that
+a search starts from what `tuner.attention` runs today, then from what GPUs like it run:
   table     the shipped table of the GPU (db/tables/<gpu>.yaml, runtime.TABLES_DIR): the rows of
             the PER_SOURCE nearest problems;
   database  the search's own results database: the winners of the PER_SOURCE nearest problems
-            tuned on this device.
+            tuned on this device;
+  siblings  the shipped tables of the other GPUs of its arch (an H200's for an H100's search):
+            the rows of the PER_SOURCE nearest problems of each. Their times do not hold here,
+            but the kernels are the same, and what is fast on one is a good first guess on the
+            other.
 Nearest is the runtime's rule for a lookup of the problem: only rows with its mask and head_dim;
 those with its head count first, by rules a-e of tuner/runtime.py, then the others by work; the
 row of the problem itself before all. A config is kept once, and only where it lies in the
@@ -56,19 +60,30 @@ def ranked(entries: list, problem: Problem) -> list:
 
 def known_configs(space, problem: Problem, gpu, store, device_id: str) -> list[Known]:
     """The known configs of a search on `space` (proposal.Space), in the order it measures
-    them: the table's, then the database's, each source nearest first."""
+    them: the table's, then the database's, then the same-arch tables', each source nearest
+    first."""
+    from tuner.gpus import PROFILES
     from tuner.runtime import db_entries, table_entries
     from tuner.tables import TableError
 
-    try:
-        table = table_entries(gpu)
-    except TableError as exc:
-        raise TunerError(f"{exc}; the search starts from this table: repair or remove it, or "
-                         "pass --no-warm-start") from None
-    sources = [(f"table {gpu.name}.yaml", table), ("database", db_entries(store.url, device_id))]
-    found = [Known(family, config, f"{where}: {tuned.key()}")
-             for where, entries in sources
-             for tuned, family, config, *_ in ranked(entries, problem)[:PER_SOURCE]]
+    def rows(profile):
+        try:
+            return table_entries(profile)
+        except TableError as exc:
+            raise TunerError(f"{exc}; the search starts from this table: repair or remove it, "
+                             "or pass --no-warm-start") from None
+
+    siblings = [p for p in PROFILES.values() if p.arch == gpu.arch and p.name != gpu.name]
+    # (label, entries, whether each entry ends with its table's GPU): the sibling tables are one
+    # source, so that they add PER_SOURCE configs however many GPUs share the arch.
+    sources = [(f"table {gpu.name}.yaml", rows(gpu), None),
+               ("database", db_entries(store.url, device_id), None),
+               ("table", [(*entry, p.name) for p in siblings for entry in rows(p)], True)]
+    found = []
+    for where, entries, named in sources:
+        for tuned, family, config, *rest in ranked(entries, problem)[:PER_SOURCE]:
+            label = f"{where} {rest[-1]}.yaml" if named else where
+            found.append(Known(family, config, f"{label}: {tuned.key()}"))
     return _in_space(found, space)
 
 

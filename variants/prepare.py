@@ -41,7 +41,7 @@ from variants.input_checks import (
 )
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 from variants.prepare_fp8 import fp8_inputs
-from variants.prepare_v16 import unquantized_v
+from variants.prepare_v16 import kernel_rows, unquantized_v
 
 __all__ = ["Fp8Inputs", "check_finite_inputs", "check_fp8_qkv", "check_qkv", "fp8_inputs",
            "inverse_key_order", "key_slot", "quantize_inputs", "register_p_key_order",
@@ -188,10 +188,7 @@ def quantize_inputs(
         if q.dtype != torch.bfloat16:
             raise ValueError(f"q_in_kernel: the kernel reads bf16 q, got {q.dtype}; run the "
                              "config's for_q_dtype() twin, which quantizes q here")
-        if not (q.is_contiguous() and q.data_ptr() % 16 == 0):
-            # The kernel reads (batch, seq_len, heads, head_dim) rows 16 bytes at a time; a
-            # contiguous q off that alignment is its own .contiguous(), so copy it.
-            q = q.clone(memory_format=torch.contiguous_format)
+        q = kernel_rows(q)  # the kernel reads (batch, seq_len, heads, head_dim) rows
         q_padded_len = padded
     # One torch reduction over a strided sample of the keys, on either path.
     k_mean = transforms.smoothing_vector(k).contiguous() if smooth else None

@@ -13,8 +13,16 @@ from __future__ import annotations
 
 import torch
 
-# TMA reads the rows from a 16-byte aligned base.
-V16_ALIGN = 16
+# The kernels read a caller's rows (TMA, 16-byte vector loads) from a 16-byte aligned base.
+ROW_ALIGN = 16
+
+
+def kernel_rows(x: torch.Tensor) -> torch.Tensor:
+    """x contiguous and ROW_ALIGN-byte aligned, as a kernel reads a caller's tensor: x itself
+    where it is both, else a copy (a contiguous x off alignment is its own .contiguous())."""
+    if x.is_contiguous() and x.data_ptr() % ROW_ALIGN == 0:
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
 
 
 def unquantized_v(v: torch.Tensor) -> torch.Tensor:
@@ -22,6 +30,4 @@ def unquantized_v(v: torch.Tensor) -> torch.Tensor:
     16-byte aligned; the caller's tensor itself where it is all three."""
     if v.dtype != torch.bfloat16:
         v = v.to(torch.bfloat16)
-    if not (v.is_contiguous() and v.data_ptr() % V16_ALIGN == 0):
-        v = v.clone(memory_format=torch.contiguous_format)
-    return v
+    return kernel_rows(v)

@@ -7,21 +7,20 @@ a search starts from what `tuner.attention` runs today, then from what GPUs like
             the PER_SOURCE nearest problems;
   database  the search's own results database: the winners of the PER_SOURCE nearest problems
             tuned on this device;
-  siblings  the shipped tables of the other GPUs of its arch (an H200's for an H100's search):
-            the rows of the PER_SOURCE nearest problems of each. Their times do not hold here,
-            but the kernels are the same, and what is fast on one is a good first guess on the
-            other.
+  siblings  the shipped tables of the other GPUs of its arch (an H200's for an H100's search),
+            as one source: the rows of its PER_SOURCE nearest problems. Their times do not hold
+            here, but the kernels are the same, and what is fast on one is a good first guess
+            on the other.
 Nearest is the runtime's rule for a lookup of the problem: only rows with its mask and head_dim;
 those with its head count first, by rules a-e of tuner/runtime.py, then the others by work; the
 row of the problem itself before all. A config is kept once, and only where it lies in the
 feasible space of the search (its families, the arch's knob domains, can_implement on this
-problem and GPU) and is no baseline. `tuner search --no-warm-start` reads neither source.
+problem and GPU) and is no baseline. `tuner search --no-warm-start` reads none of the sources.
 
 A problem whose own row ships in the table, decided by a search like this one (family set, code
 version, accuracy budget and data, at least its patience in trials), is confirmed rather than
-searched again
-(confirmed_row): its search stops after SearchSettings.confirm_patience candidates without
-improvement.
+searched again (confirmed_row): its search stops after SearchSettings.confirm_patience
+candidates without improvement.
 """
 
 from __future__ import annotations
@@ -73,17 +72,17 @@ def known_configs(space, problem: Problem, gpu, store, device_id: str) -> list[K
             raise TunerError(f"{exc}; the search starts from this table: repair or remove it, "
                              "or pass --no-warm-start") from None
 
+    def labelled(where, entries):  # each entry ends with where it was read
+        return [(*entry, where) for entry in entries]
+
     siblings = [p for p in PROFILES.values() if p.arch == gpu.arch and p.name != gpu.name]
-    # (label, entries, whether each entry ends with its table's GPU): the sibling tables are one
-    # source, so that they add PER_SOURCE configs however many GPUs share the arch.
-    sources = [(f"table {gpu.name}.yaml", rows(gpu), None),
-               ("database", db_entries(store.url, device_id), None),
-               ("table", [(*entry, p.name) for p in siblings for entry in rows(p)], True)]
-    found = []
-    for where, entries, named in sources:
-        for tuned, family, config, *rest in ranked(entries, problem)[:PER_SOURCE]:
-            label = f"{where} {rest[-1]}.yaml" if named else where
-            found.append(Known(family, config, f"{label}: {tuned.key()}"))
+    sources = [labelled(f"table {gpu.name}.yaml", rows(gpu)),
+               labelled("database", db_entries(store.url, device_id)),
+               # One source, so that they add PER_SOURCE configs however many GPUs share the arch.
+               [e for p in siblings for e in labelled(f"table {p.name}.yaml", rows(p))]]
+    found = [Known(family, config, f"{where}: {tuned.key()}")
+             for entries in sources
+             for tuned, family, config, *_, where in ranked(entries, problem)[:PER_SOURCE]]
     return _in_space(found, space)
 
 

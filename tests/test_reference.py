@@ -12,6 +12,7 @@ from variants.prepare_check import prepare_mismatch
 from variants.reference import (
     HEAD_SLOPE_MAX,
     LSE_ABS_MAX,
+    ROW_SCALE_NOISE,
     LSE_QK_REL,
     REL_RMS_MAX,
     ROW_REL_MAX,
@@ -180,6 +181,22 @@ def test_each_metric_catches_its_fault():
 
     # Two heads swapped.
     assert not accuracy(out[:, :, [1, 0, 2]], lse, ref).passed
+
+
+@pytest.mark.parametrize("seq", [1, 4, 16])
+def test_a_head_of_few_rows_may_carry_a_rows_p_rounding_as_its_scale(seq):
+    # A row's scale is off by up to one key's P rounding (2^-4): a head of n rows by 2^-4 / sqrt(n),
+    # and never by less than HEAD_SLOPE_MAX asks of a large head.
+    ref, out, lse = _reference_and_outputs(seq)
+    bound = max(HEAD_SLOPE_MAX, ROW_SCALE_NOISE / seq**0.5)
+    assert accuracy(out, lse, ref).head_slope_max == bound
+    within, beyond = out.clone(), out.clone()
+    within[1, :, 2] *= 1 + 0.9 * bound
+    beyond[1, :, 2] *= 1 + 1.1 * bound
+    assert accuracy(within, lse, ref).passed
+    m = accuracy(beyond, lse, ref)
+    assert "head scale" in m.reason and m.head_slope_at == "batch 1 head 2"
+    assert m.head_slope_excess > 1
 
 
 def test_lse_bound_grows_with_the_score_magnitude():

@@ -14,8 +14,8 @@ causal and "k_bias_8" on 32 query heads over 8 KV heads).
 Then the transforms' cost: tuner.attention end to end from bf16 (GPU time, as the e2e suite
 times it) with each setting at --cost-shapes, against plain in interleaved rounds (ratios
 taken within a round, since clocks drift between runs by more than a transform costs); and
-the smoothing vector (variants.transforms.smoothing_vector) from the full mean and from the
-sampled mean.
+the smoothing vector from the full mean (torch) and from the sampled mean (prepare's: the mean
+kernel, variants/key_mean_kernel.py).
 """
 
 from __future__ import annotations
@@ -162,6 +162,7 @@ def _cost(problem, gpu, args) -> list:
 
     import tuner
     from tuner.runtime import config_for_problem
+    from variants.prepare import mean_launcher, smoothing_vector_on_gpu
     from variants.transforms import smoothing_vector
 
     sets = common.input_sets(problem, gpu.profile.l2_bytes, args.seed,
@@ -180,8 +181,13 @@ def _cost(problem, gpu, args) -> list:
                 len(sets), args.repeats).median_ms)
     full = common.time_calls(lambda i: smoothing_vector(sets[i % len(sets)][1], sample_keys=None),
                              len(sets), args.repeats).median_ms
-    sampled = common.time_calls(lambda i: smoothing_vector(sets[i % len(sets)][1]), len(sets),
-                                args.repeats).median_ms
+    k = sets[0][1]  # the sampled mean as prepare takes it: the mean kernel, torch.mean without
+    launch = mean_launcher(k)
+    m = smoothing_vector(k).contiguous()
+    sampled = common.time_calls(
+        (lambda i: smoothing_vector_on_gpu(launch, sets[i % len(sets)][1], m)) if launch
+        else (lambda i: smoothing_vector(sets[i % len(sets)][1])), len(sets),
+        args.repeats).median_ms
     cells = []
     for setting in SETTINGS:
         if setting not in ms:

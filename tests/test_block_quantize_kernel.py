@@ -88,6 +88,25 @@ def test_head_scale_expansion_compiles(arch, tmp_path):
     assert ptx.count("rcp.rn.f32") == 1 and "approx" not in ptx  # 1 / dv, correctly rounded
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_89"])
+@pytest.mark.parametrize(("dtype", "head_dim"), [(torch.bfloat16, 128), (torch.float16, 64)])
+def test_the_smoothing_mean_compiles_to_fp32_adds_and_one_rounded_division(arch, dtype,
+                                                                          head_dim, tmp_path):
+    """variants/key_mean_kernel.py: 16-byte loads of the sampled keys, fp32 adds (no FMA, no
+    approximation), one barrier before the groups' partial sums are added, one correctly
+    rounded division by the sample's size per feature, one store of m (its bits on a GPU:
+    tests/gpu/test_key_mean_gpu.py)."""
+    fn, slots = compile_kernel("mean", dtype, head_dim, arch, keep_ptx_in=str(tmp_path))
+    ptx = "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
+    assert fn is not None and len(slots) == 8 and ptx.count(".entry ") == 1
+    assert "ld.global.v4.b32" in ptx and "ld.global.b16" not in ptx
+    assert "fma.rn.f32" not in ptx and "approx" not in ptx
+    assert ptx.count("bar.sync") == 1 and ptx.count("div.rn.f32") == 1
+    assert len(re.findall(r"st\.global\.(?:b32|f32)", ptx)) == 1
+    with pytest.raises(ValueError, match="'mean' quantizes nothing"):
+        compile_kernel("mean", dtype, head_dim, arch, smooth_k=True)
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_the_launch_without_q_compiles_and_a_bad_name_is_refused(arch, tmp_path):
     """quant_kv (for a kernel that quantizes Q itself) is the same code without q's part, and

@@ -44,6 +44,8 @@ def device():
             ctypes.memset(values[5], 0, 4 * values[7] * values[8] * values[9])
         elif name == "prepare quant" and values[8]:  # shift (batch, heads, seq_len) fp32
             ctypes.memset(values[8], 0, 4 * values[9] * values[10] * values[12])
+        elif name == "prepare mean":  # m (batch * kv_heads, head_dim) fp32
+            ctypes.memset(values[1], 0, 4 * values[2] * HEAD_DIM)
         return real(self, *values)
 
     FastLaunch.__call__ = record
@@ -54,10 +56,13 @@ def device():
         FastLaunch.__call__ = real
 
 
+HEAD_DIM = 128
+
+
 def qkv(batch=1, seq=256, heads=2, seq_kv=None, kv_heads=None, dtype=torch.bfloat16,
         device="cpu"):
-    kv_shape = (batch, seq_kv or seq, kv_heads or heads, 128)
-    return (torch.randn(batch, seq, heads, 128, dtype=dtype, device=device),
+    kv_shape = (batch, seq_kv or seq, kv_heads or heads, HEAD_DIM)
+    return (torch.randn(batch, seq, heads, HEAD_DIM, dtype=dtype, device=device),
             torch.randn(kv_shape, dtype=dtype, device=device),
             torch.randn(kv_shape, dtype=dtype, device=device))
 
@@ -97,15 +102,15 @@ def test_a_repeated_call_makes_two_launches_and_one_scratch_block(device, return
     assert work["allocations"] == allocations and work["ops"] == {"factory empty": allocations}
 
 
-def test_k_smoothing_adds_one_reduction_to_a_call_that_drops_the_lse(device):
-    """The default's K smoothing: its sampled mean is one torch reduction (and its fp32 vector)
-    before the same two launches."""
+def test_k_smoothing_adds_one_launch_and_no_torch_op_to_a_call_that_drops_the_lse(device):
+    """The default's K smoothing: its sampled mean is one more launch (the mean kernel, into
+    the scratch block) before the same two launches; no torch reduction, no allocation."""
     launches, _ = device
     q, k, v = qkv()
     assert wgmma.default(ARCH, Problem(1, 2, 256)).k_smoothing == "mean"
     work = device_work(lambda: tuner.attention(q, k, v), launches)
-    assert len(work["stub"]) == 2 and work["launches"] == 3
-    assert work["ops"] == {"factory empty": 2, "compute mean": 1}
+    assert work["launches"] == 3 and work["stub"]["prepare mean"] == 1
+    assert work["ops"] == {"factory empty": 2}
 
 
 def test_split_tail_zeroes_its_counters_in_the_scratch_block(device):
@@ -114,8 +119,8 @@ def test_split_tail_zeroes_its_counters_in_the_scratch_block(device):
     launches, _ = device
     q, k, v = qkv(batch=9, seq=2048, heads=1)
     work = device_work(lambda: tuner.attention(q, k, v), launches)
-    assert len(work["stub"]) == 2 and work["ops"] == {"factory empty": 2, "inplace zero_": 1,
-                                                      "compute mean": 1}  # K smoothing's mean
+    assert len(work["stub"]) == 3  # K smoothing's mean, the quantization, the kernel
+    assert work["ops"] == {"factory empty": 2, "inplace zero_": 1}
     plan = plans.CALLS[api.signature(q, k, v, False, None, "auto", None, None)]
     assert plan.launch.parts()["workspace"] is not None and plan.launch.zero is not None
 
@@ -164,7 +169,7 @@ def test_another_dtype_or_device_of_all_inputs_runs_its_own_plan(device):
     tuner.attention(*qkv(seq=1024, dtype=torch.float16))  # wgmma's q_quant=kernel reads bf16
     tuner.attention(*qkv(seq=1024))
     quant = [fn.name for fn, _ in seen if fn.name.startswith("prepare")]
-    assert quant == ["prepare quant", "prepare quant_kv"]
+    assert quant == ["prepare mean", "prepare quant", "prepare mean", "prepare quant_kv"]
 
 
 def test_k_and_v_of_different_shapes_are_refused_after_a_plan(device):
@@ -352,7 +357,15 @@ def test_the_plan_launches_what_prepare_and_run_launch(device, case, want_lse, m
     prepared = kernel.prepare(q, k, v, 0.07, validate=False)
     want_out, want_lse_tensor = kernel.run(prepared, want_lse=want_lse)
     general = list(seen)
-    assert [fn for fn, _ in hot] == [fn for fn, _ in general] and len(hot) == 2
+    assert [fn for fn, _ in hot] == [fn for fn, _ in general]
+    smooth = kernel.config.k_smoothing == "mean"
+    assert len(hot) == 2 + smooth
+    if smooth:  # the mean kernel on the caller's k, into the vector the quantization reads
+        (_, mean), (_, mean_ref) = hot.pop(0), general.pop(0)
+        assert mean[0] == mean_ref[0] == k.data_ptr() and mean[2:-1] == mean_ref[2:-1]
+        assert (mean[1], mean_ref[1]) == (hot[0][1][7], general[0][1][7])
+        at = plan.launch.parts()  # the scratch block's base, from k's codes
+        assert mean[1] - at["mean"] == hot[0][1][4] - at["k8"]
     (_, quant), (_, attend) = hot
     (_, quant_ref), (_, attend_ref) = general
     assert quant[:3] == quant_ref[:3] and quant[9:-1] == quant_ref[9:-1]
@@ -413,7 +426,7 @@ def test_a_bf16_pv_kernel_runs_its_plan_on_the_callers_v(device, tmp_path):
     assert launch is not None and launch.parts()["v8"] is None
     seen.clear()
     tuner.attention(q, k, v, db=url)
-    (quant_fn, quant), (_, attend) = seen
+    (quant_fn, quant), (_, attend) = [(fn, a) for fn, a in seen if fn.name != "prepare mean"]
     assert quant_fn.name.startswith("prepare quant") and quant[5] == 0
     assert attend[2] == v.data_ptr()
     q, k, v = (x.half() for x in qkv())

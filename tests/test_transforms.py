@@ -50,17 +50,16 @@ def test_sample_stride_covers_at_least_the_sample():
     assert transforms.sample_stride(30272, None) == 1
 
 
-@pytest.mark.parametrize("seq_len_kv", [1, 255, 256, 511, 512, 513, 1000, 4097])
-def test_the_call_plans_sample_view_is_the_slice_smoothing_averages(seq_len_kv):
-    """variants/launch_plan.py's as_strided view of a contiguous k, also one at an offset in its
-    storage: the same keys as smoothing_vector's slice, and the same mean to the bit."""
-    whole = torch.randn(2 * 3 * seq_len_kv * 2 * 64 + 64).bfloat16()
-    k = whole[64:].view(2, seq_len_kv, 3 * 2, 64)[:, :, ::2].contiguous()
-    for x in (k, whole[64:].view(2, seq_len_kv, 3 * 2, 64)[:1]):
-        view = x.as_strided(*transforms.sample_view(x.shape))
-        assert torch.equal(view, x[:, ::transforms.sample_stride(seq_len_kv)])
-        assert torch.equal(torch.mean(view, 1, dtype=torch.float32),
-                           transforms.smoothing_vector(x))
+@pytest.mark.parametrize("seq_len_kv", [1, 255, 256, 511, 512, 513, 1000, 4097, 75600])
+def test_the_mean_kernel_averages_the_keys_of_smoothing_vectors_slice(seq_len_kv):
+    """variants/key_mean_kernel.py's launch: keys j * stride for j < count, each (batch, KV
+    head) its own CTA; the same keys as smoothing_vector's slice k[:, ::stride]."""
+    from variants.key_mean_kernel import launch_scalars
+
+    ctas, length, kv_heads, stride, count = launch_scalars((2, seq_len_kv, 3, 64))
+    assert (ctas, length, kv_heads) == (6, seq_len_kv, 3)
+    assert [j * stride for j in range(count)] == \
+        list(range(seq_len_kv))[::transforms.sample_stride(seq_len_kv)]
 
 
 def test_bad_head_dim_and_knobs_are_named():

@@ -38,6 +38,7 @@ import torch
 
 from variants import hadamard_dsl
 from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
+from variants.key_mean_kernel import MEAN_ALIGN, KeyMean
 from variants.key_order import key_at_slot
 from variants.launch import STREAM, FastLaunch, LauncherCache, device_arch, pointer, scalar
 
@@ -48,7 +49,6 @@ TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fe
 # A rotated q or k row on 4 lanes: 2 butterfly stages cross lanes, not log2(head_dim / 8), and
 # each load and store instruction still covers whole 32-byte sectors of a row.
 ROTATED_LANES = 4
-MEAN_ALIGN = 16  # bytes: m is read 16 bytes at a time
 EXPAND_THREADS = 256
 
 LAUNCHERS = LauncherCache("block quantize kernel")
@@ -474,19 +474,18 @@ def _put(ptr, value):
     dst[0] = value
 
 
-KERNELS = ("quant", "quant_kv", "expand")
+KERNELS = ("quant", "quant_kv", "expand", "mean")
 
 
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
           smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True):
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
-    if name == "expand":
+    if name in ("expand", "mean"):
         if smooth_k or rotate_qk or not quantize_v:
-            raise ValueError("the scale expansion takes codes already quantized: it has no "
-                             "smooth_k, rotate_qk or quantize_v=False; quantize with 'quant' "
-                             "for those")
-        return ExpandScales()
+            raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk or "
+                             "quantize_v=False; quantize with 'quant' for those")
+        return ExpandScales() if name == "expand" else KeyMean(_dsl_dtype(in_dtype), head_dim)
     if rotate_qk and name == "quant_kv":
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
                          "attention kernel: quantize q here ('quant') or leave rotate_qk off")
@@ -502,7 +501,8 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
                    keep_ptx_in: str | None = None):
     """(compiled function, its launch slots) of "quant" (BlockQuant), "quant_kv" (BlockQuant
-    without q's CTAs) or "expand" (ExpandScales; dtype and head_dim unused) for `arch`, without
+    without q's CTAs), "expand" (ExpandScales; dtype and head_dim unused) or "mean"
+    (variants/key_mean_kernel.KeyMean; the V layout unused) for `arch`, without
     a GPU; quantize_v=False: no v CTAs (V's scales neutral); keep_ptx_in: a directory to leave
     the PTX and the cubin in (the CPU tests read them)."""
     from variants.dsl_compile import compile_for_arch
@@ -519,7 +519,7 @@ def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.devi
              v_feature_major: bool = True, permute_keys: bool = False, smooth_k: bool = False,
              rotate_qk: bool = False, quantize_v: bool = True,
              compile_now: bool = True) -> FastLaunch | None:
-    """The launcher of "quant", "quant_kv" or "expand" for this GPU, or None where there is none
+    """The launcher of one of KERNELS for this GPU, or None where there is none
     (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
     key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys,
            smooth_k, rotate_qk, quantize_v)

@@ -5,10 +5,11 @@ CompiledKernel.prepare + run decide on every call what the shapes decide already
 lengths, the scale layout, the quantization launcher, the build that launches (split_tail's
 single launch), the workspace, the launch scalars; and they check the prepared inputs against the
 kernel. A LaunchPlan takes all of that from a first call's prepared inputs. A call then allocates
-one scratch block (codes, packed scales, q . m, split_tail's workspace, and the LSE when the
-caller drops it) and the outputs, and makes the launches prepare and run make, with the same
-arguments: the quantization and the kernel; split_tail's counters zeroed where it splits; K
-smoothing's mean, and its LSE shift where the caller reads the LSE. A call whose inputs the
+one scratch block (codes, packed scales, K smoothing's m and q . m, split_tail's workspace, and
+the LSE when the caller drops it) and the outputs, and makes the launches prepare and run make,
+with the same arguments: K smoothing's mean kernel, the quantization and the kernel;
+split_tail's counters zeroed where it splits; K smoothing's LSE shift where the caller reads
+the LSE. A call whose inputs the
 quantization kernel cannot read (strided, misaligned) gets None: the caller takes prepare + run,
 which quantize those with torch ops. A pv_dtype=bf16 kernel reads the caller's bf16 V: its
 plan quantizes q and k only and hands the kernel v's own pointer (prepare + run pass it on
@@ -22,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from variants import transforms
 from variants.common.abi import SCALE_AT, launch_scalars
 from variants.fp8_inputs import q_dot, round_up
+from variants.key_mean_kernel import launch_scalars as mean_scalars
 from variants.launch import stream_query
-from variants.prepare import quant_launcher, quant_scalars
+from variants.prepare import mean_launcher, quant_launcher, quant_scalars
 
 # Bytes between the parts of the scratch block: the kernels' 16-byte vector and TMA loads need
 # 16; 256 keeps each part on its own cache lines and sectors, as separate allocations were.
@@ -38,10 +39,10 @@ class LaunchPlan:
     this call's inputs need prepare's torch path. want_lse: add K smoothing's shift to the LSE;
     keep_lse: return the LSE (else it is written into the scratch block and dropped)."""
 
-    __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape",
-                 "_out_shape", "_packed", "_q8", "_quant", "_quant_scalars", "_shift", "_stream",
-                 "_tail", "_v8", "_workspace", "default_scale", "scratch_bytes", "smooth",
-                 "zero")
+    __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape", "_mean",
+                 "_mean_launch", "_mean_scalars", "_mean_shape", "_out_shape", "_packed", "_q8",
+                 "_quant", "_quant_scalars", "_shift", "_stream", "_tail", "_v8", "_workspace",
+                 "default_scale", "scratch_bytes", "zero")
 
     @classmethod
     def make(cls, kernel, prepared, q, k) -> LaunchPlan | None:
@@ -61,7 +62,8 @@ class LaunchPlan:
                                with_q=with_q, smooth_k=smooth,
                                rotate_qk=config.qk_rotation == "hadamard", with_v=not v16,
                                check_inputs=False)
-        if quant is None:
+        mean = mean_launcher(k) if smooth and quant is not None else None
+        if quant is None or (smooth and mean is None):
             return None
         target = kernel.kernel_for(prepared)
         device = q.device
@@ -75,13 +77,15 @@ class LaunchPlan:
         for name, size in (("q8", batch * layout.padded_len * heads * head_dim if with_q else 0),
                            ("k8", kv_bytes), ("v8", 0 if v16 else kv_bytes),
                            ("packed", 4 * layout.size),
+                           ("mean", 4 * batch * k.shape[2] * head_dim if smooth else 0),
                            ("shift", lse_bytes if smooth and with_q else 0),
                            ("workspace", 4 * words), ("lse", lse_bytes)):
             at[name] = round_up(end, ALIGN) if size else None
             end = at[name] + size if size else end
         plan.scratch_bytes = end
         plan._q8, plan._k8, plan._v8, plan._packed = at["q8"], at["k8"], at["v8"], at["packed"]
-        plan._shift, plan._workspace, plan._lse = at["shift"], at["workspace"], at["lse"]
+        plan._mean, plan._shift = at["mean"], at["shift"]
+        plan._workspace, plan._lse = at["workspace"], at["lse"]
         plan.zero = (at["workspace"] + 4 * zero_from, at["workspace"] + 4 * words) \
             if words > zero_from else None
         scalars = launch_scalars(prepared)
@@ -90,7 +94,8 @@ class LaunchPlan:
         plan._head, plan._tail = scalars[:SCALE_AT], (*scalars[SCALE_AT + 1:], *extra)
         plan._quant, plan._attend = quant, attend
         plan._quant_scalars = quant_scalars(q.shape, k.shape, layout)
-        plan.smooth = transforms.sample_view(k.shape) if smooth else None
+        plan._mean_launch, plan._mean_scalars = mean, mean_scalars(k.shape) if smooth else ()
+        plan._mean_shape = (batch, k.shape[2], head_dim)
         plan._device, plan._index, plan._stream = device, device.index, stream_query()
         plan._out_shape, plan._lse_shape = tuple(q.shape), (batch, heads, seq_len)
         return plan
@@ -98,7 +103,7 @@ class LaunchPlan:
     def parts(self) -> dict[str, int | None]:
         """Byte offset of each part of the scratch block (None: not in it)."""
         return {name: getattr(self, f"_{name}") for name in
-                ("q8", "k8", "v8", "packed", "shift", "workspace", "lse")}
+                ("q8", "k8", "v8", "packed", "mean", "shift", "workspace", "lse")}
 
     def __call__(self, q, k, v, softmax_scale, want_lse: bool, keep_lse: bool):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -124,11 +129,10 @@ class LaunchPlan:
         q8 = qp if self._q8 is None else base + self._q8
         k8, packed = base + self._k8, base + self._packed
         v8 = vp if self._v8 is None else base + self._v8  # bf16 P.V reads the caller's v
-        k_mean = None
-        if self.smooth is not None:  # transforms.smoothing_vector of this contiguous k
-            k_mean = torch.mean(k.as_strided(*self.smooth), 1, dtype=torch.float32)
-        self._quant(qp, kp, vp, q8, k8, 0 if self._v8 is None else v8, packed,
-                    0 if k_mean is None else k_mean.data_ptr(),
+        mean = 0 if self._mean is None else base + self._mean
+        if self._mean is not None:  # K smoothing's vector, as prepare's GPU path computes it
+            self._mean_launch(kp, mean, *self._mean_scalars, stream)
+        self._quant(qp, kp, vp, q8, k8, 0 if self._v8 is None else v8, packed, mean,
                     0 if self._shift is None else base + self._shift, *self._quant_scalars,
                     stream)
         if self.zero is not None:
@@ -136,11 +140,16 @@ class LaunchPlan:
         self._attend(q8, k8, v8, packed, out.data_ptr(), lse_ptr,
                      0 if self._workspace is None else base + self._workspace, *self._head,
                      scale, *self._tail, stream)
-        if want_lse and lse is not None and k_mean is not None:
+        if want_lse and lse is not None and self._mean is not None:
             if self._shift is not None:
-                shift = scratch[self._shift:self._shift + 4 * lse.numel()]
-                shift = shift.view(torch.float32).view(self._lse_shape)
+                shift = _part(scratch, self._shift, self._lse_shape)
             else:  # the quantization did not read q (CompiledKernel.run's restore_lse)
-                shift = q_dot(q, k_mean)
+                shift = q_dot(q, _part(scratch, self._mean, self._mean_shape))
             lse.add_(shift, alpha=scale)
         return out, lse
+
+
+def _part(scratch: torch.Tensor, at: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """The fp32 tensor of `shape` at byte `at` of the scratch block."""
+    size = 4 * int(torch.Size(shape).numel())
+    return scratch[at:at + size].view(torch.float32).view(shape)

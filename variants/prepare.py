@@ -72,6 +72,27 @@ def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
                                           compile_now=not capturing())
 
 
+def mean_launcher(k: torch.Tensor):
+    """The launcher of K smoothing's mean kernel (variants/key_mean_kernel.py) for a k the
+    quantization's launch reads (contiguous, 16-byte aligned), or None (compiled only outside
+    a CUDA-graph capture, as quant_launcher's)."""
+    from variants import block_quantize_kernel
+
+    return block_quantize_kernel.compiled("mean", k.dtype, k.shape[-1], k.device,
+                                          compile_now=not capturing())
+
+
+def smoothing_vector_on_gpu(launch, k: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """transforms.smoothing_vector of k into `out` (fp32 (batch, kv_heads, head_dim), 16-byte
+    aligned), by `launch` (mean_launcher's)."""
+    from variants.key_mean_kernel import launch_scalars
+    from variants.launch import current_stream_handle
+
+    launch(k.data_ptr(), out.data_ptr(), *launch_scalars(k.shape),
+           current_stream_handle(k.device))
+    return out
+
+
 def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool,
                            with_q: bool, k_mean: torch.Tensor | None, with_v: bool = True):
     """(codes of q, k, v in the kernel's layouts, packed scales, q . m or None): one launch,
@@ -190,16 +211,22 @@ def quantize_inputs(
                              "config's for_q_dtype() twin, which quantizes q here")
         q = kernel_rows(q)  # the kernel reads (batch, seq_len, heads, head_dim) rows
         q_padded_len = padded
-    # One torch reduction over a strided sample of the keys, on either path.
-    k_mean = transforms.smoothing_vector(k).contiguous() if smooth else None
-    common = dict(seq_len=seq_len, key_permuted=permute_keys, softmax_scale=float(softmax_scale),
-                  v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
-                  q_padded_len=q_padded_len, k_mean=k_mean, qk_rotated=rotate)
     v16 = unquantized_v(v) if v_unquantized else None
     v_in = v if v16 is None else v16
     launch = quant_launcher(q, k, v_in, padded, padded_kv, v_feature_major=v_feature_major,
                             permute_keys=permute_keys, with_q=not q_in_kernel, smooth_k=smooth,
                             rotate_qk=rotate, with_v=v16 is None)
+    # The mean of a strided sample of the keys: with the quantization's launch, the mean
+    # kernel's (as the launch plans compute it), else one torch reduction.
+    k_mean = None
+    if smooth:
+        mean = mean_launcher(k) if launch is not None else None
+        k_mean = smoothing_vector_on_gpu(mean, k, torch.empty(
+            k.shape[0], k.shape[2], head_dim, dtype=torch.float32, device=k.device)) \
+            if mean is not None else transforms.smoothing_vector(k).contiguous()
+    common = dict(seq_len=seq_len, key_permuted=permute_keys, softmax_scale=float(softmax_scale),
+                  v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
+                  q_padded_len=q_padded_len, k_mean=k_mean, qk_rotated=rotate)
     if launch is not None:
         q8, k8, v8, packed, shift = _block_quantize_on_gpu(launch, q, k, v_in, layout,
                                                            v_feature_major, not q_in_kernel,

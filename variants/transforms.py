@@ -46,17 +46,6 @@ def sample_stride(seq_len_kv: int, sample_keys: int | None = MEAN_SAMPLE_KEYS) -
     return max(1, seq_len_kv // sample_keys)
 
 
-def sample_view(shape) -> tuple[tuple, tuple]:
-    """(size, stride) that make k.as_strided(size, stride) the keys smoothing_vector averages
-    (k[:, ::s]) of a contiguous k of this shape: one dispatch on a call's hot path, where the
-    slice costs Python's indexing too."""
-    batch, seq_len_kv, kv_heads, head_dim = shape
-    stride = sample_stride(seq_len_kv)
-    row = kv_heads * head_dim
-    return ((batch, -(-seq_len_kv // stride), kv_heads, head_dim),
-            (seq_len_kv * row, stride * row, head_dim, 1))
-
-
 def smoothing_vector(k: torch.Tensor, sample_keys: int | None = MEAN_SAMPLE_KEYS) -> torch.Tensor:
     """m (batch, kv_heads, head_dim) fp32: the mean of keys 0, s, 2s, ... of k (batch, seq_len_kv,
     kv_heads, head_dim), s = sample_stride."""

@@ -148,3 +148,25 @@ def test_summary_statistics_and_rotation():
     assert (med, q1, q3, low) == (3.0, 2.0, 4.0, 1.0)
     assert rotation_sets(set_bytes=200, l2_bytes=1000) == 11  # 11 * 200 > 2 * 1000
     assert rotation_sets(set_bytes=3000, l2_bytes=1000) == 1
+
+
+def test_a_stopping_search_lets_the_gpu_sandbox_finish_its_evaluation_within_a_bound():
+    """Pipeline.drop(settle_s): the GPU sandbox's evaluation in flight finishes (its result
+    dropped) and the sandbox lives on for the next problem; one still running at the bound is
+    killed as drop() without it kills it at once."""
+    from tuner.search.pool import Pipeline
+
+    pipeline = Pipeline(compile_jobs=1)
+    try:
+        pipeline.gpu.submit(task("evaluate", 64, 2))  # the sandbox's start, then its evaluation
+        pipeline.drop(settle_s=60.0)
+        assert not pipeline.gpu.busy and pipeline.gpu.starts == 1 and not pipeline.ready
+        assert pipeline.gpu._proc.is_alive()  # kept for what comes next
+        pipeline.gpu.submit(task("evaluate", 16, 4, timeout_s=600.0))  # sleeps for an hour
+        t0 = time.monotonic()
+        pipeline.drop(settle_s=1.0)
+        assert not pipeline.gpu.busy and time.monotonic() - t0 < 10
+        pipeline.gpu.submit(task("evaluate", 64, 2))
+        assert result_of(pipeline.gpu).outcome == "ok" and pipeline.gpu.starts == 2
+    finally:
+        pipeline.close()

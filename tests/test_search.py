@@ -527,6 +527,29 @@ def test_decisions_of_several_problems_share_one_gpu_worker(tmp_path):
         store.close()
 
 
+def test_problems_searched_one_after_another_share_one_gpu_worker(tmp_path, monkeypatch,
+                                                                  capsys):
+    """`tuner search` over several lengths: one GPU sandbox for all of them (a fresh one per
+    problem cost 10-15 s each of an H100 main job), one winner per problem."""
+    from tuner.search import pool
+
+    made = []
+    real = pool.Pipeline.__init__
+
+    def counted(self, compile_jobs):
+        real(self, compile_jobs)
+        made.append(self)
+
+    monkeypatch.setattr(pool.Pipeline, "__init__", counted)
+    monkeypatch.setenv("FAKE_FAMILY_NO_PLANTS", "1")  # no crash or hang restarts a sandbox
+    db = tmp_path / "db.sqlite"
+    args = [*BASE, "--families", SMALL, "--seq-lens", "64,96,128", "--trials", "3", "--db",
+            f"sqlite:///{db}"]
+    assert main(args) == 0
+    assert len(made) == 1 and made[0].gpu.starts == 1
+    assert len({r["problem_id"] for r in rows(db) if r["role"] == "retime"}) == 3
+
+
 def test_the_wgmma_space_seeds_the_defaults_other_q_placement():
     """Every wgmma search measures the default with Q quantized in the other place right
     after the default (which placement wins moves with the length)."""

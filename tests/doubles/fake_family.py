@@ -81,6 +81,8 @@ PREPARE_MS = 0.25
 
 
 def _planted(cfg) -> str | None:
+    if os.environ.get("FAKE_FAMILY_NO_PLANTS"):  # a test about scheduling, not outcomes
+        return None
     return PLANTED.get((cfg.tile, cfg.stages))
 
 

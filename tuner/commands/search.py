@@ -26,7 +26,7 @@ HELP = "tune kernel configs for this GPU and store the winner per sequence lengt
 class DEFAULTS:
     trials = 64
     patience = 32
-    confirm_patience = 12
+    confirm_patience = 6
     timeout_s = 600.0
     repeats = 20
 
@@ -171,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
             make_target,
             open_storage,
             runs_on_cpu,
+            shared_pipeline,
         )
     except ModuleNotFoundError as exc:
         raise TunerError(
@@ -225,13 +226,13 @@ def run(args: argparse.Namespace) -> int:
     else:
         view = SearchView(enabled=not args.json)
         results = []
-        with view:
+        with view, shared_pipeline(settings.compile_jobs) as pipeline:
             for problem in problems:
                 search = ProblemSearch(
                     problem, families, target, store, storage, settings, on_progress=view.update
                 )
                 view.start(search.progress())
-                results.append(search.run(decide=not args.no_decide))
+                results.append(search.run(decide=not args.no_decide, pipeline=pipeline))
                 view.done(results[-1])
     if args.json:
         json.dump(

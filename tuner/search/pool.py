@@ -15,6 +15,10 @@ from tuner.search.records import Candidate
 from tuner.search.settings import SearchSettings
 from tuner.search.target import Target
 
+# How long a search that stops lets the GPU sandbox finish its evaluation before killing it:
+# a fresh sandbox (process, imports, CUDA context) costs 10-15 s on an H100 host.
+SETTLE_S = 15.0
+
 
 def task_for(cand: Candidate, problem: Problem, target: Target, settings: SearchSettings,
              seed: int, kind: str = "compile") -> Task:
@@ -92,8 +96,13 @@ class Pipeline:
             for _, (_, result) in poll([self.gpu], 1.0):
                 return result
 
-    def drop(self) -> None:
-        """Kill what is in flight (its candidates are abandoned, not measured)."""
+    def drop(self, settle_s: float = 0.0) -> None:
+        """Kill what is in flight (its candidates are abandoned, not measured). settle_s: first
+        let the GPU sandbox finish its evaluation for up to that long (the result dropped), so
+        that the decision and the next problem reuse it instead of starting another."""
+        until = time.monotonic() + settle_s
+        while self.gpu.busy and until > time.monotonic():  # done, or still busy: killed below
+            poll([self.gpu], until - time.monotonic())
         for sandbox in self._all():
             if sandbox.busy:
                 sandbox.kill()
@@ -103,6 +112,18 @@ class Pipeline:
     def close(self) -> None:
         for sandbox in self._all():
             sandbox.close()
+
+
+@contextlib.contextmanager
+def shared_pipeline(compile_jobs: int):
+    """The sandboxes of a run of problems searched one after another (ProblemSearch.run): a
+    GPU sandbox per problem cost its process start, imports and CUDA context each time
+    (10-15 s per problem of the main job on an H100), on the critical path."""
+    pipeline = Pipeline(compile_jobs)
+    try:
+        yield pipeline
+    finally:
+        pipeline.close()
 
 
 @contextlib.contextmanager

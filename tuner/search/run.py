@@ -25,7 +25,7 @@ from tuner.search.cost import caller_ms, record_cost
 from tuner.search.decision import ProblemResult, decide
 from tuner.search.interrupts import sigint_deferred
 from tuner.search.known import confirmed_row, known_configs
-from tuner.search.pool import Pipeline, task_for
+from tuner.search.pool import SETTLE_S, Pipeline, task_for
 from tuner.search.proposal import Proposer, Space, tell
 from tuner.search.records import Candidate, Records, code_version
 from tuner.search.settings import SearchSettings
@@ -94,15 +94,19 @@ class ProblemSearch:
                         self.seed, self.settings.trials, _measured(self.records.stored()),
                         self._best_ms, Counter(self._outcomes))
 
-    def run(self, decide: bool = True) -> ProblemResult:
+    def run(self, decide: bool = True, pipeline: Pipeline | None = None) -> ProblemResult:
         """Search; then, unless `decide` is False (one of the processes of `--workers N`, whose
         parent decides once: decide()), re-time and store the winner, or leave that to another
         process still searching this study (hosts sharing one database): the process that
-        finishes last decides, with every host's trials stored."""
-        pipeline = Pipeline(self.settings.compile_jobs)
+        finishes last decides, with every host's trials stored. pipeline: the sandboxes of a run
+        of problems (shared_pipeline(); the caller closes it), else this search's own."""
+        own = pipeline is None
+        if own:
+            pipeline = Pipeline(self.settings.compile_jobs)
         try:
             stopped = self._search(pipeline) or "trial budget"
-            self._abandon(pipeline)
+            # Past a time budget nothing waits; else the GPU sandbox's evaluation may finish.
+            self._abandon(pipeline, settle_s=0.0 if stopped == "time budget" else SETTLE_S)
             if not decide:
                 return self._result(stopped)
             # This process has nothing in flight any more: the last one always sees no other.
@@ -115,7 +119,8 @@ class ProblemSearch:
             return self.decide(stopped, pipeline)
         finally:
             self._abandon(pipeline)
-            pipeline.close()
+            if own:
+                pipeline.close()
 
     def decide(self, stopped: str, pipeline: Pipeline, outcomes: Counter | None = None,
                measured_here: int | None = None) -> ProblemResult:
@@ -193,13 +198,14 @@ class ProblemSearch:
             self._since_improvement += 1
         self._on_progress(self.progress())
 
-    def _abandon(self, pipeline: Pipeline) -> None:
+    def _abandon(self, pipeline: Pipeline, settle_s: float = 0.0) -> None:
         """Ctrl-C or a budget: what is still in flight is not measured; FAIL frees its trial in
-        the study (a re-run proposes it again), and the Store never saw it."""
+        the study (a re-run proposes it again), and the Store never saw it. settle_s: a stop
+        of the search's own lets the GPU sandbox finish its evaluation (Pipeline.drop)."""
         with sigint_deferred():
             for cand in pipeline.in_flight():
                 self.study.tell(cand.trial, state=TrialState.FAIL)
-        pipeline.drop()
+        pipeline.drop(settle_s)
 
     def _task(self, cand: Candidate, kind: str = "compile") -> Task:
         return task_for(cand, self.problem, self.target, self.settings, self.seed, kind)

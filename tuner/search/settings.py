@@ -26,7 +26,7 @@ class SearchSettings:
     # The patience (or `patience`, where fewer) of a search that confirms a shipped row
     # (known.confirmed_row): the row came out of a search like this one, so its neighbours' rows
     # and a few proposals show whether this device disagrees; an improvement restarts the count.
-    confirm_patience: int = 12
+    confirm_patience: int = 6
     seed: int | None = None  # None: the study's recorded seed, else a fresh random one
     compile_jobs: int = 2
     timeout_s: float = 600.0  # per candidate and stage (compile, evaluate)

@@ -25,12 +25,12 @@ from tuner.problem import Problem
 from tuner.sandbox import CandidateResult
 from tuner.search.claims import HELD, RUNNING, Claims, owner
 from tuner.search.cost import record_cost
+from tuner.search.feasible_cache import feasible_dicts
 from tuner.search.interrupts import sigint_deferred
 from tuner.search.known import Known
 from tuner.search.records import Candidate, Records
 from tuner.search.settings import FAILED_VALUE_MS, MAX_BARREN_ASKS
 from tuner.store import TrialRecord, config_hash
-from variants.base import judge_space
 
 
 def suggest(trial: optuna.Trial, families: list[str], spaces: dict[str, dict]) -> tuple[str, dict]:
@@ -46,9 +46,10 @@ def params_of(family: str, config: dict) -> dict:
 
 
 def feasible_configs(modules: dict, problem: Problem, gpu) -> list[tuple[str, dict]]:
-    """Every (family, config) that can_implement accepts, in enumeration order."""
-    return [(name, cfg.to_dict()) for name, module in modules.items()
-            for cfg, ok, _ in judge_space(module, problem, gpu) if ok]
+    """Every (family, config) that can_implement accepts, in enumeration order (judged once
+    per family, problem and GPU: tuner/search/feasible_cache.py)."""
+    return [(name, config) for name, module in modules.items()
+            for config in feasible_dicts(name, module, problem, gpu)]
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, outcome: Outcome,

@@ -107,6 +107,17 @@ def test_the_smoothing_mean_compiles_to_fp32_adds_and_one_rounded_division(arch,
         compile_kernel("mean", dtype, head_dim, arch, smooth_k=True)
 
 
+def test_the_smoothing_mean_gives_every_thread_a_group_at_every_head_dim():
+    """KeyMean's groups of head_dim / 8 lanes fill its THREADS exactly at every supported
+    head_dim (a thread past the last whole group would add keys twice), and one thread per
+    feature adds the groups' partial sums."""
+    from variants.base import HEAD_DIMS
+    from variants.key_mean_kernel import THREADS, VEC
+
+    for head_dim in HEAD_DIMS:
+        assert THREADS % (head_dim // VEC) == 0 and THREADS >= head_dim
+
+
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
 def test_the_launch_without_q_compiles_and_a_bad_name_is_refused(arch, tmp_path):
     """quant_kv (for a kernel that quantizes Q itself) is the same code without q's part, and

@@ -181,41 +181,27 @@ def load_space(family: str, arch: str) -> dict[str, list]:
     return space
 
 
-def knob_order(config_cls, space: dict[str, list]) -> list[str]:
-    """The knobs in enumeration order: the prepare-only ones vary slowest, so the first configs
-    are distinct builds, each with the transforms off."""
+def enumerate_space(config_cls, space: dict[str, list]):
+    """Every config of the cartesian product of the domains (feasibility is not checked here).
+    The prepare-only knobs vary slowest: the first configs are distinct builds, each with the
+    transforms off."""
     fields = [f.name for f in dataclasses.fields(config_cls)]
     names = [n for n in fields if n in PREPARE_ONLY_KNOBS] + \
         [n for n in fields if n not in PREPARE_ONLY_KNOBS]
     missing = [n for n in names if n not in space]
     if missing:
         raise KeyError(f"search space lacks knobs {missing} of {config_cls.__name__}")
-    return names
-
-
-def config_maker(config_cls, names: list[str]):
-    """values (in `names` order) -> a config of config_cls, as enumerate_space makes them."""
     if hasattr(config_cls, "__post_init__") or hasattr(config_cls, "__slots__"):
-        return lambda values: config_cls(**dict(zip(names, values, strict=True)))
+        for values in itertools.product(*(space[n] for n in names)):
+            yield config_cls(**dict(zip(names, values, strict=True)))
+        return
     # A frozen dataclass without __post_init__ is its __dict__: filled directly, a third of the
     # cost of __init__'s per-field object.__setattr__ (wgmma's space is 1.8M configs).
     new = object.__new__
-
-    def make(values):
+    for values in itertools.product(*(space[n] for n in names)):
         cfg = new(config_cls)
         cfg.__dict__.update(zip(names, values, strict=True))
-        return cfg
-
-    return make
-
-
-def enumerate_space(config_cls, space: dict[str, list]):
-    """Every config of the cartesian product of the domains (feasibility is not checked here),
-    in knob_order."""
-    names = knob_order(config_cls, space)
-    make = config_maker(config_cls, names)
-    for values in itertools.product(*(space[n] for n in names)):
-        yield make(values)
+        yield cfg
 
 
 def judge_space(family, problem, gpu):

@@ -12,10 +12,10 @@ from variants.prepare_check import prepare_mismatch
 from variants.reference import (
     HEAD_SLOPE_MAX,
     LSE_ABS_MAX,
-    ROW_SCALE_NOISE,
     LSE_QK_REL,
     REL_RMS_MAX,
     ROW_REL_MAX,
+    ROW_SCALE_NOISE,
     accuracy,
     end_to_end_error,
     quantize_reference,

@@ -7,7 +7,8 @@ caching allocator's allocations per call. Then per part (call_parts), the host's
 per call over --calls calls queued without a sync: the whole call, the signature and plan
 lookup (tuner/plans.py), the launch plan's allocations and launches (variants/launch_plan.py),
 and, not in the call, prepare + run (what a strided input or the first call pays); "rest" is the
-whole call less its parts (the api's checks, glue). Then cProfile over --profile-calls calls
+whole call less its parts (the api's checks, glue); and the same call through the custom op and
+the SDPA drop-in, whole (other_entries). Then cProfile over --profile-calls calls
 (the functions with the most own time; the profiler inflates every Python call, so read the
 shares), and last torch.profiler's GPU kernels per call (after every host timing: once it has
 run, CUPTI stays subscribed and later launches cost more). benchmarks/host_stub.py runs the same
@@ -60,9 +61,28 @@ def parts(problem, seed: int) -> dict:
     from tuner.measure import random_inputs
 
     q, k, v = random_inputs(problem, torch.device("cuda"), seed)
-    found = call_parts(q, k, v, problem.causal)
+    found = {**call_parts(q, k, v, problem.causal), **other_entries(q, k, v, problem.causal)}
     torch.cuda.synchronize()
     return found
+
+
+def other_entries(q, k, v, causal: bool) -> dict:
+    """name -> the same call through the custom op (what a torch.compile graph calls) and the
+    SDPA drop-in ((batch, heads, seq_len, head_dim) views, its layout copies included): whole
+    calls, beside attention()'s parts. The drop-in only where its top-left causal mask is
+    tuner.attention's bottom-right one (equal lengths)."""
+    import tuner
+    from tuner.ops import attention_op
+
+    entries = {"custom op (other entry, whole call)": lambda: attention_op(
+        q, k, v, None, "", "auto", None, False, causal, None, False)}
+    if not causal or q.shape[1] == k.shape[1]:
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        gqa = q.shape[2] != k.shape[2]
+        entries["SDPA drop-in (other entry, whole call)"] = \
+            lambda: tuner.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                       enable_gqa=gqa)
+    return entries
 
 
 def call_parts(q, k, v, causal: bool) -> dict:

@@ -10,13 +10,13 @@ the GPU's work for the call (benchmarks.common.time_calls), inputs rotated past 
 
 Host and wall time per call, each system on its own, in loops sized to about --loop-ms:
   host us      the loop's calls without a sync: the CPU's time per call, the GPU not waited on
-  wall - GPU   the same loop until the GPU drained, per call, minus the GPU time above: what the
-               GPU sits idle per call (the call's host cost where host > GPU)
-  sync - GPU   a loop with a sync after each call, per call, minus the GPU time: the latency a
-               synchronous caller pays beyond the GPU's work
-wall - GPU subtracts the GPU time of the rotated-input event timing from a loop on one input
-set, so at tens of ms per call it carries the two runs' clock difference (about +-1 ms at
-30 ms, of either sign across systems), not host work: there the host runs far ahead of the GPU.
+  wall - GPU   the same loop (with an event pair around each call) until the GPU drained, per
+               call, minus that loop's own GPU time per call (the pairs' mean): what the GPU sits
+               idle between calls (the call's host cost where host > GPU)
+  sync - GPU   a loop with a sync after each call, per call, minus the GPU time above: the
+               latency a synchronous caller pays beyond the GPU's work
+wall - GPU takes its GPU time from its own loop, not from the rotated-input timing: two runs'
+clocks differ by about +-1 ms at 30 ms per call, which would swamp the idle time.
 The benchmark's own share is measured beside them (a loop of bare syncs, a loop of bare event
 pairs) and stated under the table: it is what the loops add that no call does.
 No profiler runs in this suite: once torch.profiler has run, CUPTI stays subscribed and every
@@ -65,9 +65,22 @@ def overheads(call, gpu_ms: float, calls: int) -> dict:
         call()
         torch.cuda.synchronize()
     t3 = time.perf_counter()
+    # The no-sync loop once more with an event pair around each call: the loop's own GPU time,
+    # so that wall - GPU is the GPU's idle time per call, not two runs' clock difference.
+    pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+             for _ in range(calls)]
+    torch.cuda.synchronize()
+    t4 = time.perf_counter()
+    for start, end in pairs:
+        start.record()
+        call()
+        end.record()
+    torch.cuda.synchronize()
+    t5 = time.perf_counter()
+    busy_us = sum(start.elapsed_time(end) for start, end in pairs) / calls * 1e3
     gpu_us = gpu_ms * 1e3
     return {"gpu_us": gpu_us, "host_us": (t1 - t0) / calls * 1e6,
-            "wall_minus_gpu_us": (t2 - t0) / calls * 1e6 - gpu_us,
+            "wall_minus_gpu_us": (t5 - t4) / calls * 1e6 - busy_us,
             "sync_minus_gpu_us": (t3 - t2) / calls * 1e6 - gpu_us}
 
 

@@ -4,8 +4,8 @@ Per shape, the call beside its GPU work (benchmarks/e2e.py's loops): GPU us (CUD
 us (the loop's calls without a sync), wall - GPU (such a loop until the GPU drained, minus its
 own GPU time: what the GPU sits idle per call; benchmarks/e2e.py) and sync - GPU (a sync after
 each call), and the caching allocator's allocations per call. Then per part (call_parts), the
-host's microseconds
-per call over --calls calls queued without a sync: the whole call, the signature and plan
+host's microseconds per call over --calls calls queued without a sync: the whole call, the
+signature and plan
 lookup (tuner/plans.py), the launch plan's allocations and launches (variants/launch_plan.py),
 and, not in the call, prepare + run (what a strided input or the first call pays); "rest" is the
 whole call less its parts (the api's checks, glue); and the same call through the custom op and

@@ -1,19 +1,18 @@
 """host: where the host time of a repeated tuner.attention call goes.
 
-Per shape, the call beside its GPU work (benchmarks/e2e.py's loops): GPU us (CUDA events), host
-us (the loop's calls without a sync), wall - GPU (such a loop until the GPU drained, minus its
-own GPU time: what the GPU sits idle per call; benchmarks/e2e.py) and sync - GPU (a sync after
-each call), and the caching allocator's allocations per call. Then per part (call_parts), the
-host's microseconds per call over --calls calls queued without a sync: the whole call, the
-signature and plan
-lookup (tuner/plans.py), the launch plan's allocations and launches (variants/launch_plan.py),
+Per shape, the call beside its GPU work (benchmarks/e2e.py's loops): GPU us (CUDA events), host us
+(the loop's calls without a sync), wall - GPU (such a loop until the GPU drained, minus its own GPU
+time: what the GPU sits idle per call; benchmarks/e2e.py) and sync - GPU (a sync after each call),
+and the caching allocator's allocations per call. Then per part (call_parts), the host's
+microseconds per call over --calls calls queued without a sync: the whole call, the signature and
+plan lookup (tuner/plans.py), the launch plan's allocations and launches (variants/launch_plan.py),
 and, not in the call, prepare + run (what a strided input or the first call pays); "rest" is the
-whole call less its parts (the api's checks, glue); and the same call through the custom op and
-the SDPA drop-in, whole (other_entries). Then cProfile over --profile-calls calls
-(the functions with the most own time; the profiler inflates every Python call, so read the
-shares), and last torch.profiler's GPU kernels per call (after every host timing: once it has
-run, CUPTI stays subscribed and later launches cost more). benchmarks/host_stub.py runs the same
-parts on a CPU with the device work stood in.
+whole call less its parts (the api's checks, glue); and the same call through the custom op and the
+SDPA drop-in, whole (other_entries). Then cProfile over --profile-calls calls (the functions with
+the most own time; the profiler inflates every Python call, so read the shares), and last
+torch.profiler's GPU kernels per call (after every host timing: once it has run, CUPTI stays
+subscribed and later launches cost more). benchmarks/host_stub.py runs the same parts on a CPU with
+the device work stood in.
 """
 
 from __future__ import annotations

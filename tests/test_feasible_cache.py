@@ -64,8 +64,9 @@ def test_another_problem_or_gpu_is_judged_for_itself(cache, monkeypatch):
 
 
 @pytest.mark.parametrize("damage", [b"", b"not zlib", b"\x78\x9c\x03\x00", "truncated",
-                                    "another length", "not bits"])
+                                    "a row short", "other knobs"])
 def test_a_damaged_file_is_judged_again_and_rewritten(cache, damage):
+    import json
     import zlib
 
     module, problem = fake_family_large, Problem(1, 2, 64, 64)
@@ -75,10 +76,13 @@ def test_a_damaged_file_is_judged_again_and_rewritten(cache, damage):
     good = path.read_bytes()
     if damage == "truncated":
         damage = good[:len(good) // 2]
-    elif damage == "another length":
-        damage = zlib.compress(zlib.decompress(good) + b"\0")
-    elif damage == "not bits":
-        damage = zlib.compress(zlib.decompress(good).replace(b"\1", b"\2", 1))
+    elif damage in ("a row short", "other knobs"):
+        doc = json.loads(zlib.decompress(good))
+        if damage == "a row short":
+            doc["rows"][-1].pop()
+        else:
+            doc["knobs"][0] = "renamed"
+        damage = zlib.compress(json.dumps(doc).encode())
     path.write_bytes(damage)
     assert feasible_dicts(family, module, problem, H100) == want
     assert path.read_bytes() == good

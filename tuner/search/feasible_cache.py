@@ -3,13 +3,13 @@
 Judging a space is can_implement on every config of the cartesian product: 1.8M wgmma configs,
 about 10 s per problem on an H100 host, on a search's critical path before its first candidate
 and again for each problem of a run. The verdicts depend on nothing but the family's code, its
-knob domains, the problem and the GPU profile, so a run that has judged them keeps one bit per
-config of the product (zlib-compressed) under $TUNER_CACHE_DIR/feasible/, named by a hash of
-exactly those inputs (the family's code as records.code_version hashes it, and the files beside
-its module), and the next search
-of the problem reads them back: the same configs in the same order, as dicts to_dict() makes.
+knob domains, the problem and the GPU profile, so a run that has judged them keeps the feasible
+configs (their knob names once, then one row of values each; JSON, zlib-compressed, ~300 KB for
+wgmma's 90k) under $TUNER_CACHE_DIR/feasible/, named by a hash of exactly those inputs (the
+family's code as records.code_version hashes it, and the files beside its module), and the next
+search of the problem reads them back: the dicts judge_space's configs make, in its order.
 
-A file that is missing, unreadable, truncated or of the wrong length is judged again and
+A file that is missing, unreadable, truncated or not of the family's knobs is judged again and
 rewritten; a failure to write one is logged and changes nothing else.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import os
@@ -26,7 +25,6 @@ import zlib
 from pathlib import Path
 
 from tuner.problem import Problem
-from variants.base import PREPARE_ONLY_KNOBS
 from variants.build import files_hash
 from variants.dsl_compile import cache_root
 
@@ -38,59 +36,41 @@ def feasible_dicts(family: str, module, problem: Problem, gpu) -> list[dict]:
     and `gpu`, in enumeration order (variants.base.judge_space's)."""
     from tuner.search.records import code_version
 
-    space = module.space(gpu.arch)
-    names = _knob_order(module.Config)
-    domains = [space[n] for n in names]
-    size = 1
-    for domain in domains:
-        size *= len(domain)
+    knobs = [f.name for f in dataclasses.fields(module.Config)]  # to_dict's keys, in order
     # The family's directory too: a one-file family may judge through its neighbours' code.
     code = code_version(module) + files_hash(sorted(Path(module.__file__).parent.glob("*.py")))
-    key = json.dumps({"family": family, "code": code, "knobs": names,
-                      "domains": domains, "problem": problem.to_dict(), "gpu": gpu.to_dict()},
+    key = json.dumps({"family": family, "code": code, "space": module.space(gpu.arch),
+                      "problem": problem.to_dict(), "gpu": gpu.to_dict()},
                      sort_keys=True, default=str)
     path = cache_root() / "feasible" / f"{family}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
-    bits = _read(path, size)
-    if bits is None:
+    rows = _read(path, knobs)
+    if rows is None:
         from variants.base import judge_space
 
-        flags = bytearray(size)
-        for index, (_, ok, _) in enumerate(judge_space(module, problem, gpu)):
-            flags[index] = ok
-        bits = flags
-        _write(path, flags)
-    return [_config(module.Config, names, values).to_dict()
-            for values in itertools.compress(itertools.product(*domains), bits)]
+        configs = [cfg.to_dict() for cfg, ok, _ in judge_space(module, problem, gpu) if ok]
+        _write(path, {"knobs": knobs, "rows": [[c[k] for k in knobs] for c in configs]})
+        return configs
+    return [dict(zip(knobs, row, strict=True)) for row in rows]
 
 
-def _knob_order(config_cls) -> list[str]:
-    """variants.base.enumerate_space's order of the knobs (the prepare-only ones vary
-    slowest); tests/test_feasible_cache.py compares what this module reads back with
-    judge_space's own enumeration."""
-    fields = [f.name for f in dataclasses.fields(config_cls)]
-    return [n for n in fields if n in PREPARE_ONLY_KNOBS] + \
-        [n for n in fields if n not in PREPARE_ONLY_KNOBS]
-
-
-def _config(config_cls, names: list[str], values: tuple):
-    return config_cls(**dict(zip(names, values, strict=True)))
-
-
-def _read(path: Path, size: int) -> bytes | None:
+def _read(path: Path, knobs: list[str]) -> list[list] | None:
+    """The rows of the file at `path`, or None where it is missing or not one of these knobs."""
     try:
-        flags = zlib.decompress(path.read_bytes())
-    except (OSError, zlib.error):
+        doc = json.loads(zlib.decompress(path.read_bytes()))
+    except (OSError, zlib.error, ValueError):
         return None
-    if len(flags) != size or flags.strip(b"\0\1"):
-        return None  # another space's, or damaged: judge again
-    return flags
+    if not (isinstance(doc, dict) and doc.get("knobs") == knobs
+            and isinstance(doc.get("rows"), list)
+            and all(isinstance(r, list) and len(r) == len(knobs) for r in doc["rows"])):
+        return None  # another family's, or damaged: judge again
+    return doc["rows"]
 
 
-def _write(path: Path, flags: bytearray) -> None:
+def _write(path: Path, doc: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as fh:
-            fh.write(zlib.compress(bytes(flags), 6))
+            fh.write(zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 6))
         os.replace(fh.name, path)  # whole or absent, for a search running beside this one
     except OSError as exc:
         log.warning("tuner: could not keep the feasible configs in %s (%s); the next search "

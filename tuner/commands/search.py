@@ -273,6 +273,8 @@ def summary(result) -> dict:
         "measured_here": result.measured_here,
         # Outcome keys are StrEnum members: JSON writes their plain values ("ok", ...).
         "outcomes": dict(result.outcomes),
+        # Accuracy classes a measured member ruled out, and the proposals of them skipped.
+        "ruled_out_classes": result.ruled_out, "ruled_out_proposals": result.ruled_out_proposals,
         "winner": trial(result.winner), "default": trial(result.default),
         "speedup_over_default": result.speedup, "default_kept": result.default_kept,
         # One line when candidates ran but none qualified (all over the accuracy budget).
@@ -372,7 +374,8 @@ class SearchView:
         best = ""
         if p.best_ms is not None:
             best = f"best {p.best_ms:.3f} ms {p.problem.tflops(p.best_ms):.0f} TFLOP/s"
-        fails = " ".join(f"{k}:{n}" for k, n in sorted(p.outcomes.items()) if k != Outcome.OK)
+        fails = [f"{k}:{n}" for k, n in sorted(p.outcomes.items()) if k != Outcome.OK]
+        fails = " ".join([*fails, *([f"ruled_out:{p.ruled_out}"] if p.ruled_out else [])])
         self.progress.update(task, completed=min(p.measured, p.trials), best=best, fails=fails)
 
     def done(self, result) -> None:
@@ -381,6 +384,9 @@ class SearchView:
             self.progress.update(task, description="done")
         if self.enabled:
             self.console.log(f"s={result.problem.seq_len}: stopped ({result.stopped})")
+            for line in result.ruled_out:
+                self.console.log(f"s={result.problem.seq_len}: over the accuracy budget, not "
+                                 f"measured further: {line}")
 
     @staticmethod
     def short_label(winner, default) -> str:

@@ -44,6 +44,10 @@ class ProblemResult:
     deferred_to: str = ""
     budget: Budget | None = None
     no_winner: str = ""  # why no winner was stored, when candidates ran but none qualified
+    # Accuracy classes a measured member ruled out (accuracy_classes.ruled_out_lines), and the
+    # proposals of them this process skipped (exhaustive mode proposes none).
+    ruled_out: list[str] = field(default_factory=list)
+    ruled_out_proposals: int = 0
 
 
 def pick_winner(valid: list[TrialRecord], default: TrialRecord | None

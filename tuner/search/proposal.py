@@ -10,7 +10,8 @@ the families' seeds, in that order. Modes: "exhaustive" when the feasible space 
 than the trial budget: the next feasible config that nobody has measured or claimed is enqueued
 before each ask, so no infeasible point is ever asked; "tpe" otherwise: multivariate TPE where
 each trial sets a constraint, so configs that are infeasible or fail teach the sampler where not
-to go. Either way only configs that pass can_implement reach a compiler.
+to go. Either way only configs that pass can_implement reach a compiler, and none of an accuracy
+class a measured member ruled out as over the budget (accuracy_classes.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from optuna.trial import TrialState
 from tuner.outcomes import Outcome, Role
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult
+from tuner.search.accuracy_classes import accuracy_class, ruled_out_classes
 from tuner.search.claims import HELD, RUNNING, Claims, owner
 from tuner.search.cost import record_cost
 from tuner.search.feasible_cache import feasible_dicts
@@ -116,14 +118,16 @@ class Space:
 
 
 class Proposer:
-    """The next candidate for the compiler; proposals that are infeasible or already measured
-    are settled here (told, and an infeasible one stored) without one."""
+    """The next candidate for the compiler; proposals that are infeasible, already measured or
+    of a ruled-out accuracy class are settled here (told, and an infeasible one stored) without
+    one. max_error: the search's accuracy budget (None: no class is ever ruled out)."""
 
     def __init__(self, study: optuna.Study, space: Space, claims: Claims, records: Records,
-                 problem: Problem, gpu) -> None:
+                 problem: Problem, gpu, max_error: float | None = None) -> None:
         self.study, self.space, self.claims, self.records = study, space, claims, records
-        self.problem, self.gpu = problem, gpu
-        self._feasible_hashes = space.feasible_hashes
+        self.problem, self.gpu, self.max_error = problem, gpu, max_error
+        self._class_of = {config_hash(f, c): accuracy_class(f, c) for f, c in space.feasible}
+        self.ruled_out = 0  # proposals this process skipped, their class ruled out
 
     def next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> Candidate | None:
         """None when the sampler has nothing new in MAX_BARREN_ASKS proposals."""
@@ -151,6 +155,13 @@ class Proposer:
                 # Measured before (an earlier run, or another process): tell the stored value.
                 tell(self.study, trial, stored[digest].outcome, record_cost(stored[digest]))
                 continue
+            by = ruled_out_classes(stored.values(), self.max_error).get(
+                accuracy_class(family, config))
+            if by is not None:
+                trial.set_user_attr("ruled_out_by", by)
+                tell(self.study, trial, Outcome.TOO_INACCURATE, None)
+                self.ruled_out += 1
+                continue
             if digest in in_flight or self.claims.held_by_earlier(trial, digest):
                 self.study.tell(trial, state=TrialState.FAIL)
                 continue
@@ -158,10 +169,13 @@ class Proposer:
         return None
 
     def all_done(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> bool:
-        """Every feasible config measured, in flight here or held by a live process. A WAITING
-        trial is not done: the next ask pops it."""
+        """Every feasible config measured, in flight here, held by a live process or of a
+        ruled-out class. A WAITING trial is not done: the next ask pops it."""
+        ruled_out = ruled_out_classes(stored.values(), self.max_error)
+
         def covered() -> bool:
-            return self._feasible_hashes <= set(stored) | in_flight | self.claims.claimed(RUNNING)
+            done = set(stored) | in_flight | self.claims.claimed(RUNNING)
+            return all(h in done or c in ruled_out for h, c in self._class_of.items())
 
         if not covered():
             return False
@@ -174,7 +188,8 @@ class Proposer:
         default first (so that the tuned result is never worse than it), then its accurate twin
         (the baseline where the default is over the accuracy budget), then the known configs
         (the incumbent from the start where one is the best), then the families' seeds, then,
-        in exhaustive mode, every feasible config in turn. Two processes may race and
+        in exhaustive mode, every feasible config in turn; none of a ruled-out accuracy class
+        (accuracy_classes.py). Two processes may race and
         enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
         space = self.space
         # Completed trials count too: another process may have measured a config (a seed, say)
@@ -182,11 +197,12 @@ class Proposer:
         # (held_by_earlier) on every ask until the sampler is declared barren.
         taken = set(stored) | in_flight | self.claims.claimed((*HELD, TrialState.COMPLETE))
         known = {config_hash(k.family, k.config): k.source for k in space.known}
+        ruled_out = ruled_out_classes(stored.values(), self.max_error)
         order = [*space.baselines, *((k.family, k.config) for k in space.known), *space.seeds,
                  *(space.feasible if space.mode == "exhaustive" else [])]
         for family, config in order:
             digest = config_hash(family, config)
-            if digest not in taken:
+            if digest not in taken and accuracy_class(family, config) not in ruled_out:
                 role = (Role.DEFAULT if digest == space.default_hash
                         else Role.KNOWN if digest in known else Role.SEARCH)
                 # The owner goes in with the params: a kill right after the ask pops this trial

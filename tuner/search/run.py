@@ -20,6 +20,7 @@ from optuna.trial import TrialState
 from tuner.outcomes import Outcome
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult, Task
+from tuner.search.accuracy_classes import ruled_out_lines
 from tuner.search.claims import Claims
 from tuner.search.cost import caller_ms, record_cost
 from tuner.search.decision import ProblemResult, decide
@@ -48,6 +49,7 @@ class Progress:
     measured: int  # by every process of the study, infeasible proposals not counted
     best_ms: float | None  # the best valid time this process has seen
     outcomes: Counter  # measured in this run, by outcome
+    ruled_out: int = 0  # proposals skipped, their accuracy class ruled out (accuracy_classes.py)
 
 
 class ProblemSearch:
@@ -82,7 +84,7 @@ class ProblemSearch:
         self.records = Records(store, target.device_id, problem, family_set_name(families),
                                self.name, self.seed, versions)
         self.proposer = Proposer(self.study, self.space, self.claims, self.records, problem,
-                                 target.gpu)
+                                 target.gpu, settings.budget.max_error if settings.budget else None)
         self._on_progress = on_progress or (lambda _p: None)
         self._outcomes: Counter = Counter()
         self._measured_here = 0
@@ -92,7 +94,7 @@ class ProblemSearch:
     def progress(self) -> Progress:
         return Progress(self.name, self.problem, self.space.mode, len(self.space.feasible),
                         self.seed, self.settings.trials, _measured(self.records.stored()),
-                        self._best_ms, Counter(self._outcomes))
+                        self._best_ms, Counter(self._outcomes), self.proposer.ruled_out)
 
     def run(self, decide: bool = True, pipeline: Pipeline | None = None) -> ProblemResult:
         """Search; then, unless `decide` is False (one of the processes of `--workers N`, whose
@@ -211,9 +213,11 @@ class ProblemSearch:
         return task_for(cand, self.problem, self.target, self.settings, self.seed, kind)
 
     def _result(self, stopped: str) -> ProblemResult:
+        ruled_out = ruled_out_lines(self.records.stored(), self.proposer.max_error)
         return ProblemResult(self.problem, self.name, self.seed, self.space.mode,
                              len(self.space.feasible), stopped, self._outcomes,
-                             self._measured_here, budget=self.settings.budget)
+                             self._measured_here, budget=self.settings.budget,
+                             ruled_out=ruled_out, ruled_out_proposals=self.proposer.ruled_out)
 
 
 def _measured(stored: dict) -> int:

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.constructor import SafeConstructor
 
 from tuner.dburl import display_url
 from tuner.errors import TunerError, argument
@@ -93,6 +94,8 @@ OPTIONAL_NUMBERS = ("iqr_ms", "tflops", "speedup_over_default", "default_median_
 # The only YAML types a table holds: plain mappings, lists and scalars. Anything tagged otherwise
 # (!!python/object, !!set, a custom tag) is refused, never constructed.
 _COLLECTION_TAGS = {"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"}
+# libyaml's composer where PyYAML has it: a search reads the tables for every problem.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class TableError(TunerError):
@@ -122,10 +125,10 @@ def _construct(node: yaml.Node, path: tuple, lines: dict[tuple, int], seen: set[
         return out
     if isinstance(node, yaml.SequenceNode):
         return [_construct(item, (*path, i), lines, seen) for i, item in enumerate(node.value)]
-    # Scalars: let the safe loader's resolver type them (int, float, bool, null, str, dates);
-    # it refuses any other tag.
+    # Scalars: the safe constructor types them by the tag compose resolved (int, float, bool,
+    # null, str, dates); it refuses any other tag.
     try:
-        return yaml.safe_load(yaml.serialize(node))
+        return SafeConstructor().construct_object(node)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or type(exc).__name__
         raise TableError(f"line {line}: {problem}") from None
@@ -134,7 +137,7 @@ def _construct(node: yaml.Node, path: tuple, lines: dict[tuple, int], seen: set[
 def parse_table(text: str, source: str = "<table>") -> tuple[dict, dict[tuple, int]]:
     """Safe-parse YAML into plain data plus the line of every path (for error messages)."""
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        node = yaml.compose(text, Loader=_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "somewhere"

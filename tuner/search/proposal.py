@@ -17,6 +17,7 @@ class a measured member ruled out as over the budget (accuracy_classes.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import optuna
 from optuna.trial import TrialState
@@ -83,16 +84,19 @@ class Space:
     # Measured right after the baselines, before the seeds: configs known to do well near the
     # problem, feasible, no baseline (known.known_configs); none with --no-warm-start.
     known: list[Known] = field(default_factory=list)
+    # config_hash of each feasible config, in its order: hashed once (90k for wgmma, ~1 s).
+    hashes: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, modules: dict, problem: Problem, gpu, exhaustive_up_to: int) -> Space:
         families = list(modules)
         feasible = feasible_configs(modules, problem, gpu)
+        hashes = [config_hash(f, c) for f, c in feasible]
         plain = modules[families[0]].default(gpu.arch, problem)
         default = (families[0], plain.to_dict())
         mode = "exhaustive" if len(feasible) <= exhaustive_up_to else "tpe"
         # Seeds that can run and are not the default (nor its accurate twin) itself.
-        wanted = {config_hash(f, c) for f, c in feasible} - {config_hash(*default)}
+        wanted = set(hashes) - {config_hash(*default)}
         accurate = (families[0], plain.with_transforms().to_dict())
         accurate = accurate if config_hash(*accurate) in wanted else None
         wanted -= {config_hash(*accurate)} if accurate else set()
@@ -100,7 +104,7 @@ class Space:
                  for cfg in getattr(module, "seeds", lambda arch, problem: [])(gpu.arch, problem)]
         seeds = [seed for seed in seeds if config_hash(*seed) in wanted]
         return cls(families, modules, {n: m.space(gpu.arch) for n, m in modules.items()},
-                   feasible, default, mode, seeds, accurate)
+                   feasible, default, mode, seeds, accurate, hashes=hashes)
 
     @property
     def baselines(self) -> list[tuple[str, dict]]:
@@ -112,9 +116,9 @@ class Space:
     def default_hash(self) -> str:
         return config_hash(*self.default)
 
-    @property
+    @cached_property
     def feasible_hashes(self) -> set[str]:
-        return {config_hash(f, c) for f, c in self.feasible}
+        return set(self.hashes)
 
 
 class Proposer:
@@ -126,7 +130,8 @@ class Proposer:
                  problem: Problem, gpu, max_error: float | None = None) -> None:
         self.study, self.space, self.claims, self.records = study, space, claims, records
         self.problem, self.gpu, self.max_error = problem, gpu, max_error
-        self._class_of = {config_hash(f, c): accuracy_class(f, c) for f, c in space.feasible}
+        pairs = zip(space.hashes, space.feasible, strict=True)
+        self._class_of = {h: accuracy_class(f, c) for h, (f, c) in pairs}
         self.ruled_out = 0  # proposals this process skipped, their class ruled out
 
     def next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> Candidate | None:

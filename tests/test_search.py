@@ -432,7 +432,8 @@ def test_workers_share_one_study_and_decide_once(db_url_any):
     assert set(doc) == {"device", "gpu", "families", "accuracy", "results"}
     assert set(doc["accuracy"]) == {"data", "max_error"}
     assert set(result) == {"problem", "seq_len", "study", "seed", "mode", "feasible", "stopped",
-                           "measured_here", "outcomes", "winner", "default",
+                           "measured_here", "outcomes", "ruled_out_classes",
+                           "ruled_out_proposals", "winner", "default",
                            "speedup_over_default", "default_kept", "no_winner"}
     assert {"e2e_error", "e2e_data"} <= set(result["winner"])
     done = _check_shared_study(db_url_any, [doc])

@@ -51,6 +51,20 @@ def test_new_database_is_wal_and_versioned(db_url, tmp_path):
     assert con.execute("SELECT version FROM tuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
+def test_sqlite_commits_of_the_store_and_the_study_skip_the_fsync_wal_makes_optional(tmp_path):
+    from tuner.search.storage import open_storage
+
+    url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
+    store, storage = Store(url), open_storage(url)
+    try:
+        for engine in (store.engine, storage.engine):
+            with engine.connect() as conn:  # 1: NORMAL (2, FULL, is the driver's default)
+                assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1
+    finally:
+        store.close()
+        storage.engine.dispose()
+
+
 @pytest.mark.parametrize(("tamper", "message"), [
     ("UPDATE tuner_schema_version SET version = 999",
      r"schema version 999, this tuner expects 3 \(a newer tuner wrote it\): upgrade .*db="),

@@ -10,8 +10,9 @@ the families' seeds, in that order. Modes: "exhaustive" when the feasible space 
 than the trial budget: the next feasible config that nobody has measured or claimed is enqueued
 before each ask, so no infeasible point is ever asked; "tpe" otherwise: multivariate TPE where
 each trial sets a constraint, so configs that are infeasible or fail teach the sampler where not
-to go. Either way only configs that pass can_implement reach a compiler, and none of an accuracy
-class a measured member ruled out as over the budget (accuracy_classes.py).
+to go, and the nearest usable config is measured in an infeasible proposal's place (repair.py).
+Either way only configs that pass can_implement reach a compiler, and none of an accuracy class a
+measured member ruled out as over the budget (accuracy_classes.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from tuner.search.feasible_cache import feasible_dicts
 from tuner.search.interrupts import sigint_deferred
 from tuner.search.known import Known
 from tuner.search.records import Candidate, Records
+from tuner.search.repair import Repairer
 from tuner.search.settings import FAILED_VALUE_MS, MAX_BARREN_ASKS
 from tuner.store import TrialRecord, config_hash
 
@@ -124,15 +126,17 @@ class Space:
 class Proposer:
     """The next candidate for the compiler; proposals that are infeasible, already measured or
     of a ruled-out accuracy class are settled here (told, and an infeasible one stored) without
-    one. max_error: the search's accuracy budget (None: no class is ever ruled out)."""
+    one, and the nearest usable config enqueued in its place (repair.py). max_error: the search's
+    accuracy budget (None: no class is ever ruled out); seed: the study's (repairs' ties)."""
 
     def __init__(self, study: optuna.Study, space: Space, claims: Claims, records: Records,
-                 problem: Problem, gpu, max_error: float | None = None) -> None:
+                 problem: Problem, gpu, max_error: float | None = None, seed: int = 0) -> None:
         self.study, self.space, self.claims, self.records = study, space, claims, records
         self.problem, self.gpu, self.max_error = problem, gpu, max_error
         pairs = zip(space.hashes, space.feasible, strict=True)
         self._class_of = {h: accuracy_class(f, c) for h, (f, c) in pairs}
         self.ruled_out = 0  # proposals this process skipped, their class ruled out
+        self._repairer = Repairer(space, seed)
 
     def next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> Candidate | None:
         """None when the sampler has nothing new in MAX_BARREN_ASKS proposals."""
@@ -150,28 +154,47 @@ class Proposer:
             module = space.modules[family]
             ok, reason = module.can_implement(module.Config.from_dict(config), self.problem,
                                               self.gpu)
+            ruled_out = ruled_out_classes(stored.values(), self.max_error)
             if not ok:
                 if digest not in stored:
                     stored[digest] = self.records.record(
                         cand, CandidateResult(Outcome.INFEASIBLE, reason))
                 tell(self.study, trial, Outcome.INFEASIBLE, None)
+                self._repair(trial, family, config, stored, in_flight, ruled_out)
                 continue
             if digest in stored:
                 # Measured before (an earlier run, or another process): tell the stored value.
                 tell(self.study, trial, stored[digest].outcome, record_cost(stored[digest]))
                 continue
-            by = ruled_out_classes(stored.values(), self.max_error).get(
-                accuracy_class(family, config))
+            by = ruled_out.get(accuracy_class(family, config))
             if by is not None:
                 trial.set_user_attr("ruled_out_by", by)
                 tell(self.study, trial, Outcome.TOO_INACCURATE, None)
                 self.ruled_out += 1
+                self._repair(trial, family, config, stored, in_flight, ruled_out)
                 continue
             if digest in in_flight or self.claims.held_by_earlier(trial, digest):
                 self.study.tell(trial, state=TrialState.FAIL)
                 continue
             return cand
         return None
+
+    def _repair(self, trial: optuna.Trial, family: str, config: dict,
+                stored: dict[str, TrialRecord], in_flight: set[str], ruled_out: dict) -> None:
+        """Enqueue the nearest usable config to a proposal that was not (repair.py): the next
+        ask pops it, with the proposal's trial number as `repair_of`."""
+        with sigint_deferred():
+            near = self._repairer.nearest(family, config, trial.number,
+                                          self._taken(stored, in_flight), ruled_out)
+            if near is not None:
+                self.study.enqueue_trial(params_of(family, near), user_attrs={
+                    "role": str(Role.SEARCH), "owner": owner(), "repair_of": trial.number})
+
+    def _taken(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> set[str]:
+        # Completed trials count too: another process may have measured a config (a seed, say)
+        # after this one last read the Store, and re-enqueueing it would only be backed off
+        # (held_by_earlier) on every ask until the sampler is declared barren.
+        return set(stored) | in_flight | self.claims.claimed((*HELD, TrialState.COMPLETE))
 
     def all_done(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> bool:
         """Every feasible config measured, in flight here, held by a live process or of a
@@ -197,10 +220,7 @@ class Proposer:
         (accuracy_classes.py). Two processes may race and
         enqueue one config twice; the later trial backs off (Claims.held_by_earlier)."""
         space = self.space
-        # Completed trials count too: another process may have measured a config (a seed, say)
-        # after this one last read the Store, and re-enqueueing it would only be backed off
-        # (held_by_earlier) on every ask until the sampler is declared barren.
-        taken = set(stored) | in_flight | self.claims.claimed((*HELD, TrialState.COMPLETE))
+        taken = self._taken(stored, in_flight)
         known = {config_hash(k.family, k.config): k.source for k in space.known}
         ruled_out = ruled_out_classes(stored.values(), self.max_error)
         order = [*space.baselines, *((k.family, k.config) for k in space.known), *space.seeds,

@@ -84,7 +84,8 @@ class ProblemSearch:
         self.records = Records(store, target.device_id, problem, family_set_name(families),
                                self.name, self.seed, versions)
         self.proposer = Proposer(self.study, self.space, self.claims, self.records, problem,
-                                 target.gpu, settings.budget.max_error if settings.budget else None)
+                                 target.gpu, settings.budget.max_error if settings.budget else None,
+                                 self.seed)
         self._on_progress = on_progress or (lambda _p: None)
         self._outcomes: Counter = Counter()
         self._measured_here = 0

@@ -98,6 +98,25 @@ def test_bad_tables_change_nothing_and_name_line_and_field(exported, tmp_path, m
     assert _snapshot(store) == before
 
 
+def test_a_winner_decided_after_an_import_counts_its_own_trials(exported, tmp_path):
+    path, text = exported
+    store = Store(f"sqlite:///{tmp_path / 'b.sqlite'}")
+    import_table(store, path, local_fingerprint=FINGERPRINT)
+    device = next(iter(store.devices()))
+    problem = Problem(1, 56, 4096)
+    ids = [store.record_trial(TrialRecord(
+        id=None, device_id=device, problem_key=problem.key(), family_set="mma_sync",
+        family="mma_sync", config=SEED.to_dict(), config_hash="s", role="search", outcome="ok",
+        median_ms=ms, iqr_ms=0.001, tflops=problem.tflops(ms), rel_rms=0.03))
+        for ms in (0.8, 0.9, 1.0, 1.1, 1.2)]
+    store.set_best(device, problem, "mma_sync", ids[0], None, None)
+    entries = {e["problem"]["seq_len"]: e for e in build_table(store, device, "h200")["entries"]}
+    store.close()
+    assert "trials: 3" in text and entries[30272]["trials"] == 3  # still the table's own count
+    # The search's five and the two the import stored (winner, default), not the table's 3.
+    assert entries[4096]["trials"] == 7
+
+
 def test_wrong_fingerprint_is_refused_unless_forced(exported, tmp_path):
     path, _ = exported
     store = Store(f"sqlite:///{tmp_path / 'd.sqlite'}")

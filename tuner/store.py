@@ -270,6 +270,8 @@ class Store:
             row.default_trial_id = default_trial_id
             row.speedup_over_default = speedup_over_default
             row.decided_at = _now()
+            # Decided here: its trials are counted in this store, not the imported table's count.
+            row.imported_trials = None
 
         self._write(work)
 

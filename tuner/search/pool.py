@@ -18,6 +18,9 @@ from tuner.search.target import Target
 # How long a search that stops lets the GPU sandbox finish its evaluation before killing it:
 # a fresh sandbox (process, imports, CUDA context) costs 10-15 s on an H100 host.
 SETTLE_S = 15.0
+# Compiled candidates waiting for the GPU, at most: with a warm compile cache a compile is a
+# load, and a deeper queue only has the sampler propose further ahead of what it has measured.
+READY_DEPTH = 2
 
 
 def task_for(cand: Candidate, problem: Problem, target: Target, settings: SearchSettings,
@@ -52,7 +55,7 @@ class Pipeline:
 
     def has_room(self) -> bool:
         idle = any(not s.busy for s in self.compilers)
-        return idle and len(self.ready) < len(self.compilers)
+        return idle and len(self.ready) < min(len(self.compilers), READY_DEPTH)
 
     def compile(self, cand: Candidate, task: Task) -> None:
         sandbox = next(s for s in self.compilers if not s.busy)

@@ -108,7 +108,8 @@ class ProblemSearch:
             pipeline = Pipeline(self.settings.compile_jobs)
         try:
             stopped = self._search(pipeline) or "trial budget"
-            # Past a time budget nothing waits; else the GPU sandbox's evaluation may finish.
+            # What is still in flight (a stop on time or patience) is abandoned; past a time
+            # budget nothing waits, else the GPU sandbox's evaluation may finish.
             self._abandon(pipeline, settle_s=0.0 if stopped == "time budget" else SETTLE_S)
             if not decide:
                 return self._result(stopped)
@@ -153,8 +154,10 @@ class ProblemSearch:
             flight = {c.hash for c in in_flight}
             measured = _measured(stored)
             if asking:
-                stopped = self._stop_reason(measured, start, stored, flight)
+                stopped, finish_in_flight = self._stop_reason(measured, start, stored, flight)
                 asking = not stopped
+                if stopped and not finish_in_flight:
+                    return stopped  # run() abandons what is in flight
             # The budget is the study's: trials of every process that searches it count,
             # measured or in flight (RUNNING), ours included.
             room = s.trials - measured - max(self.claims.running(), len(in_flight))
@@ -174,19 +177,26 @@ class ProblemSearch:
                 with sigint_deferred():  # stored and told, or neither
                     self._finish(cand, result)
 
-    def _stop_reason(self, measured: int, start: float, stored, in_flight: set[str]) -> str:
+    def _stop_reason(self, measured: int, start: float, stored,
+                     in_flight: set[str]) -> tuple[str, bool]:
+        """Why the search stops ("" while it goes on), and whether what is in flight is still
+        measured: yes within the trial budget or the space; no past a time budget, and not
+        after `patience` candidates without improvement (the pipeline holds up to
+        pool.READY_DEPTH compiled candidates and a compile per sandbox; measuring those would
+        only extend a search that has stopped improving)."""
         s = self.settings
         if measured >= s.trials:
-            return "trial budget"
+            return "trial budget", True
         if s.time_budget_s and time.monotonic() - start > s.time_budget_s:
-            return "time budget"
+            return "time budget", False
         if self.patience and self._since_improvement >= self.patience:
             if self.confirms:
-                return f"no improvement in {self.patience} trials (confirming {self.confirms})"
-            return f"no improvement in {self.patience} trials"
+                return (f"no improvement in {self.patience} trials (confirming "
+                        f"{self.confirms})", False)
+            return f"no improvement in {self.patience} trials", False
         if self.proposer.all_done(stored, in_flight):
-            return "space exhausted"
-        return ""
+            return "space exhausted", True
+        return "", True
 
     def _finish(self, cand: Candidate, result: CandidateResult) -> None:
         self.records.record(cand, result)  # the Store first: a kill after this loses nothing

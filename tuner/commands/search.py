@@ -166,12 +166,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         from tuner.search import (
+            Pipeline,
             ProblemSearch,
             SearchSettings,
             make_target,
             open_storage,
             runs_on_cpu,
-            shared_pipeline,
         )
     except ModuleNotFoundError as exc:
         raise TunerError(
@@ -226,7 +226,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         view = SearchView(enabled=not args.json)
         results = []
-        with view, shared_pipeline(settings.compile_jobs) as pipeline:
+        # One set of sandboxes for every problem: a GPU sandbox of its own per problem cost its
+        # process start, imports and CUDA context (10-15 s a problem on an H100 host).
+        with view, Pipeline(settings.compile_jobs) as pipeline:
             for problem in problems:
                 search = ProblemSearch(
                     problem, families, target, store, storage, settings, on_progress=view.update
@@ -375,7 +377,8 @@ class SearchView:
         if p.best_ms is not None:
             best = f"best {p.best_ms:.3f} ms {p.problem.tflops(p.best_ms):.0f} TFLOP/s"
         fails = [f"{k}:{n}" for k, n in sorted(p.outcomes.items()) if k != Outcome.OK]
-        fails = " ".join([*fails, *([f"ruled_out:{p.ruled_out}"] if p.ruled_out else [])])
+        ruled_out = [f"ruled_out:{p.ruled_out_proposals}"] if p.ruled_out_proposals else []
+        fails = " ".join([*fails, *ruled_out])
         self.progress.update(task, completed=min(p.measured, p.trials), best=best, fails=fails)
 
     def done(self, result) -> None:

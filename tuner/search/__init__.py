@@ -25,7 +25,7 @@ finishes last (ProblemSearch.run).
 
 from tuner.search.claims import ORPHAN_AFTER_S, Claims
 from tuner.search.decision import TOP_K_RETIME, ProblemResult, pick_winner
-from tuner.search.pool import Pipeline, decision_pipeline, shared_pipeline
+from tuner.search.pool import Pipeline, decision_pipeline
 from tuner.search.proposal import Space, feasible_configs, params_of, suggest
 from tuner.search.records import Candidate, code_version
 from tuner.search.run import ProblemSearch, Progress
@@ -37,6 +37,6 @@ __all__ = [
     "FAILED_VALUE_MS", "MAX_BARREN_ASKS", "ORPHAN_AFTER_S", "TOP_K_RETIME", "Candidate", "Claims",
     "Pipeline", "ProblemResult", "ProblemSearch", "Progress", "SearchSettings", "Space", "Target",
     "code_version", "decision_pipeline", "family_set_name", "feasible_configs", "make_sampler",
-    "make_target", "open_storage", "params_of", "pick_winner", "runs_on_cpu", "shared_pipeline",
-    "study_name", "suggest",
+    "make_target", "open_storage", "params_of", "pick_winner", "runs_on_cpu", "study_name",
+    "suggest",
 ]

@@ -3,7 +3,6 @@ that the GPU times one candidate while the next ones compile."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections import deque
@@ -116,27 +115,17 @@ class Pipeline:
         for sandbox in self._all():
             sandbox.close()
 
+    def __enter__(self) -> Pipeline:
+        return self
 
-@contextlib.contextmanager
-def shared_pipeline(compile_jobs: int):
-    """The sandboxes of a run of problems searched one after another (ProblemSearch.run): a
-    GPU sandbox per problem cost its process start, imports and CUDA context each time
-    (10-15 s per problem of the main job on an H100), on the critical path."""
-    pipeline = Pipeline(compile_jobs)
-    try:
-        yield pipeline
-    finally:
-        pipeline.close()
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
-@contextlib.contextmanager
-def decision_pipeline():
+def decision_pipeline() -> Pipeline:
     """A GPU sandbox for a run of decisions (ProblemSearch.decide): `--workers N` decides every
     problem in the parent process, and a sandbox of its own per problem cost a process start,
     imports and a CUDA context each time (7-8 s per problem on the two-H200 machine, serially
-    after the children's parallel search: docs/design.md)."""
-    pipeline = Pipeline(compile_jobs=1)  # sandboxes start on first use: only the GPU one does
-    try:
-        yield pipeline
-    finally:
-        pipeline.close()
+    after the children's parallel search: docs/design.md). Sandboxes start on first use: only
+    the GPU one does."""
+    return Pipeline(compile_jobs=1)

@@ -122,6 +122,11 @@ class Space:
     def feasible_hashes(self) -> set[str]:
         return set(self.hashes)
 
+    @cached_property
+    def classes(self) -> list[tuple]:
+        """accuracy_classes.accuracy_class of each feasible config, in its order."""
+        return [accuracy_class(f, c) for f, c in self.feasible]
+
 
 class Proposer:
     """The next candidate for the compiler; proposals that are infeasible, already measured or
@@ -133,9 +138,8 @@ class Proposer:
                  problem: Problem, gpu, max_error: float | None = None, seed: int = 0) -> None:
         self.study, self.space, self.claims, self.records = study, space, claims, records
         self.problem, self.gpu, self.max_error = problem, gpu, max_error
-        pairs = zip(space.hashes, space.feasible, strict=True)
-        self._class_of = {h: accuracy_class(f, c) for h, (f, c) in pairs}
-        self.ruled_out = 0  # proposals this process skipped, their class ruled out
+        self._class_of = dict(zip(space.hashes, space.classes, strict=True))
+        self.ruled_out_proposals = 0  # skipped by this process, their class ruled out
         self._repairer = Repairer(space, seed)
 
     def next(self, stored: dict[str, TrialRecord], in_flight: set[str]) -> Candidate | None:
@@ -170,7 +174,7 @@ class Proposer:
             if by is not None:
                 trial.set_user_attr("ruled_out_by", by)
                 tell(self.study, trial, Outcome.TOO_INACCURATE, None)
-                self.ruled_out += 1
+                self.ruled_out_proposals += 1
                 self._repair(trial, family, config, stored, in_flight, ruled_out)
                 continue
             if digest in in_flight or self.claims.held_by_earlier(trial, digest):

@@ -19,24 +19,21 @@ from collections.abc import Collection
 
 import numpy as np
 
-from tuner.search.accuracy_classes import accuracy_class
-
 
 class _Family:
     """One family's feasible configs: knob-value indices, hashes, configs, class ids."""
 
-    def __init__(self, domains: dict[str, list], rows: list[tuple[str, dict]]) -> None:
+    def __init__(self, domains: dict[str, list], rows: list[tuple[str, dict, tuple]]) -> None:
         self.knobs = list(domains)
         self.index = {k: {_key(v): i for i, v in enumerate(vals)} for k, vals in domains.items()}
-        self.hashes = [h for h, _ in rows]
-        self.configs = [c for _, c in rows]
+        self.hashes = [h for h, _, _ in rows]
+        self.configs = [c for _, c, _ in rows]
         cells = [[self.index[k][_key(c[k])] for k in self.knobs] for c in self.configs]
         self.matrix = np.array(cells, dtype=np.int16).reshape(len(rows), len(self.knobs))
         self.row_of = {h: i for i, h in enumerate(self.hashes)}
-        classes: dict[tuple, int] = {}
-        self.class_ids = np.array([classes.setdefault(accuracy_class("", c)[1:], len(classes))
-                                   for c in self.configs], dtype=np.int32)
-        self.classes = classes  # accuracy knobs -> class id
+        self.classes: dict[tuple, int] = {}  # accuracy_class -> class id
+        self.class_ids = np.array([self.classes.setdefault(key, len(self.classes))
+                                   for _, _, key in rows], dtype=np.int32)
 
 
 class Repairer:
@@ -58,8 +55,7 @@ class Repairer:
         distance = (fam.matrix != wanted).sum(axis=1)
         usable = np.ones(len(fam.hashes), dtype=bool)
         usable[[fam.row_of[h] for h in taken if h in fam.row_of]] = False
-        dead = [fam.classes[key[1:]] for key in ruled_out
-                if key[0] == family and key[1:] in fam.classes]
+        dead = [fam.classes[key] for key in ruled_out if key in fam.classes]
         usable &= ~np.isin(fam.class_ids, dead)
         if not usable.any():
             return None
@@ -70,8 +66,9 @@ class Repairer:
 
     def _family(self, family: str) -> _Family:
         if family not in self._families:
-            rows = [(h, c) for h, (f, c) in zip(self.space.hashes, self.space.feasible,
-                                                 strict=True) if f == family]
+            rows = [(h, c, key) for h, (f, c), key in zip(
+                self.space.hashes, self.space.feasible, self.space.classes, strict=True)
+                if f == family]
             self._families[family] = _Family(self.space.spaces[family], rows)
         return self._families[family]
 

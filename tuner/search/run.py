@@ -49,7 +49,8 @@ class Progress:
     measured: int  # by every process of the study, infeasible proposals not counted
     best_ms: float | None  # the best valid time this process has seen
     outcomes: Counter  # measured in this run, by outcome
-    ruled_out: int = 0  # proposals skipped, their accuracy class ruled out (accuracy_classes.py)
+    # Proposals skipped, their accuracy class ruled out (accuracy_classes.py).
+    ruled_out_proposals: int = 0
 
 
 class ProblemSearch:
@@ -95,14 +96,14 @@ class ProblemSearch:
     def progress(self) -> Progress:
         return Progress(self.name, self.problem, self.space.mode, len(self.space.feasible),
                         self.seed, self.settings.trials, _measured(self.records.stored()),
-                        self._best_ms, Counter(self._outcomes), self.proposer.ruled_out)
+                        self._best_ms, Counter(self._outcomes), self.proposer.ruled_out_proposals)
 
     def run(self, decide: bool = True, pipeline: Pipeline | None = None) -> ProblemResult:
         """Search; then, unless `decide` is False (one of the processes of `--workers N`, whose
         parent decides once: decide()), re-time and store the winner, or leave that to another
         process still searching this study (hosts sharing one database): the process that
         finishes last decides, with every host's trials stored. pipeline: the sandboxes of a run
-        of problems (shared_pipeline(); the caller closes it), else this search's own."""
+        of problems (the caller closes it), else this search's own."""
         own = pipeline is None
         if own:
             pipeline = Pipeline(self.settings.compile_jobs)
@@ -228,7 +229,8 @@ class ProblemSearch:
         return ProblemResult(self.problem, self.name, self.seed, self.space.mode,
                              len(self.space.feasible), stopped, self._outcomes,
                              self._measured_here, budget=self.settings.budget,
-                             ruled_out=ruled_out, ruled_out_proposals=self.proposer.ruled_out)
+                             ruled_out=ruled_out,
+                             ruled_out_proposals=self.proposer.ruled_out_proposals)
 
 
 def _measured(stored: dict) -> int:

@@ -11,6 +11,7 @@ from tuner import gpus
 from tuner.problem import Problem
 from tuner.search import feasible_cache
 from tuner.search.feasible_cache import feasible_dicts
+from tuner.store import config_hash
 from variants import base, load_family
 
 H100 = gpus.PROFILES["h100"]
@@ -43,11 +44,13 @@ def test_read_back_the_verdicts_are_the_judged_configs_in_order(cache, monkeypat
                                                                  problem, gpu):
     module, profile = load_family(family), gpus.PROFILES[gpu]
     want = judged(module, problem, profile)
-    assert want and feasible_dicts(family, module, problem, profile) == want
+    hashes = [config_hash(family, c) for c in want]
+    assert want and feasible_dicts(family, module, problem, profile) == (want, hashes)
     assert len(list(cache.iterdir())) == 1
     no_judging(monkeypatch)
-    got = feasible_dicts(family, module, problem, profile)
+    got, got_hashes = feasible_dicts(family, module, problem, profile)
     assert got == want and [list(c) for c in got] == [list(c) for c in want]  # key order too
+    assert got_hashes == hashes
 
 
 def test_another_problem_or_gpu_is_judged_for_itself(cache, monkeypatch):
@@ -60,11 +63,11 @@ def test_another_problem_or_gpu_is_judged_for_itself(cache, monkeypatch):
     assert len(list(cache.iterdir())) == 4
     want = judged(module, problems[1], H100)
     no_judging(monkeypatch)
-    assert feasible_dicts("mma_sync", module, problems[1], H100) == want
+    assert feasible_dicts("mma_sync", module, problems[1], H100)[0] == want
 
 
 @pytest.mark.parametrize("damage", [b"", b"not zlib", b"\x78\x9c\x03\x00", "truncated",
-                                    "a row short", "other knobs"])
+                                    "a row short", "other knobs", "a hash short", "no hashes"])
 def test_a_damaged_file_is_judged_again_and_rewritten(cache, damage):
     import json
     import zlib
@@ -76,10 +79,14 @@ def test_a_damaged_file_is_judged_again_and_rewritten(cache, damage):
     good = path.read_bytes()
     if damage == "truncated":
         damage = good[:len(good) // 2]
-    elif damage in ("a row short", "other knobs"):
+    elif damage in ("a row short", "other knobs", "a hash short", "no hashes"):
         doc = json.loads(zlib.decompress(good))
         if damage == "a row short":
             doc["rows"][-1].pop()
+        elif damage == "a hash short":
+            doc["hashes"].pop()
+        elif damage == "no hashes":
+            del doc["hashes"]
         else:
             doc["knobs"][0] = "renamed"
         damage = zlib.compress(json.dumps(doc).encode())
@@ -95,6 +102,16 @@ def test_an_unwritable_cache_warns_and_the_configs_are_still_judged(tmp_path, mo
     monkeypatch.setenv("TUNER_CACHE_DIR", str(blocker))  # feasible/ cannot be made under a file
     module, problem = fake_family_large, Problem(1, 2, 64, 64)
     with caplog.at_level(logging.WARNING, logger=feasible_cache.__name__):
-        got = feasible_dicts("tests.doubles.fake_family_large", module, problem, H100)
+        got, _ = feasible_dicts("tests.doubles.fake_family_large", module, problem, H100)
     assert got == judged(module, problem, H100)
     assert "judges them again" in caplog.text
+
+
+def test_hashes_of_another_hashing_scheme_are_not_read_back(cache, monkeypatch):
+    module, problem = fake_family_large, Problem(1, 2, 64, 64)
+    family = "tests.doubles.fake_family_large"
+    feasible_dicts(family, module, problem, H100)
+    monkeypatch.setattr(feasible_cache, "config_hash", lambda f, c: "v2" + config_hash(f, c))
+    configs, hashes = feasible_dicts(family, module, problem, H100)
+    assert hashes == ["v2" + config_hash(family, c) for c in configs]
+    assert len(list(cache.iterdir())) == 2

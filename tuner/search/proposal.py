@@ -53,8 +53,17 @@ def params_of(family: str, config: dict) -> dict:
 def feasible_configs(modules: dict, problem: Problem, gpu) -> list[tuple[str, dict]]:
     """Every (family, config) that can_implement accepts, in enumeration order (judged once
     per family, problem and GPU: tuner/search/feasible_cache.py)."""
-    return [(name, config) for name, module in modules.items()
-            for config in feasible_dicts(name, module, problem, gpu)]
+    return _feasible(modules, problem, gpu)[0]
+
+
+def _feasible(modules: dict, problem: Problem, gpu) -> tuple[list[tuple[str, dict]], list[str]]:
+    """feasible_configs and the config_hash of each."""
+    feasible, hashes = [], []
+    for name, module in modules.items():
+        configs, digests = feasible_dicts(name, module, problem, gpu)
+        feasible += [(name, config) for config in configs]
+        hashes += digests
+    return feasible, hashes
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, outcome: Outcome,
@@ -86,14 +95,13 @@ class Space:
     # Measured right after the baselines, before the seeds: configs known to do well near the
     # problem, feasible, no baseline (known.known_configs); none with --no-warm-start.
     known: list[Known] = field(default_factory=list)
-    # config_hash of each feasible config, in its order: hashed once (90k for wgmma, ~1 s).
+    # config_hash of each feasible config, in its order (kept with the verdicts: feasible_cache).
     hashes: list[str] = field(default_factory=list)
 
     @classmethod
     def build(cls, modules: dict, problem: Problem, gpu, exhaustive_up_to: int) -> Space:
         families = list(modules)
-        feasible = feasible_configs(modules, problem, gpu)
-        hashes = [config_hash(f, c) for f, c in feasible]
+        feasible, hashes = _feasible(modules, problem, gpu)
         plain = modules[families[0]].default(gpu.arch, problem)
         default = (families[0], plain.to_dict())
         mode = "exhaustive" if len(feasible) <= exhaustive_up_to else "tpe"

@@ -28,8 +28,11 @@ class _Family:
         self.index = {k: {_key(v): i for i, v in enumerate(vals)} for k, vals in domains.items()}
         self.hashes = [h for h, _, _ in rows]
         self.configs = [c for _, c, _ in rows]
-        cells = [[self.index[k][_key(c[k])] for k in self.knobs] for c in self.configs]
-        self.matrix = np.array(cells, dtype=np.int16).reshape(len(rows), len(self.knobs))
+        self.matrix = np.empty((len(rows), len(self.knobs)), dtype=np.int16)
+        for j, knob in enumerate(self.knobs):  # a column at a time, _key inlined: 90k in ~0.3 s
+            index = self.index[knob]
+            self.matrix[:, j] = [index[type(v) is bool, v] for v in
+                                 (c[knob] for c in self.configs)]
         self.row_of = {h: i for i, h in enumerate(self.hashes)}
         self.classes: dict[tuple, int] = {}  # accuracy_class -> class id
         self.class_ids = np.array([self.classes.setdefault(key, len(self.classes))

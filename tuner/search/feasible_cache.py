@@ -50,9 +50,9 @@ def feasible_dicts(family: str, module, problem: Problem, gpu) -> tuple[list[dic
     path = cache_root() / "feasible" / f"{family}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
     doc = _read(path, knobs)
     if doc is None:
-        from variants.base import judge_space
+        from tuner.search.judging import feasible_configs
 
-        configs = [cfg.to_dict() for cfg, ok, _ in judge_space(module, problem, gpu) if ok]
+        configs = feasible_configs(family, module, problem, gpu)
         hashes = [config_hash(family, c) for c in configs]
         _write(path, {"knobs": knobs, "rows": [[c[k] for k in knobs] for c in configs],
                       "hashes": hashes})

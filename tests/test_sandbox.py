@@ -170,3 +170,26 @@ def test_a_stopping_search_lets_the_gpu_sandbox_finish_its_evaluation_within_a_b
         assert result_of(pipeline.gpu).outcome == "ok" and pipeline.gpu.starts == 2
     finally:
         pipeline.close()
+
+
+def test_a_pipeline_started_now_has_its_sandboxes_up_before_their_first_task():
+    """Pipeline(start_now=True): every sandbox starts at once, and again after drop() kills
+    it, so that a search's first candidate and the next problem's do not wait for a start-up;
+    the first task on such a sandbox runs on that start, not another."""
+    from tuner.search.pool import Pipeline
+
+    pipeline = Pipeline(compile_jobs=2, start_now=True)
+    try:
+        sandboxes = [*pipeline.compilers, pipeline.gpu]
+        assert all(s._proc is not None and s._proc.is_alive() and not s.busy for s in sandboxes)
+        time.sleep(1.0)  # "ready" sits in the pipe until the first task
+        pipeline.gpu.submit(task("evaluate", 64, 2))
+        assert result_of(pipeline.gpu).outcome == "ok" and pipeline.gpu.starts == 1
+        pipeline.compilers[0].submit(task("evaluate", 16, 4, timeout_s=600.0))  # an hour
+        pipeline.drop()
+        first = pipeline.compilers[0]
+        assert first.starts == 2 and first._proc.is_alive() and not first.busy
+        assert pipeline.compilers[1].starts == 1 and pipeline.gpu.starts == 1
+    finally:
+        pipeline.close()
+    assert Pipeline(compile_jobs=1).gpu._proc is None  # started on first use otherwise

@@ -537,8 +537,8 @@ def test_problems_searched_one_after_another_share_one_gpu_worker(tmp_path, monk
     made = []
     real = pool.Pipeline.__init__
 
-    def counted(self, compile_jobs):
-        real(self, compile_jobs)
+    def counted(self, compile_jobs, **kwargs):
+        real(self, compile_jobs, **kwargs)
         made.append(self)
 
     monkeypatch.setattr(pool.Pipeline, "__init__", counted)

@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
         results = []
         # One set of sandboxes for every problem: a GPU sandbox of its own per problem cost its
         # process start, imports and CUDA context (10-15 s a problem on an H100 host).
-        with view, Pipeline(settings.compile_jobs) as pipeline:
+        with view, Pipeline(settings.compile_jobs, start_now=True) as pipeline:
             for problem in problems:
                 search = ProblemSearch(
                     problem, families, target, store, storage, settings, on_progress=view.update

@@ -106,7 +106,7 @@ class ProblemSearch:
         of problems (the caller closes it), else this search's own."""
         own = pipeline is None
         if own:
-            pipeline = Pipeline(self.settings.compile_jobs)
+            pipeline = Pipeline(self.settings.compile_jobs, start_now=True)
         try:
             stopped = self._search(pipeline) or "trial budget"
             # What is still in flight (a stop on time or patience) is abandoned; past a time

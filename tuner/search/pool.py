@@ -106,7 +106,11 @@ class Pipeline:
 
     def _feed_gpu(self) -> None:
         if not self.gpu.busy and self.ready:
-            cand, task = self.ready.popleft()
+            # The earliest trial first: compiles finish in any order, and the baselines and
+            # known configs were asked before the sampler's proposals.
+            first = min(range(len(self.ready)), key=lambda i: _trial_number(self.ready[i][0]))
+            cand, task = self.ready[first]
+            del self.ready[first]
             self.gpu.submit(dataclasses.replace(task, kind="evaluate"), (cand, task))
 
     def evaluate_now(self, task: Task) -> CandidateResult:
@@ -139,6 +143,10 @@ class Pipeline:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _trial_number(cand: Candidate) -> int:
+    return cand.trial.number if cand.trial is not None else -1
 
 
 def decision_pipeline() -> Pipeline:

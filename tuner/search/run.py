@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from tuner.outcomes import Outcome
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult, Task
-from tuner.search.accuracy_classes import ruled_out_lines
+from tuner.search.accuracy_classes import accuracy_class, ruled_out_classes, ruled_out_lines
 from tuner.search.claims import Claims
 from tuner.search.cost import caller_ms, record_cost
 from tuner.search.decision import ProblemResult, decide
@@ -32,7 +32,7 @@ from tuner.search.records import Candidate, Records, code_version
 from tuner.search.settings import SearchSettings
 from tuner.search.storage import family_set_name, open_study, study_name
 from tuner.search.target import Target
-from tuner.store import Store
+from tuner.store import Store, config_hash
 from variants import load_family
 
 
@@ -92,6 +92,9 @@ class ProblemSearch:
         self._measured_here = 0
         self._best_ms: float | None = None
         self._since_improvement = 0
+        self._starting_points = [(config_hash(f, c), accuracy_class(f, c)) for f, c in
+                                 (*self.space.baselines,
+                                  *((k.family, k.config) for k in self.space.known))]
 
     def progress(self) -> Progress:
         return Progress(self.name, self.problem, self.space.mode, len(self.space.feasible),
@@ -184,13 +187,17 @@ class ProblemSearch:
         measured: yes within the trial budget or the space; no past a time budget, and not
         after `patience` candidates without improvement (the pipeline holds up to
         pool.READY_DEPTH compiled candidates and a compile per sandbox; measuring those would
-        only extend a search that has stopped improving)."""
+        only extend a search that has stopped improving). Patience counts from the first valid
+        time (_finish), and never ends a search before its baselines and known configs are
+        measured: the GPU takes candidates as they finish compiling, so sampler proposals can
+        come back before the configs a warm start exists for."""
         s = self.settings
         if measured >= s.trials:
             return "trial budget", True
         if s.time_budget_s and time.monotonic() - start > s.time_budget_s:
             return "time budget", False
-        if self.patience and self._since_improvement >= self.patience:
+        if (self.patience and self._since_improvement >= self.patience
+                and not self._starting_points_pending(stored)):
             if self.confirms:
                 return (f"no improvement in {self.patience} trials (confirming "
                         f"{self.confirms})", False)
@@ -198,6 +205,13 @@ class ProblemSearch:
         if self.proposer.all_done(stored, in_flight):
             return "space exhausted", True
         return "", True
+
+    def _starting_points_pending(self, stored) -> bool:
+        """Whether a baseline or known config (Space.baselines, Space.known) is still to be
+        stored, its accuracy class not ruled out (such a config is never measured)."""
+        ruled_out = ruled_out_classes(stored.values(), self.proposer.max_error)
+        return any(digest not in stored and cls not in ruled_out
+                   for digest, cls in self._starting_points)
 
     def _finish(self, cand: Candidate, result: CandidateResult) -> None:
         self.records.record(cand, result)  # the Store first: a kill after this loses nothing
@@ -208,7 +222,7 @@ class ProblemSearch:
         self._measured_here += 1
         if result.outcome == Outcome.OK and (self._best_ms is None or median < self._best_ms):
             self._best_ms, self._since_improvement = median, 0
-        else:
+        elif self._best_ms is not None:  # nothing valid yet: nothing to improve on
             self._since_improvement += 1
         self._on_progress(self.progress())
 

@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--patience",
         type=at_least(0),
         default=d.patience,
-        help="stop after this many measured candidates without improvement "
+        help="stop after this many measured candidates without improvement on the best valid "
+        "one, once the default and the known configs are measured "
         f"(0: never; default {d.patience}; at most {d.confirm_patience} where the GPU's shipped "
         "table holds this problem's row, measured by this code within the budget)",
     )

@@ -39,7 +39,7 @@ def test_the_parts_enumerate_the_space_in_its_order(family, arch, parts):
                                              kv_heads=2)])
 def test_judging_in_processes_gives_the_same_configs_in_order(problem):
     module = load_family("mma_sync")
-    got = judging.feasible_configs("mma_sync", module, problem, H100, jobs=2, parallel_from=0)
+    got = judging.judge_feasible("mma_sync", module, problem, H100, jobs=2, parallel_from=0)
     assert got == judged(module, problem, H100)
 
 
@@ -50,7 +50,7 @@ def test_a_pool_that_cannot_start_is_judged_here(monkeypatch, caplog):
     monkeypatch.setattr(judging, "ProcessPoolExecutor", no_pool)
     module, problem = load_family("mma_sync"), Problem(1, 8, 1024, 128)
     with caplog.at_level(logging.WARNING, logger=judging.__name__):
-        got = judging.feasible_configs("mma_sync", module, problem, H100, jobs=2,
-                                       parallel_from=0)
+        got = judging.judge_feasible("mma_sync", module, problem, H100, jobs=2,
+                                     parallel_from=0)
     assert got == judged(module, problem, H100)
     assert "judging it here" in caplog.text

@@ -27,6 +27,7 @@ import zlib
 from pathlib import Path
 
 from tuner.problem import Problem
+from tuner.search.judging import judge_feasible
 from tuner.store import config_hash
 from variants.build import files_hash
 from variants.dsl_compile import cache_root
@@ -50,9 +51,7 @@ def feasible_dicts(family: str, module, problem: Problem, gpu) -> tuple[list[dic
     path = cache_root() / "feasible" / f"{family}-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
     doc = _read(path, knobs)
     if doc is None:
-        from tuner.search.judging import feasible_configs
-
-        configs = feasible_configs(family, module, problem, gpu)
+        configs = judge_feasible(family, module, problem, gpu)
         hashes = [config_hash(family, c) for c in configs]
         _write(path, {"knobs": knobs, "rows": [[c[k] for k in knobs] for c in configs],
                       "hashes": hashes})

@@ -28,8 +28,8 @@ MAX_JOBS = 8
 PARTS_PER_JOB = 4  # parts differ in size (can_implement stops early on some): keep all busy
 
 
-def feasible_configs(family: str, module, problem: Problem, gpu, jobs: int | None = None,
-                     parallel_from: int = PARALLEL_FROM) -> list[dict]:
+def judge_feasible(family: str, module, problem: Problem, gpu, jobs: int | None = None,
+                   parallel_from: int = PARALLEL_FROM) -> list[dict]:
     """The dicts of every config of `module`'s space (module.space(gpu.arch)) that
     can_implement accepts on `problem` and `gpu`, in variants.base.enumerate_space's order.
     `family` names the module for load_family in the worker processes."""

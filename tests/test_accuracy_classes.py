@@ -67,3 +67,73 @@ def test_tpe_proposals_of_a_ruled_out_class_are_told_and_never_measured(tmp_path
     # Every "mean" config measured and the "off" class ruled out: the space is exhausted.
     assert result["stopped"] == "space exhausted" and len(got) == 4
     assert result["winner"]["config"] == {"tile": 64, "k_smoothing": "mean"}
+
+
+def test_compiled_members_of_a_class_ruled_out_meanwhile_never_reach_the_gpu(tmp_path):
+    """The pipeline compiles ahead: members of a class can wait for the GPU when their first
+    member's result rules the class out. The GPU sandbox is held while one waits, and the
+    search takes them off its queue unmeasured, told to the study like ruled-out proposals."""
+    from tests.test_budget import PROBLEM
+    from tuner.budget import Budget
+    from tuner.sandbox import CandidateResult
+    from tuner.search import ProblemSearch, SearchSettings, make_target, pool
+    from tuner.search.storage import open_storage
+    from tuner.store import Store
+    from variants import load_family
+
+    url = f"sqlite:///{tmp_path}/a.db"
+    target = make_target("h200", {FAMILY: load_family(FAMILY)})
+    store = Store(url)
+    store.record_device(target.device_id, target.fingerprint)
+    search = ProblemSearch(PROBLEM, [FAMILY], target, store, open_storage(url),
+                           SearchSettings(trials=8, budget=Budget(max_error=float(BETWEEN))))
+    cands = []
+    while len(cands) < 8:
+        cand = search.proposer.next(search.records.stored(), {c.hash for c in cands})
+        if cand is None:
+            break
+        cands.append(cand)
+    default = cands[0]
+    assert default.config["k_smoothing"] == "off"
+    off = next(c for c in cands[1:] if c.config["k_smoothing"] == "off")
+    mean = next(c for c in cands[1:] if c.config["k_smoothing"] == "mean")
+    over = CandidateResult(Outcome.TOO_INACCURATE, "over",
+                           accuracy={"e2e_error": 2 * RULE_OUT_FACTOR * float(BETWEEN)})
+
+    class Gpu:  # the GPU sandbox returns the default's result, then takes what it is fed
+        busy, got, deadline = True, [], float("inf")
+
+        def submit(self, task, payload):
+            self.busy = True
+            self.got.append(payload[0])
+
+    pipeline = pool.Pipeline(compile_jobs=1)  # started on first use: nothing starts here
+    real_gpu, pipeline.gpu = pipeline.gpu, Gpu()
+    default.compile_result = CandidateResult(Outcome.OK, "")
+    real_poll = pool.poll
+    try:
+        def poll(busy, timeout):  # the GPU sandbox is done with the default: idle
+            pipeline.gpu.busy = False
+            return [(pipeline.gpu, ((default, None), over))]
+
+        pool.poll = poll
+        pipeline.ready.extend([(off, search._task(off)), (mean, search._task(mean))])
+        ((cand, result),) = pipeline.step()
+        assert pipeline.gpu.got == []  # held: an over-budget result, a member of its class queued
+        stored = search.records.stored()
+        record = search._finish(cand, result)
+        stored[record.config_hash] = record
+        search._discard_ruled_out(pipeline, stored)
+        assert [c for c, _ in pipeline.ready] == [mean]
+        pipeline._feed_gpu()
+        assert pipeline.gpu.got == [mean]
+    finally:
+        pool.poll = real_poll
+        pipeline.ready.clear()
+        pipeline.gpu = real_gpu
+        pipeline.close()
+    assert search.proposer.ruled_out_proposals == 1
+    assert off.hash not in search.records.stored()  # never stored
+    trial = search.study.get_trials()[off.trial.number]
+    assert trial.user_attrs["ruled_out_by"] == default.hash
+    assert trial.value == FAILED_VALUE_MS

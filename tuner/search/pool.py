@@ -10,6 +10,7 @@ from collections import deque
 from tuner.outcomes import Outcome
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult, Sandbox, Task, poll
+from tuner.search.accuracy_classes import accuracy_class
 from tuner.search.records import Candidate
 from tuner.search.settings import SearchSettings
 from tuner.search.target import Target
@@ -86,10 +87,17 @@ class Pipeline:
         if not busy:
             return finished
         timeout = max(0.0, min(poll_s, min(s.deadline for s in busy) - time.monotonic()))
+        hold = False
         for sandbox, ((cand, task), result) in poll(busy, timeout):
             if sandbox is self.gpu:
                 result.compile_s = cand.compile_result.compile_s
                 finished.append((cand, result))
+                # An over-budget result may rule out its class: the caller stores it and
+                # discards the class's compiled members (discard) before the GPU takes one.
+                hold = result.outcome == Outcome.TOO_INACCURATE and any(
+                    accuracy_class(c.family, c.config) == accuracy_class(cand.family,
+                                                                         cand.config)
+                    for c, _ in self.ready)
             elif result.outcome == Outcome.OK:
                 cand.compile_result = result
                 self.ready.append((cand, task))
@@ -101,8 +109,15 @@ class Pipeline:
                     if result.outcome == Outcome.CRASH:
                         result.outcome = Outcome.COMPILE_ERROR
                 finished.append((cand, result))
-        self._feed_gpu()
+        if not hold:
+            self._feed_gpu()
         return finished
+
+    def discard(self, drop) -> list[Candidate]:
+        """Take the compiled candidates for which drop(cand) holds off the GPU's queue."""
+        gone = [cand for cand, _ in self.ready if drop(cand)]
+        self.ready = deque((c, t) for c, t in self.ready if not drop(c))
+        return gone
 
     def _feed_gpu(self) -> None:
         if not self.gpu.busy and self.ready:

@@ -178,18 +178,25 @@ class Proposer:
                 # Measured before (an earlier run, or another process): tell the stored value.
                 tell(self.study, trial, stored[digest].outcome, record_cost(stored[digest]))
                 continue
-            by = ruled_out.get(accuracy_class(family, config))
-            if by is not None:
-                trial.set_user_attr("ruled_out_by", by)
-                tell(self.study, trial, Outcome.TOO_INACCURATE, None)
-                self.ruled_out_proposals += 1
-                self._repair(trial, family, config, stored, in_flight, ruled_out)
+            if accuracy_class(family, config) in ruled_out:
+                self.settle_ruled_out(cand, stored, in_flight, ruled_out)
                 continue
             if digest in in_flight or self.claims.held_by_earlier(trial, digest):
                 self.study.tell(trial, state=TrialState.FAIL)
                 continue
             return cand
         return None
+
+    def settle_ruled_out(self, cand: Candidate, stored: dict[str, TrialRecord],
+                         in_flight: set[str], ruled_out: dict) -> None:
+        """A candidate of a ruled-out class, proposed or already compiled: told to the study
+        as over the budget with the member that ruled it out, never measured nor stored, and
+        the nearest usable config enqueued in its place."""
+        trial = cand.trial
+        trial.set_user_attr("ruled_out_by", ruled_out[accuracy_class(cand.family, cand.config)])
+        tell(self.study, trial, Outcome.TOO_INACCURATE, None)
+        self.ruled_out_proposals += 1
+        self._repair(trial, cand.family, cand.config, stored, in_flight, ruled_out)
 
     def _repair(self, trial: optuna.Trial, family: str, config: dict,
                 stored: dict[str, TrialRecord], in_flight: set[str], ruled_out: dict) -> None:

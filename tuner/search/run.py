@@ -32,7 +32,7 @@ from tuner.search.records import Candidate, Records, code_version
 from tuner.search.settings import SearchSettings
 from tuner.search.storage import family_set_name, open_study, study_name
 from tuner.search.target import Target
-from tuner.store import Store, config_hash
+from tuner.store import Store, TrialRecord, config_hash
 from variants import load_family
 
 
@@ -179,7 +179,9 @@ class ProblemSearch:
                 return "time budget"  # what is in flight is abandoned (run(): told FAIL)
             for cand, result in pipeline.step():
                 with sigint_deferred():  # stored and told, or neither
-                    self._finish(cand, result)
+                    record = self._finish(cand, result)
+                stored.setdefault(record.config_hash, record)
+            self._discard_ruled_out(pipeline, stored)
 
     def _stop_reason(self, measured: int, start: float, stored,
                      in_flight: set[str]) -> tuple[str, bool]:
@@ -213,8 +215,23 @@ class ProblemSearch:
         return any(digest not in stored and cls not in ruled_out
                    for digest, cls in self._starting_points)
 
-    def _finish(self, cand: Candidate, result: CandidateResult) -> None:
-        self.records.record(cand, result)  # the Store first: a kill after this loses nothing
+    def _discard_ruled_out(self, pipeline: Pipeline, stored: dict) -> None:
+        """Compiled candidates of a class ruled out since they were proposed leave the GPU's
+        queue unmeasured: the pipeline compiles ahead, so up to READY_DEPTH members of a class
+        can be waiting when its first member's result rules it out."""
+        if not pipeline.ready or self.proposer.max_error is None:
+            return
+        ruled_out = ruled_out_classes(stored.values(), self.proposer.max_error)
+        if not ruled_out:
+            return
+        flight = {c.hash for c in pipeline.in_flight()}
+        for cand in pipeline.discard(
+                lambda c: accuracy_class(c.family, c.config) in ruled_out):
+            with sigint_deferred():
+                self.proposer.settle_ruled_out(cand, stored, flight, ruled_out)
+
+    def _finish(self, cand: Candidate, result: CandidateResult) -> TrialRecord:
+        record = self.records.record(cand, result)  # the Store first: a kill then loses nothing
         timing = result.timing or {}
         median = caller_ms(timing.get("median_ms"), timing.get("prepare_ms"))
         tell(self.study, cand.trial, result.outcome, median)
@@ -225,6 +242,7 @@ class ProblemSearch:
         elif self._best_ms is not None:  # nothing valid yet: nothing to improve on
             self._since_improvement += 1
         self._on_progress(self.progress())
+        return record
 
     def _abandon(self, pipeline: Pipeline, settle_s: float = 0.0) -> None:
         """Ctrl-C or a budget: what is still in flight is not measured; FAIL frees its trial in

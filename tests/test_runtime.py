@@ -181,5 +181,7 @@ def test_each_shipped_table_serves_its_own_gpu(tmp_path, monkeypatch, gpu):
                                         batch=problem.batch, head_dim=problem.head_dim, db=url,
                                         with_source=True)
         assert best.source == "table-exact", (gpu, problem)
-        assert best.config.to_dict() == load_family(family).Config.from_dict(config).to_dict()
+        module = load_family(family)
+        cfg, _ = runtime.config_from_row(module, config, problem, PROFILES[gpu])
+        assert best.config.to_dict() == cfg.to_dict()
     runtime.clear_cache()

@@ -325,6 +325,7 @@ def test_the_lookup_takes_the_newest_decision_of_a_problems_family_sets():
     assert len(loaded) == len(by_key)
     for key, entries in by_key.items():
         newest = max(entries, key=lambda e: e["decided_at"])
-        # with the knobs added after the entry was written at their defaults
-        want = load_family(newest["family"]).Config.from_dict(newest["config"]).to_dict()
-        assert loaded[key] == want
+        # with the knobs added after the entry was written at their defaults (the prepare-only
+        # ones left out: the runtime fills those from the family default, test_old_rows.py)
+        config = load_family(newest["family"]).Config.from_dict
+        assert config(loaded[key]).to_dict() == config(newest["config"]).to_dict()

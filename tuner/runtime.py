@@ -224,9 +224,12 @@ class _Resolver:
             from variants import load_family
 
             family = load_family(family_name)
-            cfg = family.Config.from_dict(config_dict)
+            cfg, filled = config_from_row(family, config_dict, problem, gpu)
             ok, reason = family.can_implement(cfg, problem, gpu)
             detail = f"tuned for {tuned_problem.key()}"
+            if filled:
+                detail += (f" before {', '.join(filled)} existed: the default's "
+                           + ", ".join(f"{k}={getattr(cfg, k)}" for k in filled))
             if source.endswith("-nearest-work"):
                 kind = source
                 detail += (f", the nearest by work: {work(tuned_problem)} query tiles of "
@@ -328,6 +331,25 @@ class _Resolver:
             f"no kernel can run {problem.key()} on {gpu.name} ({gpu.arch}): "
             + "; ".join(rejected or ["no family targets this arch"])
         )
+
+
+def config_from_row(family, config_dict: dict, problem: Problem, gpu) -> tuple[Any, list[str]]:
+    """The Config of a table or database row, and the prepare-only knobs (PREPARE_ONLY_KNOBS)
+    it was written without. Such a row predates prepare's exact transforms: it takes the family
+    default's values for them, as an untuned problem would, rather than "off". The kernel is the
+    same build either way (the knobs change prepare only), and the default's K smoothing is what
+    keeps realistic activations accurate (docs/accuracy.md). Where the default's values do not
+    fit the row's kernel (can_implement), the row keeps them off."""
+    from variants.base import PREPARE_ONLY_KNOBS
+
+    cfg = family.Config.from_dict(config_dict)
+    missing = [k for k in PREPARE_ONLY_KNOBS if k not in config_dict and hasattr(cfg, k)]
+    if missing:
+        default = family.default(gpu.arch, problem)
+        filled = dataclasses.replace(cfg, **{k: getattr(default, k) for k in missing})
+        if filled != cfg and family.can_implement(filled, problem, gpu)[0]:
+            return filled, [k for k in missing if getattr(filled, k) != getattr(cfg, k)]
+    return cfg, []
 
 
 _RESOLVER = _Resolver()

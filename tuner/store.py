@@ -290,7 +290,9 @@ class Store:
                               fingerprint_json=json.dumps(fingerprint, sort_keys=True)))
             for e in entries:
                 f = e.fields
-                config = e.config.to_dict() if hasattr(e.config, "to_dict") else dict(e.config)
+                config = (e.as_written() if hasattr(e, "as_written")
+                          else e.config.to_dict() if hasattr(e.config, "to_dict")
+                          else dict(e.config))
                 decided = f.get("decided_at")
                 if isinstance(decided, str):
                     decided = dt.datetime.fromisoformat(decided)

@@ -164,6 +164,16 @@ class TableEntry:
     family: str
     config: Any  # the family's Config
     fields: dict  # everything else, as written
+    written: frozenset = frozenset()  # the knobs the entry names (others took their defaults)
+
+    def as_written(self) -> dict:
+        """The config dict without the prepare-only knobs the entry does not name: an entry
+        written before them takes the default's (tuner.runtime.config_from_row), not "off",
+        and keeps doing so through an import and an export."""
+        from variants.base import PREPARE_ONLY_KNOBS
+
+        return {k: v for k, v in self.config.to_dict().items()
+                if k in self.written or k not in PREPARE_ONLY_KNOBS}
 
 
 def _where(source: str, lines: dict[tuple, int], path: tuple) -> str:
@@ -301,7 +311,8 @@ def validate_table(data: dict, lines: dict[tuple, int], source: str, gpu=None) -
         except ValueError:
             fail((*at, "decided_at"), f"must be an ISO date and time or null, got "
                  f"{entry['decided_at']!r}")
-        result.append(TableEntry(problem, family_set, name, config, fields))
+        result.append(TableEntry(problem, family_set, name, config, fields,
+                                 frozenset(config_dict)))
     keys = [(e.problem, e.family_set) for e in result]
     for i, key in enumerate(keys):
         if key in keys[:i]:
@@ -376,8 +387,7 @@ def load_table_entries(path: Path, keep=None) -> list[tuple[Problem, str, dict, 
     _, entries = read_table(path)
     kept = [e for e in entries if keep is None or keep(e)]
     preferred = preferred_per_problem(kept, lambda e: e.problem.key(), entry_time)
-    return [(e.problem, e.family, e.config.to_dict(), e.fields.get("e2e_error"))
-            for e in preferred]
+    return [(e.problem, e.family, e.as_written(), e.fields.get("e2e_error")) for e in preferred]
 
 
 def entry_time(entry: TableEntry) -> StoredTime:

@@ -83,7 +83,7 @@ def known_configs(space, problem: Problem, gpu, store, device_id: str) -> list[K
     found = [Known(family, config, f"{where}: {tuned.key()}")
              for entries in sources
              for tuned, family, config, *_, where in ranked(entries, problem)[:PER_SOURCE]]
-    return _in_space(found, space)
+    return _in_space(found, space, problem, gpu)
 
 
 def confirmed_row(space, problem: Problem, gpu, code_versions: dict[str, str], family_set: str,
@@ -124,8 +124,11 @@ def confirmed_row(space, problem: Problem, gpu, code_versions: dict[str, str], f
     return None
 
 
-def _in_space(found: list[Known], space) -> list[Known]:
-    """Those of `found` in the feasible space, once each, baselines left out."""
+def _in_space(found: list[Known], space, problem: Problem, gpu) -> list[Known]:
+    """Those of `found` in the feasible space, once each, baselines left out; a row written
+    before prepare's transforms existed takes the default's, as the runtime runs it."""
+    from tuner.runtime import config_from_row
+
     seen = {config_hash(*b) for b in space.baselines}
     feasible = space.feasible_hashes
     kept = []
@@ -136,7 +139,7 @@ def _in_space(found: list[Known], space) -> list[Known]:
                      known.family)
             continue
         try:  # a database row of older code may name knobs this version has not
-            config = module.Config.from_dict(known.config).to_dict()
+            config = config_from_row(module, known.config, problem, gpu)[0].to_dict()
         except TunerError as exc:
             log.info("warm start: %s skipped: %s", known.source, exc)
             continue

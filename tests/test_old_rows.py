@@ -1,0 +1,89 @@
+"""A table or database row written before prepare's exact transforms existed (no k_smoothing,
+qk_rotation) runs with the family default's values for them, not "off": the lookup, the
+search's warm start, and an import and export in between all keep the row as written."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import yaml
+
+from tests.test_runtime import DEVICE, db  # noqa: F401 (the fixture)
+from tests.test_winner_preference import FINGERPRINT
+from tuner import runtime
+from tuner.gpus import PROFILES
+from tuner.problem import Problem
+from tuner.store import Store, config_hash
+from tuner.tables import KIND, SCHEMA_VERSION, build_table, dump_table, entries_digest, import_table
+from variants import wgmma
+
+PROBLEM = Problem(1, 56, 16384, 128)
+H200 = PROFILES["h200"]
+DEFAULT = wgmma.default(H200.arch, PROBLEM)
+
+
+def old_row(**knobs) -> dict:
+    """The default's kernel knobs, as a row written before the transforms existed names them."""
+    config = {k: v for k, v in DEFAULT.to_dict().items()
+              if k not in ("k_smoothing", "qk_rotation")}
+    return {**config, "block_n": 64, **knobs}
+
+
+def write_table(folder, config: dict):
+    folder.mkdir(exist_ok=True)
+    entries = [{"problem": PROBLEM.to_dict(), "family": "wgmma", "config": config,
+                "median_ms": 5.0}]
+    doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
+           "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
+           "entry_count": 1, "entries_sha256": entries_digest(entries), "entries": entries}
+    (folder / "h200.yaml").write_text(dump_table(doc))
+    runtime.clear_cache()
+    return folder / "h200.yaml"
+
+
+def test_the_default_has_k_smoothing_on():
+    assert DEFAULT.k_smoothing == "mean"  # else these tests show nothing
+
+
+def test_a_row_without_the_transform_knobs_runs_the_defaults_not_off(db, tmp_path):  # noqa: F811
+    url, _ = db
+    write_table(tmp_path / "tables", old_row())
+    best = runtime.load_best_config(16384, heads=56, db=url, with_source=True)
+    assert best.source == "table-exact" and best.config.block_n == 64  # the row's kernel
+    assert (best.config.k_smoothing, best.config.qk_rotation) == ("mean", DEFAULT.qk_rotation)
+    assert "before k_smoothing existed: the default's k_smoothing=mean" in best.detail
+
+
+def test_a_row_that_names_them_keeps_its_values(db, tmp_path):  # noqa: F811
+    url, _ = db
+    write_table(tmp_path / "tables", old_row(k_smoothing="off", qk_rotation="none"))
+    best = runtime.load_best_config(16384, heads=56, db=url, with_source=True)
+    assert (best.config.k_smoothing, best.config.qk_rotation) == ("off", "none")
+    assert "existed" not in best.detail
+
+
+def test_an_import_and_an_export_keep_the_row_as_written(db, tmp_path):  # noqa: F811
+    url, _ = db
+    table = write_table(tmp_path / "shipped", old_row())
+    store = Store(f"sqlite:///{tmp_path / 'imported.sqlite'}")
+    assert import_table(store, table, local_fingerprint=FINGERPRINT) == 1
+    (winner,) = store.winners()
+    assert "k_smoothing" not in winner.config
+    (entry,) = yaml.safe_load(dump_table(build_table(store, winner.device_id, "h200")))["entries"]
+    assert "k_smoothing" not in entry["config"] and entry["config"]["block_n"] == 64
+    # Looked up from the database it was imported into, the row runs the default's smoothing.
+    (_, family, config, _), = runtime.db_entries(store.url, winner.device_id)
+    cfg, filled = runtime.config_from_row(wgmma, config, PROBLEM, H200)
+    assert (cfg.k_smoothing, filled) == ("mean", ["k_smoothing"])
+    store.close()
+
+
+def test_the_warm_start_measures_the_row_as_the_runtime_runs_it():
+    from tuner.search.known import Known, _in_space
+
+    filled = {**old_row(), "k_smoothing": DEFAULT.k_smoothing,
+              "qk_rotation": DEFAULT.qk_rotation}
+    space = SimpleNamespace(modules={"wgmma": wgmma}, baselines=[],
+                            feasible_hashes={config_hash("wgmma", filled)})
+    (known,) = _in_space([Known("wgmma", old_row(), "table h200.yaml")], space, PROBLEM, H200)
+    assert known.config == wgmma.Config.from_dict(filled).to_dict()

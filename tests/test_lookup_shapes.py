@@ -95,21 +95,24 @@ def test_a_tie_in_both_lengths_goes_to_the_longer_query(lookup):
 
 def test_other_heads_take_the_nearest_tuned_problem_by_work(lookup, caplog):
     add, _, best, _ = lookup
-    # B=4 S=1024 H=32: 4 x 32 x 8 = 1024 query tiles of 128 rows.
-    near = Problem(1, 56, 2048)  # 56 x 16 = 896 tiles: ratio 1.14
-    same_length = Problem(1, 56, 1024)  # 448: ratio 2.29
-    far = Problem(2, 24, 4608)  # 2 x 24 x 36 = 1728: ratio 1.69
-    for p, cfg in ((same_length, B), (near, A), (far, C)):
+    # B=1 S=4096 H=40: 40 x 32 = 1280 query tiles of 128 rows, 4096 keys each.
+    short = Problem(4, 32, 1024)  # 4 x 32 x 8 = 1024 tiles (1.25x off) but 4x off in keys: 5
+    near = Problem(1, 56, 4096)  # 56 x 32 = 1792 tiles (1.4x off), the same keys: 1.4
+    far = Problem(2, 24, 4608)  # 2 x 24 x 36 = 1728 tiles (1.35x), 1.125x in keys: 1.52
+    for p, cfg in ((short, B), (near, A), (far, C)):
         add(p, cfg)
     with caplog.at_level(logging.WARNING, logger="tuner.runtime"):
-        assert best(Problem(4, 32, 1024)) == ("db-nearest-work", near, A)
+        assert best(Problem(1, 40, 4096)) == ("db-nearest-work", near, A)
     (message,) = [r.getMessage() for r in caplog.records]
-    assert "db-nearest-work" in message and "896 query tiles of 128 rows for 1024" in message
-    assert "no winner with 32 heads" in message
+    assert "db-nearest-work" in message and "1792 query tiles of 128 rows for 1280" in message
+    assert "no winner with 40 heads" in message
     # A winner with the head count comes first, whatever its batch and work.
     assert best(Problem(8, 24, 1024)) == ("db-nearest", far, C)
-    # The problem's own batch counts: B=1 has 256 tiles, nearest 448 (1.75) before 896 (3.5).
-    assert best(Problem(1, 32, 1024))[1] == same_length
+    # The problem's own batch counts: B=2 S=4096 H=8 has 512 tiles: the B=4 row is 2x off in
+    # work and 4x in keys (8), the S=4096 row 3.5x in work only (3.5); B=1 S=1024 H=8 has 64,
+    # the B=4 row 16x off in work only (16), the others 27-28x and 4-4.5x in keys.
+    assert best(Problem(2, 8, 4096))[1] == near
+    assert best(Problem(1, 8, 1024))[1] == short
 
 
 def test_a_tie_in_work_goes_by_length_then_to_the_longer_query(lookup):

@@ -27,9 +27,13 @@ the previous ones left level:
      lengths times that of the key/value lengths (for self-attention: of seq_len alone), exact,
   e. on a tie (2048 and 8192 for 4096), the longer query, then the longer key/value length:
      their tiles are the more conservative choice; then the order the source lists them in.
-Nearest by work (`_nearest_by_work`) takes a, b, then the least ratio of work, where work is
-batch x heads x ceil(seq_len / 128), the query tiles of 128 rows a grid holds (the quantity
-that decides how the grid fills the SMs), then d and e; batch and heads need not match.
+Nearest by work (`_nearest_by_work`) takes a, b, then the least product of the ratio of work
+and the ratio of key/value lengths, where work is batch x heads x ceil(seq_len / 128), the query
+tiles of 128 rows a grid holds (how the grid fills the SMs), and the key/value length is how
+many strips each tile runs (what sets prepare's share and the pipeline's steady state: on an
+H100 the B=4 S=1024 H=32 row, 1.25x off in work but 4x in keys, ran B=1 S=4096 H=40 about 1.2x
+slower than the S=4096 H=56 row's config, docs/benchmarks.md), then d and e; batch and heads
+need not match.
 
 The lookup is memoized per key; a SQLite database is re-read only when its files change
 (one stat() per file, on every load_best_config call). tuner.attention's plans read those stats
@@ -132,10 +136,12 @@ def nearest_first(
 
 def nearest_by_work_first(candidates: list[tuple[Problem, str, dict]], want: Problem) -> list:
     """The head-count fallback: the entries with the mask and head_dim of `want`, whatever
-    their batch and heads, nearest first by rules a, b, the work ratio, then d and e."""
+    their batch and heads, nearest first by rules a, b, the work ratio times the key/value
+    length ratio, then d and e."""
     usable = [c for c in candidates if _same_mask_and_dim(c[0], want)]
     return sorted(usable, key=lambda c: (*_preferences(c[0], want)[:2],
-                                         _log_distance(work(c[0]), work(want)),
+                                         _log_distance(work(c[0]), work(want))
+                                         * _log_distance(c[0].seq_len_kv, want.seq_len_kv),
                                          _length_distance(c[0], want), *_longer_first(c[0])))
 
 

@@ -6,6 +6,7 @@ as covered when it decides the space is exhausted."""
 from __future__ import annotations
 
 import json
+from collections import deque
 
 import optuna
 
@@ -69,14 +70,57 @@ def test_tpe_proposals_of_a_ruled_out_class_are_told_and_never_measured(tmp_path
     assert result["winner"]["config"] == {"tile": 64, "k_smoothing": "mean"}
 
 
-def test_compiled_members_of_a_class_ruled_out_meanwhile_never_reach_the_gpu(tmp_path):
-    """The pipeline compiles ahead: members of a class can wait for the GPU when their first
-    member's result rules the class out. The GPU sandbox is held while one waits, and the
-    search takes them off its queue unmeasured, told to the study like ruled-out proposals."""
+class _Pipeline:
+    """The search loop's pipeline (tuner/search/pool.py) without processes: a compile takes
+    two steps, the GPU returns `result(cand)` in the step after it was fed, and compiles can
+    land beside a GPU result, as they do in poll()."""
+
+    def __init__(self, result):
+        self.result, self.ready, self.compiling = result, deque(), []
+        self.gpu, self.measured = None, []
+
+    def in_flight(self):
+        return [c for c, _ in self.compiling] + [c for c, _ in self.ready] + \
+            ([self.gpu] if self.gpu else [])
+
+    def has_room(self):
+        return len(self.compiling) + len(self.ready) < 4
+
+    def compile(self, cand, task):
+        self.compiling.append((cand, 2))
+
+    def feed(self):
+        if self.gpu is None and self.ready:
+            first = min(self.ready, key=lambda item: item[0].trial.number)
+            self.ready.remove(first)
+            self.gpu = first[0]
+
+    def step(self):
+        self.feed()
+        finished = []
+        if self.gpu is not None:
+            self.measured.append(self.gpu)
+            finished.append((self.gpu, self.result(self.gpu)))
+            self.gpu = None
+        left = [(c, n - 1) for c, n in self.compiling]
+        self.ready.extend((c, None) for c, n in left if n == 0)
+        self.compiling = [(c, n) for c, n in left if n > 0]
+        return finished
+
+    def discard(self, drop):
+        gone = [c for c, _ in self.ready if drop(c)]
+        self.ready = deque(item for item in self.ready if not drop(item[0]))
+        return gone
+
+
+def test_members_of_a_class_ruled_out_while_compiling_never_reach_the_gpu(tmp_path):
+    """The pipeline compiles ahead: members of a class can be compiled, or finish compiling,
+    after their class's first member came back far over the budget. The search takes them off
+    the GPU's queue before it feeds the GPU, told to the study like ruled-out proposals."""
     from tests.test_budget import PROBLEM
     from tuner.budget import Budget
     from tuner.sandbox import CandidateResult
-    from tuner.search import ProblemSearch, SearchSettings, make_target, pool
+    from tuner.search import ProblemSearch, SearchSettings, make_target
     from tuner.search.storage import open_storage
     from tuner.store import Store
     from variants import load_family
@@ -86,54 +130,25 @@ def test_compiled_members_of_a_class_ruled_out_meanwhile_never_reach_the_gpu(tmp
     store = Store(url)
     store.record_device(target.device_id, target.fingerprint)
     search = ProblemSearch(PROBLEM, [FAMILY], target, store, open_storage(url),
-                           SearchSettings(trials=8, budget=Budget(max_error=float(BETWEEN))))
-    cands = []
-    while len(cands) < 8:
-        cand = search.proposer.next(search.records.stored(), {c.hash for c in cands})
-        if cand is None:
-            break
-        cands.append(cand)
-    default = cands[0]
-    assert default.config["k_smoothing"] == "off"
-    off = next(c for c in cands[1:] if c.config["k_smoothing"] == "off")
-    mean = next(c for c in cands[1:] if c.config["k_smoothing"] == "mean")
-    over = CandidateResult(Outcome.TOO_INACCURATE, "over",
-                           accuracy={"e2e_error": 2 * RULE_OUT_FACTOR * float(BETWEEN)})
+                           SearchSettings(trials=8, patience=None,
+                                          budget=Budget(max_error=float(BETWEEN))))
+    far = 2 * RULE_OUT_FACTOR * float(BETWEEN)
 
-    class Gpu:  # the GPU sandbox returns the default's result, then takes what it is fed
-        busy, got, deadline = True, [], float("inf")
+    def result(cand):
+        if cand.config["k_smoothing"] == "off":
+            return CandidateResult(Outcome.TOO_INACCURATE, "over", accuracy={"e2e_error": far})
+        return CandidateResult(Outcome.OK, "", timing={"median_ms": cand.config["tile"] / 64,
+                                                       "prepare_ms": 0.0})
 
-        def submit(self, task, payload):
-            self.busy = True
-            self.got.append(payload[0])
-
-    pipeline = pool.Pipeline(compile_jobs=1)  # started on first use: nothing starts here
-    real_gpu, pipeline.gpu = pipeline.gpu, Gpu()
-    default.compile_result = CandidateResult(Outcome.OK, "")
-    real_poll = pool.poll
-    try:
-        def poll(busy, timeout):  # the GPU sandbox is done with the default: idle
-            pipeline.gpu.busy = False
-            return [(pipeline.gpu, ((default, None), over))]
-
-        pool.poll = poll
-        pipeline.ready.extend([(off, search._task(off)), (mean, search._task(mean))])
-        ((cand, result),) = pipeline.step()
-        assert pipeline.gpu.got == []  # held: an over-budget result, a member of its class queued
-        stored = search.records.stored()
-        record = search._finish(cand, result)
-        stored[record.config_hash] = record
-        search._discard_ruled_out(pipeline, stored)
-        assert [c for c, _ in pipeline.ready] == [mean]
-        pipeline._feed_gpu()
-        assert pipeline.gpu.got == [mean]
-    finally:
-        pool.poll = real_poll
-        pipeline.ready.clear()
-        pipeline.gpu = real_gpu
-        pipeline.close()
-    assert search.proposer.ruled_out_proposals == 1
-    assert off.hash not in search.records.stored()  # never stored
-    trial = search.study.get_trials()[off.trial.number]
-    assert trial.user_attrs["ruled_out_by"] == default.hash
-    assert trial.value == FAILED_VALUE_MS
+    pipeline = _Pipeline(result)
+    assert search._search(pipeline) == "space exhausted"
+    offs = [c for c in pipeline.measured if c.config["k_smoothing"] == "off"]
+    assert [c.role for c in offs] == ["default"]  # the class's first member only
+    assert sorted(c.config["tile"] for c in pipeline.measured if c not in offs) == \
+        [16, 32, 64, 128]
+    discarded = [t for t in search.study.get_trials() if "ruled_out_by" in t.user_attrs]
+    assert discarded and search.proposer.ruled_out_proposals == len(discarded)
+    assert all(t.user_attrs["ruled_out_by"] == offs[0].hash and t.value == FAILED_VALUE_MS
+               for t in discarded)
+    assert all(t.config["k_smoothing"] == "mean" or t.role == "default"
+               for t in search.records.stored().values())  # none of them stored

@@ -87,3 +87,16 @@ def test_the_warm_start_measures_the_row_as_the_runtime_runs_it():
                             feasible_hashes={config_hash("wgmma", filled)})
     (known,) = _in_space([Known("wgmma", old_row(), "table h200.yaml")], space, PROBLEM, H200)
     assert known.config == wgmma.Config.from_dict(filled).to_dict()
+
+
+def test_each_knob_is_filled_where_it_fits_the_rows_kernel(monkeypatch):
+    """A default that rotates, for a row that quantizes Q in the kernel (where wgmma refuses the
+    rotation): the row takes the default's smoothing and keeps the rotation off."""
+    import dataclasses
+
+    rotating = dataclasses.replace(DEFAULT, qk_rotation="hadamard")
+    monkeypatch.setattr(wgmma, "default", lambda arch, problem=None: rotating)
+    cfg, filled = runtime.config_from_row(wgmma, old_row(q_quant="kernel"), PROBLEM, H200)
+    assert (cfg.k_smoothing, cfg.qk_rotation, filled) == ("mean", "none", ["k_smoothing"])
+    cfg, filled = runtime.config_from_row(wgmma, old_row(q_quant="prepare"), PROBLEM, H200)
+    assert (cfg.qk_rotation, filled) == ("hadamard", ["k_smoothing", "qk_rotation"])

@@ -131,7 +131,7 @@ def test_the_gpu_takes_the_earliest_trial_among_those_compiled():
             cand = SimpleNamespace(trial=SimpleNamespace(number=number))
             pipeline.ready.append((cand, Task()))
         for _ in range(4):
-            pipeline._feed_gpu()
+            pipeline.feed()
         assert pipeline.gpu.got == [2, 3, 5, 9] and not pipeline.ready
     finally:
         pipeline.gpu = real_gpu

@@ -344,18 +344,22 @@ def config_from_row(family, config_dict: dict, problem: Problem, gpu) -> tuple[A
     it was written without. Such a row predates prepare's exact transforms: it takes the family
     default's values for them, as an untuned problem would, rather than "off". The kernel is the
     same build either way (the knobs change prepare only), and the default's K smoothing is what
-    keeps realistic activations accurate (docs/accuracy.md). Where the default's values do not
-    fit the row's kernel (can_implement), the row keeps them off."""
+    keeps realistic activations accurate (docs/accuracy.md). A value that does not fit the row's
+    kernel (can_implement) stays off."""
     from variants.base import PREPARE_ONLY_KNOBS
 
     cfg = family.Config.from_dict(config_dict)
     missing = [k for k in PREPARE_ONLY_KNOBS if k not in config_dict and hasattr(cfg, k)]
+    filled = []
     if missing:
         default = family.default(gpu.arch, problem)
-        filled = dataclasses.replace(cfg, **{k: getattr(default, k) for k in missing})
-        if filled != cfg and family.can_implement(filled, problem, gpu)[0]:
-            return filled, [k for k in missing if getattr(filled, k) != getattr(cfg, k)]
-    return cfg, []
+        for knob in missing:  # PREPARE_ONLY_KNOBS' order: K smoothing first
+            value = getattr(default, knob)
+            trial = dataclasses.replace(cfg, **{knob: value})
+            if value != getattr(cfg, knob) and family.can_implement(trial, problem, gpu)[0]:
+                cfg = trial
+                filled.append(knob)
+    return cfg, filled
 
 
 _RESOLVER = _Resolver()

@@ -94,7 +94,7 @@ def confirmed_row(space, problem: Problem, gpu, code_versions: dict[str, str], f
     records.code_version), an accuracy budget on the same data no tighter than `budget`'s (a
     tuner.budget.Budget, or None) with the row within it, and at least `min_trials` candidates.
     None elsewhere, a missing or unreadable table included (known_configs reports it)."""
-    from tuner.runtime import TABLES_DIR
+    from tuner.runtime import TABLES_DIR, config_from_row
     from tuner.tables import TableError, read_table
 
     path = TABLES_DIR / f"{gpu.name}.yaml"
@@ -106,10 +106,15 @@ def confirmed_row(space, problem: Problem, gpu, code_versions: dict[str, str], f
         {config_hash(k.family, k.config) for k in space.known}
     for entry in entries:
         fields = entry.fields
-        if entry.problem != problem or entry.family_set != family_set \
+        module = space.modules.get(entry.family)
+        if entry.problem != problem or entry.family_set != family_set or module is None \
                 or fields.get("code_version") != code_versions.get(entry.family) \
-                or (fields.get("trials") or 0) < min_trials \
-                or config_hash(entry.family, entry.config.to_dict()) not in measured:
+                or (fields.get("trials") or 0) < min_trials:
+            continue
+        # The row as it runs and as the warm start measured it (a row without the transforms
+        # takes the default's: tuner.runtime.config_from_row).
+        config = config_from_row(module, entry.as_written(), problem, gpu)[0]
+        if config_hash(entry.family, config.to_dict()) not in measured:
             continue
         # A looser budget admits configs the row's search never timed; a tighter one only
         # drops some, and the row's stays where its error is within it.

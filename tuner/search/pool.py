@@ -10,7 +10,6 @@ from collections import deque
 from tuner.outcomes import Outcome
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult, Sandbox, Task, poll
-from tuner.search.accuracy_classes import accuracy_class
 from tuner.search.records import Candidate
 from tuner.search.settings import SearchSettings
 from tuner.search.target import Target
@@ -80,24 +79,18 @@ class Pipeline:
         sandbox.submit(dataclasses.replace(task, kind="compile"), (cand, task))
 
     def step(self, poll_s: float = 1.0) -> list[tuple[Candidate, CandidateResult]]:
-        """Move candidates along; returns those that finished (failed compile or evaluated)."""
+        """Feed the GPU, then wait up to poll_s for the sandboxes; returns the candidates that
+        finished (failed compile or evaluated)."""
         finished = []
-        self._feed_gpu()
+        self.feed()
         busy = [s for s in self._all() if s.busy]
         if not busy:
             return finished
         timeout = max(0.0, min(poll_s, min(s.deadline for s in busy) - time.monotonic()))
-        hold = False
         for sandbox, ((cand, task), result) in poll(busy, timeout):
             if sandbox is self.gpu:
                 result.compile_s = cand.compile_result.compile_s
                 finished.append((cand, result))
-                # An over-budget result may rule out its class: the caller stores it and
-                # discards the class's compiled members (discard) before the GPU takes one.
-                hold = result.outcome == Outcome.TOO_INACCURATE and any(
-                    accuracy_class(c.family, c.config) == accuracy_class(cand.family,
-                                                                         cand.config)
-                    for c, _ in self.ready)
             elif result.outcome == Outcome.OK:
                 cand.compile_result = result
                 self.ready.append((cand, task))
@@ -109,8 +102,8 @@ class Pipeline:
                     if result.outcome == Outcome.CRASH:
                         result.outcome = Outcome.COMPILE_ERROR
                 finished.append((cand, result))
-        if not hold:
-            self._feed_gpu()
+        # The GPU is fed by the caller (feed) once it has stored these results and taken off
+        # the queue what they ruled out (discard): a result can rule out a queued candidate.
         return finished
 
     def discard(self, drop) -> list[Candidate]:
@@ -119,7 +112,8 @@ class Pipeline:
         self.ready = deque((c, t) for c, t in self.ready if not drop(c))
         return gone
 
-    def _feed_gpu(self) -> None:
+    def feed(self) -> None:
+        """Give the GPU sandbox, if idle, the earliest compiled candidate."""
         if not self.gpu.busy and self.ready:
             # The earliest trial first: compiles finish in any order, and the baselines and
             # known configs were asked before the sampler's proposals.

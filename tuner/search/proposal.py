@@ -188,15 +188,16 @@ class Proposer:
         return None
 
     def settle_ruled_out(self, cand: Candidate, stored: dict[str, TrialRecord],
-                         in_flight: set[str], ruled_out: dict) -> None:
+                         in_flight: set[str], ruled_out: dict, repair: bool = True) -> None:
         """A candidate of a ruled-out class, proposed or already compiled: told to the study
         as over the budget with the member that ruled it out, never measured nor stored, and
-        the nearest usable config enqueued in its place."""
+        (repair) the nearest usable config enqueued in its place."""
         trial = cand.trial
         trial.set_user_attr("ruled_out_by", ruled_out[accuracy_class(cand.family, cand.config)])
         tell(self.study, trial, Outcome.TOO_INACCURATE, None)
         self.ruled_out_proposals += 1
-        self._repair(trial, cand.family, cand.config, stored, in_flight, ruled_out)
+        if repair:
+            self._repair(trial, cand.family, cand.config, stored, in_flight, ruled_out)
 
     def _repair(self, trial: optuna.Trial, family: str, config: dict,
                 stored: dict[str, TrialRecord], in_flight: set[str], ruled_out: dict) -> None:

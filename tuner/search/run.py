@@ -181,7 +181,8 @@ class ProblemSearch:
                 with sigint_deferred():  # stored and told, or neither
                     record = self._finish(cand, result)
                 stored.setdefault(record.config_hash, record)
-            self._discard_ruled_out(pipeline, stored)
+            self._discard_ruled_out(pipeline, stored, repair=asking)
+            pipeline.feed()
 
     def _stop_reason(self, measured: int, start: float, stored,
                      in_flight: set[str]) -> tuple[str, bool]:
@@ -215,10 +216,11 @@ class ProblemSearch:
         return any(digest not in stored and cls not in ruled_out
                    for digest, cls in self._starting_points)
 
-    def _discard_ruled_out(self, pipeline: Pipeline, stored: dict) -> None:
+    def _discard_ruled_out(self, pipeline: Pipeline, stored: dict, repair: bool = True) -> None:
         """Compiled candidates of a class ruled out since they were proposed leave the GPU's
-        queue unmeasured: the pipeline compiles ahead, so up to READY_DEPTH members of a class
-        can be waiting when its first member's result rules it out."""
+        queue unmeasured: the pipeline compiles ahead, so members of a class can be waiting,
+        or still compiling, when its first member's result rules it out. repair: enqueue the
+        nearest usable config for each (not once the search has stopped asking)."""
         if not pipeline.ready or self.proposer.max_error is None:
             return
         ruled_out = ruled_out_classes(stored.values(), self.proposer.max_error)
@@ -228,7 +230,7 @@ class ProblemSearch:
         for cand in pipeline.discard(
                 lambda c: accuracy_class(c.family, c.config) in ruled_out):
             with sigint_deferred():
-                self.proposer.settle_ruled_out(cand, stored, flight, ruled_out)
+                self.proposer.settle_ruled_out(cand, stored, flight, ruled_out, repair)
 
     def _finish(self, cand: Candidate, result: CandidateResult) -> TrialRecord:
         record = self.records.record(cand, result)  # the Store first: a kill then loses nothing

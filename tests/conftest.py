@@ -104,11 +104,11 @@ def lookup(tmp_path, monkeypatch):
     """(add(problem, cfg) to the database, table((problem, cfg), ...) as db/tables/h200.yaml,
     best(problem): what tuner.attention would run it with, the database URL) for the runtime
     lookup on a pretend H200 (tests/test_runtime.py's DEVICE)."""
+    from tests.doubles.tables import write_table
     from tests.test_runtime import DEVICE
     from tuner import runtime
     from tuner.gpus import PROFILES
     from tuner.store import Store, TrialRecord
-    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
 
     url = f"sqlite:///{tmp_path / 'tuner.sqlite'}"
     tables = tmp_path / "tables"
@@ -130,10 +130,7 @@ def lookup(tmp_path, monkeypatch):
     def table(*entries):
         rows = [{"problem": p.to_dict(), "family": "mma_sync", "config": cfg.to_dict(),
                  "median_ms": 1.0} for p, cfg in entries]
-        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
-               "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
-               "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
-        (tables / "h200.yaml").write_text(dump_table(doc))
+        write_table(tables, rows)
         runtime.clear_cache()
 
     def best(problem):

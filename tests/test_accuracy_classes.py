@@ -73,7 +73,7 @@ def test_tpe_proposals_of_a_ruled_out_class_are_told_and_never_measured(tmp_path
 class _Pipeline:
     """The search loop's pipeline (tuner/search/pool.py) without processes: a compile takes
     two steps, the GPU returns `result(cand)` in the step after it was fed, and compiles can
-    land beside a GPU result, as they do in poll()."""
+    land beside a GPU result, as they do in poll(); the caller feeds, as with the real one."""
 
     def __init__(self, result):
         self.result, self.ready, self.compiling = result, deque(), []
@@ -96,7 +96,6 @@ class _Pipeline:
             self.gpu = first[0]
 
     def step(self):
-        self.feed()
         finished = []
         if self.gpu is not None:
             self.measured.append(self.gpu)

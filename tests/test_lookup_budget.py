@@ -9,11 +9,11 @@ import logging
 import pytest
 import torch
 
+from tests.doubles.tables import write_table
 from tests.test_runtime import ALT_CFG, DEVICE, SEED_CFG, db  # noqa: F401 - the db fixture
 from tuner import runtime
 from tuner.problem import Problem
 from tuner.store import TrialRecord
-from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
 
 P4K, P8K = Problem(1, 56, 4096), Problem(1, 56, 8192)
 
@@ -73,12 +73,9 @@ def test_the_shipped_tables_winners_are_held_to_max_error_too(db, tmp_path):  # 
     rows = [{"problem": p.to_dict(), "family": "mma_sync", "config": cfg.to_dict(),
              "median_ms": 1.0, "e2e_error": err, "e2e_data": "realistic", "max_error": 0.5}
             for p, cfg, err in ((P4K, ALT_CFG, 0.3), (P8K, SEED_CFG, 0.05))]
-    doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
-           "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
-           "entry_count": len(rows), "entries_sha256": entries_digest(rows), "entries": rows}
     tables = tmp_path / "tables"
     tables.mkdir()
-    (tables / "h200.yaml").write_text(dump_table(doc))
+    write_table(tables, rows)
     runtime.clear_cache()
     assert (best(url, 4096).source, best(url, 4096).config) == ("table-exact", ALT_CFG)
     found = best(url, 4096, max_error=0.1)

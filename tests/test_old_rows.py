@@ -8,13 +8,14 @@ from types import SimpleNamespace
 
 import yaml
 
+from tests.doubles.tables import write_table as write_doc
 from tests.test_runtime import DEVICE, db  # noqa: F401 (the fixture)
 from tests.test_winner_preference import FINGERPRINT
 from tuner import runtime
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from tuner.store import Store, config_hash
-from tuner.tables import KIND, SCHEMA_VERSION, build_table, dump_table, entries_digest, import_table
+from tuner.tables import build_table, dump_table, import_table
 from variants import wgmma
 
 PROBLEM = Problem(1, 56, 16384, 128)
@@ -30,15 +31,12 @@ def old_row(**knobs) -> dict:
 
 
 def write_table(folder, config: dict):
+    """db/tables/h200.yaml in `folder` with one row of PROBLEM."""
     folder.mkdir(exist_ok=True)
-    entries = [{"problem": PROBLEM.to_dict(), "family": "wgmma", "config": config,
-                "median_ms": 5.0}]
-    doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
-           "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
-           "entry_count": 1, "entries_sha256": entries_digest(entries), "entries": entries}
-    (folder / "h200.yaml").write_text(dump_table(doc))
+    path = write_doc(folder, [{"problem": PROBLEM.to_dict(), "family": "wgmma",
+                               "config": config, "median_ms": 5.0}])
     runtime.clear_cache()
-    return folder / "h200.yaml"
+    return path
 
 
 def test_the_default_has_k_smoothing_on():

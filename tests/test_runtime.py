@@ -68,15 +68,12 @@ def test_head_dim_must_match_and_other_heads_fall_back_by_work(db):
 
 def test_shipped_table_comes_before_the_default(db, tmp_path):
     url, _ = db
-    from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
+    from tests.doubles.tables import write_table
 
     (tmp_path / "tables").mkdir()
     entries = [{"problem": Problem(1, 56, 16384).to_dict(), "family": "mma_sync",
                 "config": ALT_CFG.to_dict(), "median_ms": 5.0}]
-    doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": "h200",
-           "device": {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132},
-           "entry_count": 1, "entries_sha256": entries_digest(entries), "entries": entries}
-    (tmp_path / "tables" / "h200.yaml").write_text(dump_table(doc))
+    write_table(tmp_path / "tables", entries)
     best = runtime.load_best_config(16384, heads=56, db=url, with_source=True)
     assert (best.source, best.config) == ("table-exact", ALT_CFG)
     assert runtime.load_best_config(30272, db=url, with_source=True).source == "table-nearest"

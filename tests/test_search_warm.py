@@ -12,6 +12,7 @@ import optuna
 import pytest
 
 from tests.doubles import fake_family_large
+from tests.doubles.tables import write_table
 from tests.test_search import BASE, LARGE, PROBLEM, measured, run_cli
 from tuner import runtime
 from tuner.errors import TunerError
@@ -20,7 +21,6 @@ from tuner.search import SearchSettings, Space, make_target
 from tuner.search.known import PER_SOURCE, confirmed_row, known_configs
 from tuner.search.records import code_version
 from tuner.store import Store, TrialRecord, config_hash
-from tuner.tables import KIND, SCHEMA_VERSION, dump_table, entries_digest
 
 MODULES = {LARGE: fake_family_large}
 TARGET = make_target("h200", MODULES)
@@ -55,11 +55,7 @@ def tables(tmp_path, monkeypatch):
         """Rows (problem, config) or (problem, config, more fields of the entry)."""
         entries = [{"problem": p.to_dict(), "family": LARGE, "config": c, "median_ms": 1.0,
                     **(more[0] if more else {})} for p, c, *more in rows]
-        doc = {"kind": KIND, "schema_version": SCHEMA_VERSION, "gpu": gpu,
-               "device": {"name": device, "compute_capability": "9.0", "sm_count": 132},
-               "entry_count": len(entries), "entries_sha256": entries_digest(entries),
-               "entries": entries}
-        (folder / f"{gpu}.yaml").write_text(dump_table(doc))
+        write_table(folder, entries, gpu, device)
 
     return write
 

@@ -79,10 +79,9 @@ class Pipeline:
         sandbox.submit(dataclasses.replace(task, kind="compile"), (cand, task))
 
     def step(self, poll_s: float = 1.0) -> list[tuple[Candidate, CandidateResult]]:
-        """Feed the GPU, then wait up to poll_s for the sandboxes; returns the candidates that
-        finished (failed compile or evaluated)."""
+        """Wait up to poll_s for the sandboxes; returns the candidates that finished (failed
+        compile or evaluated). The caller feeds the GPU (feed) after each step."""
         finished = []
-        self.feed()
         busy = [s for s in self._all() if s.busy]
         if not busy:
             return finished
@@ -102,8 +101,8 @@ class Pipeline:
                     if result.outcome == Outcome.CRASH:
                         result.outcome = Outcome.COMPILE_ERROR
                 finished.append((cand, result))
-        # The GPU is fed by the caller (feed) once it has stored these results and taken off
-        # the queue what they ruled out (discard): a result can rule out a queued candidate.
+        # Not fed here: the caller first stores these results and takes off the queue what
+        # they ruled out (discard), since a result can rule out a queued candidate.
         return finished
 
     def discard(self, drop) -> list[Candidate]:

@@ -83,6 +83,39 @@ def test_causal_must_be_a_bool():
         tuner.attention(q, k, v, causal="yes")
 
 
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), "0.1",
+                                   torch.tensor(0.1), True])
+def test_softmax_scale_must_be_a_finite_number(scale):
+    q, k, v = tensors((1, 64, 4, 128), (1, 64, 4, 128))
+    with pytest.raises(TunerError, match="softmax_scale must be a finite number or None"):
+        tuner.attention(q, k, v, softmax_scale=scale)
+    d = torch.ones(1, 4, device="meta")
+    with pytest.raises(TunerError, match="softmax_scale must be a finite number or None"):
+        tuner.attention_fp8(*(_fp8((1, 64, 4, 128)) for _ in range(3)), d, d, d,
+                            softmax_scale=scale)
+
+
+def test_a_repeated_calls_plan_never_sees_a_non_finite_scale(monkeypatch):
+    """The plan a repeated call finds (tuner.plans.CALLS) takes the scale unchecked: a NaN goes
+    to the checks instead, while a finite float or int reaches the plan."""
+    from tuner import api
+
+    q, k, v = tensors((1, 64, 4, 128), (1, 64, 4, 128))
+    seen = []
+
+    def plan(q, k, v, scale, want_lse, keep_lse):
+        seen.append(scale)
+        return q, None
+
+    monkeypatch.setitem(api.CALLS, api.signature(q, k, v, False, None, "auto", None, None), plan)
+    for scale in (None, 0.1, 2, -0.5):
+        assert tuner.attention(q, k, v, softmax_scale=scale) is q
+    assert seen == [None, 0.1, 2, -0.5]
+    with pytest.raises(TunerError, match="softmax_scale must be a finite number"):
+        tuner.attention(q, k, v, softmax_scale=float("nan"))
+    assert len(seen) == 4
+
+
 def _fp8(shape):
     return torch.empty(shape, dtype=torch.float8_e4m3fn, device="meta")
 

@@ -8,6 +8,8 @@ circle."""
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 
 import torch
 
@@ -55,7 +57,8 @@ def attention(
     causal=True masks aligned to the bottom right as FlashAttention does: query i sees keys
     j <= i + seq_len_kv - seq_len; a query that sees no key (seq_len > seq_len_kv) gets output
     0 and LSE -inf. A shape or mask no kernel implements on this GPU raises a TunerError naming
-    it (tuner.runtime: every candidate passes its family's can_implement first).
+    it (tuner.runtime: every candidate passes its family's can_implement first). softmax_scale
+    is a finite number (None: head_dim ** -0.5); a NaN, Inf or non-number is a TunerError.
 
     q, k and v are quantized to e4m3 with block scales (amax / 448): one per token and head of
     q, one per 64 keys of a KV head of k and v (variants/block_scales.py), in one launch.
@@ -76,7 +79,7 @@ def attention(
         except (AttributeError, TypeError):  # not tensors, an unhashable config: checked below
             plan = None
         if (plan is not None and (causal is True or causal is False)
-                and (return_lse is True or return_lse is False)
+                and (return_lse is True or return_lse is False) and _plain_scale(softmax_scale)
                 and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
                 and not (_grad_enabled()
                          and (q.requires_grad or k.requires_grad or v.requires_grad))):
@@ -89,6 +92,7 @@ def attention(
     # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the body.
     check_qkv(q, k, v, require_cuda=True, check_finite=False)
     causal = _flag("causal", causal)
+    softmax_scale = _scale(softmax_scale)
     if _CAPTURE is not None:
         _CAPTURE.record(q, k, v, softmax_scale, causal)
     return_lse = _flag("return_lse", return_lse)
@@ -115,6 +119,27 @@ def signature(q, k, v, causal, config, gpu, db, max_error) -> tuple:
     mask, config, GPU, database argument or error budget never finds another's plan."""
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
             causal, config, gpu, db, max_error)
+
+
+def _plain_scale(value) -> bool:
+    """None or a finite Python float or int: what a repeated call's plan takes unchecked (a NaN
+    fails both comparisons)."""
+    return value is None or (type(value) is float or type(value) is int) and -math.inf < value \
+        < math.inf
+
+
+def _scale(value) -> float | None:
+    """softmax_scale as a float, or None (head_dim ** -0.5); a NaN or Inf would make every
+    output NaN, a tensor or a string would fail deep in prepare."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) \
+            or not math.isfinite(value):
+        from tuner.errors import TunerError
+
+        raise TunerError(f"softmax_scale must be a finite number or None (head_dim ** -0.5), "
+                         f"got {value!r}")
+    return float(value)
 
 
 def _flag(name: str, value) -> bool:
@@ -171,6 +196,7 @@ def attention_fp8(
     descales = (q_descale, k_descale, v_descale)
     check_fp8_qkv(q, k, v, descales)
     causal = _flag("causal", causal)
+    softmax_scale = _scale(softmax_scale)
     if config is not None:
         _check_fp8_config(config)
     key = "" if config is None else _eager_config_key(config)

@@ -18,7 +18,7 @@ import sys
 from tuner.errors import TunerError, cli_arguments
 
 # Subcommands in the order `tuner --help` lists them.
-COMMAND_MODULES = ("search", "show", "export", "import_", "bench", "space", "gpus")
+COMMAND_MODULES = ("search", "show", "table", "export", "import_", "bench", "space", "gpus")
 
 
 def _available_commands():

@@ -1,0 +1,96 @@
+"""`tuner table GPU`: the tuning table shipped for a GPU (db/tables/<gpu>.yaml), one line per row:
+its problem, family, times, accuracy, and whether it was searched with the code that runs now.
+
+A row whose code version is the family's today (tuner.search.records.code_version) is what a
+search confirms rather than searches again (docs/tables-and-database.md); an older one still
+runs, with the times its own code measured. No GPU is needed: it reads the file and hashes the
+source."""
+
+from __future__ import annotations
+
+import json
+
+from tuner.commands._args import wide_console
+from tuner.errors import TunerError
+
+NAME = "table"
+HELP = "list the tuning table shipped for a GPU (times, accuracy, code version current or not)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("gpu", help="a GPU profile (h100, h200, ...; auto: the local GPU's)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def rows(gpu_name: str) -> tuple[str, list[dict]]:
+    """(the table's path, one dict per entry in file order); a TunerError where the profile is
+    unknown, no table ships for it, or the table does not validate."""
+    from tuner.gpus import resolve_gpu
+    from tuner.runtime import TABLES_DIR
+    from tuner.search.records import code_version
+    from tuner.tables import TableError, read_table
+    from variants import load_family
+
+    gpu = resolve_gpu(gpu_name, require_local=False)
+    path = TABLES_DIR / f"{gpu.name}.yaml"
+    if not path.is_file():
+        raise TunerError(f"no tuning table ships for {gpu.name} ({path} does not exist); "
+                         f"`tuner search --gpu auto` on one tunes it, `tuner export` writes it")
+    try:
+        _, entries = read_table(path)
+    except TableError as exc:
+        raise TunerError(str(exc)) from None
+    versions = {}
+    out = []
+    for e in entries:
+        if e.family not in versions:
+            versions[e.family] = code_version(load_family(e.family))
+        f = e.fields
+        written = f.get("code_version")
+        out.append({
+            "problem": e.problem.key(), "family_set": e.family_set, "family": e.family,
+            "median_ms": f.get("median_ms"), "prepare_ms": f.get("prepare_ms"),
+            "e2e_error": f.get("e2e_error"), "e2e_data": f.get("e2e_data"),
+            "transforms": _transforms(e),
+            "decided_at": str(f["decided_at"]) if f.get("decided_at") else None,
+            "code_version": written, "current": written == versions[e.family],
+        })
+    return str(path), out
+
+
+def _transforms(entry) -> str:
+    """The prepare transforms the row turns on, "none", or where it names neither knob (written
+    before they existed) "the default's", which the runtime gives it (runtime.config_from_row)."""
+    from variants.base import PREPARE_ONLY_KNOBS
+
+    if not set(PREPARE_ONLY_KNOBS) & entry.written:
+        return "the default's"
+    on = [f"{k}={getattr(entry.config, k)}" for k, off in PREPARE_ONLY_KNOBS.items()
+          if getattr(entry.config, k, off) != off]
+    return " ".join(on) or "none"
+
+
+def run(args) -> int:
+    path, table_rows = rows(args.gpu)
+    if args.json:
+        print(json.dumps({"table": path, "rows": table_rows}, indent=2))
+        return 0
+    from rich.table import Table
+
+    current = sum(r["current"] for r in table_rows)
+    table = Table(title=f"{path}: {len(table_rows)} rows, {current} searched with today's code")
+    for col in ("problem", "family", "kernel ms", "prepare ms", "e2e error", "transforms",
+                "decided", "code version"):
+        table.add_column(col, justify="right" if col.endswith(("ms", "error")) else "left")
+    for r in table_rows:
+        error = "-" if r["e2e_error"] is None else f"{r['e2e_error']:.3g} ({r['e2e_data']})"
+        version = r["code_version"] or "none"
+        table.add_row(
+            r["problem"], r["family"] if r["family"] == r["family_set"] else
+            f"{r['family']} ({r['family_set']})",
+            "-" if r["median_ms"] is None else f"{r['median_ms']:.4g}",
+            "-" if r["prepare_ms"] is None else f"{r['prepare_ms']:.4g}",
+            error, r["transforms"], (r["decided_at"] or "-")[:10],
+            f"{version} (current)" if r["current"] else f"{version} (older)")
+    wide_console().print(table)
+    return 0

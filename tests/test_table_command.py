@@ -30,7 +30,7 @@ def _table(tmp_path, monkeypatch, entries):
 
 def test_each_row_says_whether_todays_code_searched_it(tmp_path, monkeypatch, capsys):
     today = code_version(wgmma)
-    old = _row(Problem(1, 8, 8192, 128), code_version="0123456789ab")
+    old = _row(Problem(1, 8, 8192, 128), code_version="older-source")
     old["config"] = {k: v for k, v in old["config"].items()
                      if k not in ("k_smoothing", "qk_rotation")}
     _table(tmp_path, monkeypatch, [
@@ -42,12 +42,12 @@ def test_each_row_says_whether_todays_code_searched_it(tmp_path, monkeypatch, ca
     new, stale = rows[PROBLEM.key()], rows[Problem(1, 8, 8192, 128).key()]
     assert (new["current"], new["code_version"], new["e2e_error"]) == (True, today, 0.06)
     assert new["transforms"] == "k_smoothing=mean"  # the default's, as written
-    assert (stale["current"], stale["code_version"]) == (False, "0123456789ab")
+    assert (stale["current"], stale["code_version"]) == (False, "older-source")
     assert stale["transforms"] == "the default's"
     assert main(["table", "h100"]) == 0
     text = capsys.readouterr().out
     assert "2 rows, 1 searched with today's code" in text
-    assert f"{today} (current)" in text and "0123456789ab (older)" in text
+    assert f"{today} (current)" in text and "older-source (older)" in text
 
 
 def test_a_missing_table_an_unknown_gpu_and_a_bad_table_are_one_line(tmp_path, monkeypatch,

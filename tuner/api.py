@@ -122,10 +122,9 @@ def signature(q, k, v, causal, config, gpu, db, max_error) -> tuple:
 
 
 def _plain_scale(value) -> bool:
-    """None or a finite Python float or int: what a repeated call's plan takes unchecked (a NaN
-    fails both comparisons)."""
-    return value is None or (type(value) is float or type(value) is int) and -math.inf < value \
-        < math.inf
+    """None or a finite Python float or int (not a bool): what a repeated call's plan takes
+    unchecked; anything else goes to _scale."""
+    return value is None or type(value) in (float, int) and math.isfinite(value)
 
 
 def _scale(value) -> float | None:

@@ -312,7 +312,7 @@ class _Resolver:
     def _table_entries(gpu, keep=None) -> list[tuple[Problem, str, dict, float | None]]:
         from tuner.tables import load_table_entries
 
-        table = TABLES_DIR / f"{gpu.name}.yaml"
+        table = table_path(gpu)
         if not table.exists():
             return []
         return load_table_entries(table, None if keep is None else
@@ -337,6 +337,11 @@ class _Resolver:
             f"no kernel can run {problem.key()} on {gpu.name} ({gpu.arch}): "
             + "; ".join(rejected or ["no family targets this arch"])
         )
+
+
+def table_path(gpu) -> Path:
+    """The tuning table shipped for a GPU profile (it may not exist)."""
+    return TABLES_DIR / f"{gpu.name}.yaml"
 
 
 def config_from_row(family, config_dict: dict, problem: Problem, gpu) -> tuple[Any, list[str]]:

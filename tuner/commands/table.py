@@ -26,13 +26,13 @@ def rows(gpu_name: str) -> tuple[str, list[dict]]:
     """(the table's path, one dict per entry in file order); a TunerError where the profile is
     unknown, no table ships for it, or the table does not validate."""
     from tuner.gpus import resolve_gpu
-    from tuner.runtime import TABLES_DIR
+    from tuner.runtime import table_path
     from tuner.search.records import code_version
     from tuner.tables import TableError, read_table
     from variants import load_family
 
     gpu = resolve_gpu(gpu_name, require_local=False)
-    path = TABLES_DIR / f"{gpu.name}.yaml"
+    path = table_path(gpu)
     if not path.is_file():
         raise TunerError(f"no tuning table ships for {gpu.name} ({path} does not exist); "
                          f"`tuner search --gpu auto` on one tunes it, `tuner export` writes it")
@@ -43,31 +43,34 @@ def rows(gpu_name: str) -> tuple[str, list[dict]]:
     versions = {}
     out = []
     for e in entries:
+        family = load_family(e.family)
         if e.family not in versions:
-            versions[e.family] = code_version(load_family(e.family))
+            versions[e.family] = code_version(family)
         f = e.fields
         written = f.get("code_version")
         out.append({
             "problem": e.problem.key(), "family_set": e.family_set, "family": e.family,
             "median_ms": f.get("median_ms"), "prepare_ms": f.get("prepare_ms"),
             "e2e_error": f.get("e2e_error"), "e2e_data": f.get("e2e_data"),
-            "transforms": _transforms(e),
+            "transforms": _transforms(e, family, gpu),
             "decided_at": str(f["decided_at"]) if f.get("decided_at") else None,
             "code_version": written, "current": written == versions[e.family],
         })
     return str(path), out
 
 
-def _transforms(entry) -> str:
-    """The prepare transforms the row turns on, "none", or where it names neither knob (written
-    before they existed) "the default's", which the runtime gives it (runtime.config_from_row)."""
+def _transforms(entry, family, gpu) -> str:
+    """The prepare transforms the row runs with ("none" for none): the knobs it names, and for a
+    knob it does not name the default's (runtime.config_from_row); a row that names neither
+    (written before they existed) says "the default's"."""
+    from tuner.runtime import config_from_row
     from variants.base import PREPARE_ONLY_KNOBS
 
     if not set(PREPARE_ONLY_KNOBS) & entry.written:
         return "the default's"
-    on = [f"{k}={getattr(entry.config, k)}" for k, off in PREPARE_ONLY_KNOBS.items()
-          if getattr(entry.config, k, off) != off]
-    return " ".join(on) or "none"
+    cfg, _ = config_from_row(family, entry.as_written(), entry.problem, gpu)
+    return " ".join(f"{k}={getattr(cfg, k)}" for k, off in PREPARE_ONLY_KNOBS.items()
+                    if getattr(cfg, k, off) != off) or "none"
 
 
 def run(args) -> int:

@@ -94,10 +94,10 @@ def confirmed_row(space, problem: Problem, gpu, code_versions: dict[str, str], f
     records.code_version), an accuracy budget on the same data no tighter than `budget`'s (a
     tuner.budget.Budget, or None) with the row within it, and at least `min_trials` candidates.
     None elsewhere, a missing or unreadable table included (known_configs reports it)."""
-    from tuner.runtime import TABLES_DIR, config_from_row
+    from tuner.runtime import config_from_row, table_path
     from tuner.tables import TableError, read_table
 
-    path = TABLES_DIR / f"{gpu.name}.yaml"
+    path = table_path(gpu)
     try:
         _, entries = read_table(path) if path.exists() else (None, [])
     except TableError:

@@ -133,7 +133,7 @@ def sweep(args, gpu) -> str:
     from tuner.problem import Problem
     from variants import families_for_arch, load_family
     from variants.base import judge_space
-    from variants.reference import REL_RMS_MAX, ROW_REL_MAX
+    from variants.reference_bounds import REL_RMS_MAX, ROW_REL_MAX
 
     problems = ([p for g in args.sweep_shapes for p in g] if args.sweep_shapes is not None
                 else [p for t in SWEEP_SHAPES for p in common.parse_shape(t)])

@@ -1,6 +1,6 @@
 """P.V in 16 bits on the CPU, before any GPU run: the kernels' arithmetic with bf16 P and V
 unquantized (block_scales.folded_attention on what quantize_inputs writes) against fp32 attention
-on the original inputs, and the gate's bf16-P thresholds (variants/reference.py) against
+on the original inputs, and the gate's bf16-P thresholds (variants/reference_bounds.py) against
 emulated kernels: a correct one with a truncating QK^T accumulator passes, one that rounds P or V
 to e4m3 does not.
 

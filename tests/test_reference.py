@@ -10,17 +10,19 @@ import torch.nn.functional as F
 from variants.prepare import quantize_inputs
 from variants.prepare_check import prepare_mismatch
 from variants.reference import (
+    accuracy,
+    end_to_end_error,
+    quantize_reference,
+    reference_attention,
+    validate,
+)
+from variants.reference_bounds import (
     HEAD_SLOPE_MAX,
     LSE_ABS_MAX,
     LSE_QK_REL,
     REL_RMS_MAX,
     ROW_REL_MAX,
     ROW_SCALE_NOISE,
-    accuracy,
-    end_to_end_error,
-    quantize_reference,
-    reference_attention,
-    validate,
 )
 
 

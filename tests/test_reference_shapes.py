@@ -10,15 +10,17 @@ import torch.nn.functional as F
 
 from tests.doubles.dense import dense_attention
 from variants.reference import (
-    HEAD_SLOPE_MAX,
-    REL_RMS_MAX,
-    ROW_FLOOR_PER_SQRT_KEY,
-    ROW_REL_MAX,
     accuracy,
     end_to_end_error,
     quantize_reference,
     reference_attention,
     validate,
+)
+from variants.reference_bounds import (
+    HEAD_SLOPE_MAX,
+    REL_RMS_MAX,
+    ROW_FLOOR_PER_SQRT_KEY,
+    ROW_REL_MAX,
 )
 
 # (seq_len, seq_len_kv, heads, kv_heads, causal): lengths off every multiple of 16, the queries

@@ -15,16 +15,13 @@ from variants import transforms
 from variants.prepare import quantize_inputs
 from variants.prepare_check import declared_transforms, prepare_mismatch
 from variants.reference import (
-    LSE_ABS_MAX,
-    LSE_QK_REL,
-    LSE_SHIFT_REL,
-    MEAN_SUM_REL,
     accuracy,
     quantize_reference,
     reference_attention,
     reference_key_mean,
     reference_rotate,
 )
+from variants.reference_bounds import LSE_ABS_MAX, LSE_QK_REL, LSE_SHIFT_REL, MEAN_SUM_REL
 
 
 def _inputs(batch=2, seq=77, seq_kv=150, heads=4, kv_heads=2, head_dim=128, seed=0,
@@ -174,7 +171,7 @@ def test_the_row_bound_takes_the_accumulators_error_only_on_large_scores(kind, f
     inputs (~7) keep the plain scale, so their rows are checked at the plain bound."""
     from tuner.activations import activations
     from tuner.problem import Problem
-    from variants.reference import ROW_QK_COVERED, ROW_REL_MAX
+    from variants.reference_bounds import ROW_QK_COVERED, ROW_REL_MAX
 
     problem = Problem(1, 2, 60, 128)
     q, k, v = activations(kind, problem, "cpu", seed=2)

@@ -15,7 +15,8 @@ from variants.block_scales import PackedLayout
 from variants.build import CompiledKernel, codegen_key
 from variants.prepare import quantize_inputs
 from variants.prepare_check import prepare_mismatch
-from variants.reference import quantize_reference, thresholds
+from variants.reference import quantize_reference
+from variants.reference_bounds import thresholds
 from variants.wgmma.config import register_estimate, smem_bytes
 
 H200 = PROFILES["h200"]

@@ -17,12 +17,8 @@ import math
 import torch
 
 from variants.block_scales import PackedLayout
-from variants.reference import (
-    LSE_SHIFT_REL,
-    MEAN_SUM_REL,
-    ReferenceInputs,
-    reference_key_mean,
-)
+from variants.reference import ReferenceInputs, reference_key_mean
+from variants.reference_bounds import LSE_SHIFT_REL, MEAN_SUM_REL
 
 
 def declared_transforms(prepared, k: torch.Tensor, k_smoothing: str,

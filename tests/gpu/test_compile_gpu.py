@@ -80,7 +80,7 @@ def test_sdpa_drop_in_matches_torch_sdpa_within_fp8_error():
     x = torch.randn(B, S, H * D, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         want, got = reference(x).float(), swapped(x).float()
-    # The validation gate's bound (variants/reference.py: 2**-4 relative RMS, derived from e4m3).
+    # The validation gate's bound (variants/reference_bounds.py: 2**-4 relative RMS, from e4m3).
     assert float((got - want).norm() / want.norm()) < 2.0**-4
 
 

@@ -38,7 +38,7 @@ from tuner.integrations import routing  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 OP = torch.ops.fp8_attn_tuner.attention.default
-GATE_BOUND = 2.0**-4  # variants/reference.py: relative RMS of one call's output
+GATE_BOUND = 2.0**-4  # variants/reference_bounds.py: relative RMS of one call's output
 SECOND_ORDER = 1.5
 TOKENS, TEXT = 4096, 512  # Wan: a (1, 128, 128) latent in (1, 2, 2) patches; a Wan-length prompt
 

@@ -1,6 +1,6 @@
 """P.V in 16 bits on the GPU (wgmma pv_dtype="bf16", docs/family-wgmma.md): a covering set of
 bf16 configs through the correctness gate (random, structured and realistic inputs; the
-reference with V unquantized and the bf16-P thresholds of variants/reference.py), prepare's
+reference with V unquantized and the bf16-P thresholds of variants/reference_bounds.py), prepare's
 launch without v CTAs against the gate's quantization, the end-to-end error through
 tuner.attention below the e4m3 kernel's on random and K-bias activations (K smoothing on), a
 kernel that reads V rounded to e4m3 while declaring it unquantized rejected, and a repeated

@@ -40,18 +40,23 @@ class Candidate:
     compile_result: CandidateResult | None = None
 
 
+# Modules of variants/ that check results and time nothing (the gate's fp32 reference, its
+# bounds, its check of prepare): a change there leaves every stored time comparable.
+CHECK_ONLY_MODULES = frozenset({"reference.py", "reference_bounds.py", "prepare_check.py"})
+
+
 def code_version(family_module) -> str:
     """Hash of the code a stored time depends on: the family's source files, the device code and
-    host work every family shares (variants/*.py: prepare and its quantization kernel, the launch,
-    the block scales; variants/common/*.py), and the tuner's measuring code. A stored time is
-    only comparable with times the same code measured."""
+    host work every family shares (variants/*.py but CHECK_ONLY_MODULES: prepare and its
+    quantization kernel, the launch, the block scales; variants/common/*.py), and the tuner's
+    measuring code. A stored time is only comparable with times the same code measured."""
     path = Path(family_module.__file__)
     files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     tuner = Path(__file__).parents[1]
     shared = Path(variants.__file__).parent
-    return files_hash([*files, *sorted(shared.glob("*.py")),
-                       *sorted((shared / "common").glob("*.py")), tuner / "measure.py",
-                       tuner / "sandbox.py"])[:12]
+    timed = [f for f in sorted(shared.glob("*.py")) if f.name not in CHECK_ONLY_MODULES]
+    return files_hash([*files, *timed, *sorted((shared / "common").glob("*.py")),
+                       tuner / "measure.py", tuner / "sandbox.py"])[:12]
 
 
 @dataclass(frozen=True)

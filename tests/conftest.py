@@ -162,3 +162,11 @@ def own_build(tmp_path, monkeypatch):
     monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(build, "_FUNCTIONS", {})
     monkeypatch.setattr(build, "_KERNELS", {})
+
+
+@pytest.fixture
+def compile_in_tmp(tmp_path, monkeypatch):
+    """Builds into the test's own cache, and from its own working directory: --keep-cubin
+    writes the cubin there."""
+    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)

@@ -13,7 +13,7 @@ from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("compile_in_tmp")]
 
 H200 = PROFILES["h200"]
 PROBLEM = Problem(batch=1, heads=2, seq_len=77)
@@ -61,12 +61,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
-    monkeypatch.chdir(tmp_path)  # --keep-cubin writes the cubin to the working directory
-
-
 @pytest.mark.parametrize("overrides", CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in
                                                                    o.items()) or "default")
 def test_compiles_without_spills(overrides):
@@ -89,6 +83,15 @@ def test_compiles_without_spills(overrides):
         _assert_consumers_issue_no_global_loads(twin)
     else:
         assert kernel._single_launch is None
+
+
+def case_config(default, problem, overrides):
+    """(config, problem) of a compile case: `default` with the case's knob overrides, and
+    `problem` with its head_dim and causal, which a case may name beside the knobs."""
+    overrides = dict(overrides)
+    problem = dataclasses.replace(problem, head_dim=overrides.pop("head_dim", problem.head_dim),
+                                  causal=overrides.pop("causal", problem.causal))
+    return dataclasses.replace(default, **overrides), problem
 
 
 def _assert_consumers_issue_no_global_loads(kernel):

@@ -15,7 +15,7 @@ from tuner.problem import Problem
 from variants import wgmma
 from variants.cubin import disassemble
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("compile_in_tmp")]
 
 H200 = PROFILES["h200"]
 
@@ -31,12 +31,6 @@ CASES = [
     (64, 8, 128, True, {"consumer_wgs": 1, "pingpong": False, "head_swizzle": 4}),
     (32, 8, 128, True, {"tile_order": "longest_first", "head_swizzle": 16, "pack_gqa": False}),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
-    monkeypatch.chdir(tmp_path)  # --keep-cubin writes the cubin to the working directory
 
 
 def _build(heads, kv_heads, head_dim, causal, overrides):

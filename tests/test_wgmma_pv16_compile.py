@@ -10,12 +10,12 @@ import re
 
 import pytest
 
-from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads
+from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads, case_config
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("compile_in_tmp")]
 
 H200 = PROFILES["h200"]
 PROBLEM = Problem(batch=1, heads=2, seq_len=77)
@@ -45,17 +45,8 @@ CASES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
-    monkeypatch.chdir(tmp_path)  # --keep-cubin writes the cubin to the working directory
-
-
 def _build(overrides):
-    overrides = dict(overrides)
-    problem = dataclasses.replace(PROBLEM, head_dim=overrides.pop("head_dim", 128),
-                                  causal=overrides.pop("causal", False))
-    return dataclasses.replace(_DEFAULT, **overrides), problem
+    return case_config(_DEFAULT, PROBLEM, overrides)
 
 
 def _mma_opcodes(kernel) -> collections.Counter:

@@ -56,8 +56,6 @@ CASES = [
     {"k_smoothing": "off", "qk_rotation": "hadamard"},
     # P.V in 16 bits (tests/test_wgmma_pv16_compile.py has its covering set).
     {"pv_dtype": "bf16"},
-    # QK^T in int8 (tests/test_wgmma_qk8_compile.py has its covering set).
-    {"qk_dtype": "int8"},
 ]
 
 
@@ -85,15 +83,6 @@ def test_compiles_without_spills(overrides):
         assert kernel._single_launch is None
 
 
-def case_config(default, problem, overrides):
-    """(config, problem) of a compile case: `default` with the case's knob overrides, and
-    `problem` with its head_dim and causal, which a case may name beside the knobs."""
-    overrides = dict(overrides)
-    problem = dataclasses.replace(problem, head_dim=overrides.pop("head_dim", problem.head_dim),
-                                  causal=overrides.pop("causal", problem.causal))
-    return dataclasses.replace(default, **overrides), problem
-
-
 def _assert_consumers_issue_no_global_loads(kernel):
     """The consumer warpgroups' program (after their setmaxnreg increase) reads the block scales
     from shared memory: a global load in flight at a named barrier makes the barrier wait for it,
@@ -104,8 +93,7 @@ def _assert_consumers_issue_no_global_loads(kernel):
         return
     sass = disassemble(kernel.cubin_path.read_bytes())
     # One program, or with split_tail two: the whole tiles' and the pieces'.
-    # (QK^T is an e4m3 QGMMA, or with qk_dtype=int8 an s8 IGMMA.)
-    programs = [p for p in re.split(r"\n(?=\s*\.text\.)", sass) if re.search(r"[IQ]GMMA", p)]
+    programs = [p for p in re.split(r"\n(?=\s*\.text\.)", sass) if "QGMMA" in p]
     assert len(programs) == (2 if kernel.config.split_tail else 1), len(programs)
     for program in programs:
         _, marker, consumers = program.partition("USETMAXREG.TRY_ALLOC")

@@ -105,11 +105,6 @@ class ConfigMixin:
         """The kernel reads V as bf16, unquantized (natural layout; its block scales neutral)."""
         return False
 
-    @property
-    def qk_int8(self) -> bool:
-        """Q and K are int8 codes (amax / 127 block scales) for an integer QK^T GEMM."""
-        return False
-
     def for_q_dtype(self, dtype_name: str):
         """The config to run for a q of this torch dtype name (a family whose kernel reads
         some dtypes only names the config that reads the others). e4m3 codes were quantized by
@@ -201,7 +196,7 @@ def enumerate_space(config_cls, space: dict[str, list]):
             yield config_cls(**dict(zip(names, values, strict=True)))
         return
     # A frozen dataclass without __post_init__ is its __dict__: filled directly, a third of the
-    # cost of __init__'s per-field object.__setattr__ (wgmma's space is 3.5M configs).
+    # cost of __init__'s per-field object.__setattr__ (wgmma's space is 1.8M configs).
     new = object.__new__
     for values in itertools.product(*(space[n] for n in names)):
         cfg = new(config_cls)

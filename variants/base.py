@@ -105,6 +105,11 @@ class ConfigMixin:
         """The kernel reads V as bf16, unquantized (natural layout; its block scales neutral)."""
         return False
 
+    @property
+    def qk_int8(self) -> bool:
+        """Q and K are int8 codes (amax / 127 block scales) for an integer QK^T GEMM."""
+        return False
+
     def for_q_dtype(self, dtype_name: str):
         """The config to run for a q of this torch dtype name (a family whose kernel reads
         some dtypes only names the config that reads the others). e4m3 codes were quantized by

@@ -36,6 +36,10 @@ HEAD_SWIZZLE_MAX = 64
 # bf16 (P rounded to bf16, V the caller's unquantized in its natural layout, an MN-major B
 # operand; docs/family-wgmma.md, "P.V in 16 bits").
 PV_DTYPES = ("e4m3", "bf16")
+# The QK^T GEMM's operands: e4m3 codes (f32 accumulator) or int8 codes (s32 accumulator, exact;
+# converted to f32 before the mask), both with the same block scales (amax / 448 or amax / 127;
+# docs/family-wgmma.md, "QK^T in int8").
+QK_DTYPES = ("e4m3", "int8")
 WG_THREADS = 128
 ROWS_PER_WG = 64  # wgmma M
 HEAD_DIMS = (64, 128)
@@ -98,6 +102,8 @@ class Config(ConfigMixin):
     qk_rotation: str = "none"
     # PV_DTYPES; e4m3 is the kernel built before this knob existed.
     pv_dtype: str = "e4m3"
+    # QK_DTYPES; e4m3 is the kernel built before this knob existed.
+    qk_dtype: str = "e4m3"
 
     @property
     def block_m(self) -> int:
@@ -138,6 +144,11 @@ class Config(ConfigMixin):
         return self.register_p and not self.v_in_kernel and not self.v_unquantized
 
     @property
+    def qk_int8(self) -> bool:
+        """Q and K arrive as int8 codes with their block scales, QK^T an s8 wgmma."""
+        return self.qk_dtype == "int8"
+
+    @property
     def q_in_kernel(self) -> bool:
         """Q arrives as the caller's bf16 (batch, seq_len, heads, head_dim), quantized per row
         by the consumer warpgroups (the block-scale formula of variants/block_scales.py)."""
@@ -154,14 +165,17 @@ class Config(ConfigMixin):
         """The config that reads a q of this torch dtype ("bfloat16", "float16",
         "float8_e4m3fn"): an in-kernel quantization reads bf16 only, so fp16 and FP8 callers
         get the same kernel with Q quantized (or laid out) by prepare; FP8 callers get it with
-        prepare's transforms off (ConfigMixin.for_q_dtype) and with e4m3 P.V (fp16 callers
-        keep bf16 P.V: prepare casts their V)."""
+        prepare's transforms off (ConfigMixin.for_q_dtype) and with e4m3 P.V and QK^T (fp16
+        callers keep bf16 P.V and int8 QK^T: prepare casts their V and quantizes their Q and K)."""
         cfg = super().for_q_dtype(dtype_name)
         if cfg.q_in_kernel and dtype_name != "bfloat16":
             cfg = dataclasses.replace(cfg, q_quant="prepare")
         if cfg.v_unquantized and dtype_name == "float8_e4m3fn":
             # The caller's V is e4m3 codes already: the e4m3 P.V kernel reads them.
             cfg = dataclasses.replace(cfg, pv_dtype="e4m3")
+        if cfg.qk_int8 and dtype_name == "float8_e4m3fn":
+            # The caller's Q and K are e4m3 codes: the e4m3 QK^T kernel reads them.
+            cfg = dataclasses.replace(cfg, qk_dtype="e4m3")
         return cfg
 
     def packed_group(self, problem) -> int:
@@ -300,6 +314,11 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, unknown
     if cfg.pv_dtype not in PV_DTYPES:
         return False, f"pv_dtype={cfg.pv_dtype!r} unknown; one of {PV_DTYPES}"
+    if cfg.qk_dtype not in QK_DTYPES:
+        return False, f"qk_dtype={cfg.qk_dtype!r} unknown; one of {QK_DTYPES}"
+    if cfg.qk_int8 and cfg.q_in_kernel:
+        return False, ("qk_dtype=int8 needs q_quant=prepare: q_quant=kernel's in-kernel "
+                       "quantization writes e4m3 codes into the Q tile, not int8 ones")
     if cfg.v_unquantized and cfg.v_in_kernel:
         return False, ("pv_dtype=bf16 reads V in its natural layout as the 16-bit wgmma's "
                        "MN-major B operand, so it has nothing to transpose: v_layout=kernel's "

@@ -222,10 +222,12 @@ def validate_kernel(kernel, problem, device, seed: int) -> GateReport:
         k_mean, mismatch = declared_transforms(prepared, k, k_smoothing, qk_rotation)
         if mismatch:
             return failed(case, mismatch)
-        # P.V in 16 bits: V unquantized in the reference, the bf16 thresholds.
+        # P.V in 16 bits: V unquantized in the reference, the bf16 thresholds; an integer
+        # QK^T: int8 q and k codes.
         ref_inputs = quantize_reference(q, k, v, scale, k_mean=k_mean,
                                         rotate=qk_rotation == "hadamard",
-                                        v_unquantized=getattr(cfg, "v_unquantized", False))
+                                        v_unquantized=getattr(cfg, "v_unquantized", False),
+                                        qk_int8=getattr(cfg, "qk_int8", False))
         del q, k, v
         mismatch = prepare_mismatch(prepared, ref_inputs)
         if mismatch:

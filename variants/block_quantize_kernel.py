@@ -9,6 +9,8 @@ launch, each byte of each input read once.
 
 code = e4m3(x * fl(fl(1 / amax) * 448)), descale = amax * fl32(1 / 448), amax = max(amax, 1e-12),
 a NaN kept: block_scales.quantize's arithmetic, so the codes are bit for bit the torch formula's.
+With qk_int8 q's and k's codes are int8: round-half-even(x * fl(fl(1 / amax) * 127)) (within
++-127, so no clamp acts), descale = amax * fl32(1 / 127); v's stay e4m3.
 Optional exact transforms first (variants/transforms.py, bit for bit): smooth_k, k's real rows
 less m (fp32 (batch, kv_heads, head_dim)) and q . m of each real q row to `shift` (batch, heads,
 seq_len); rotate_qk, q's and k's rows rotated (variants/hadamard_dsl.py). V is never transformed.
@@ -37,7 +39,14 @@ import cutlass.cute as cute
 import torch
 
 from variants import hadamard_dsl
-from variants.block_scales import DESCALE_PER_AMAX, E4M3_MAX, KV_BLOCK, TINY_AMAX
+from variants.block_scales import (
+    DESCALE_PER_AMAX,
+    DESCALE_PER_AMAX_INT8,
+    E4M3_MAX,
+    INT8_MAX,
+    KV_BLOCK,
+    TINY_AMAX,
+)
 from variants.key_mean_kernel import MEAN_ALIGN, KeyMean
 from variants.key_order import key_at_slot
 from variants.launch import STREAM, FastLaunch, LauncherCache, device_arch, pointer, scalar
@@ -72,12 +81,16 @@ class BlockQuant:
     """The one launch for one input dtype, head_dim, V layout and transform set; shapes are
     runtime. Arguments: q, k, v, their codes, the packed scales, m (16-byte aligned) and shift
     (both read and written only with smooth_k: pass 0 otherwise), batch, heads, kv_heads,
-    seq_len, padded, seq_len_kv, padded_kv, stream."""
+    seq_len, padded, seq_len_kv, padded_kv, stream. qk_int8: q's and k's codes int8."""
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
                  permute_keys: bool = False, quantize_q: bool = True, smooth_k: bool = False,
-                 rotate_qk: bool = False, quantize_v: bool = True) -> None:
+                 rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False) -> None:
         self.in_dtype = in_dtype
+        self.qk_int8 = qk_int8
+        # q's and k's codes: (element type, fl32 descale per amax, code of amax)
+        self.qk_codes = (cutlass.Int8, DESCALE_PER_AMAX_INT8, INT8_MAX) if qk_int8 else \
+            (cutlass.Float8E4M3FN, DESCALE_PER_AMAX, E4M3_MAX)
         self.quantize_q = quantize_q
         self.quantize_v = quantize_v
         self.head_dim = head_dim
@@ -98,8 +111,8 @@ class BlockQuant:
 
     def slots(self):
         x = pointer(self.in_dtype.__name__, VEC * self.in_dtype.width // 8)
-        out = pointer("Float8E4M3FN", VEC)
-        return (x, x, x, out, out, out, pointer("Float32", 4), pointer("Float32", MEAN_ALIGN),
+        out, qk = pointer("Float8E4M3FN", VEC), pointer(self.qk_codes[0].__name__, VEC)
+        return (x, x, x, qk, qk, out, pointer("Float32", 4), pointer("Float32", MEAN_ALIGN),
                 pointer("Float32", 4), *(scalar("Int32"),) * 7, STREAM)
 
     def compile_args(self):
@@ -109,9 +122,10 @@ class BlockQuant:
         gmem = cute.AddressSpace.gmem
         x = make_ptr(self.in_dtype, 0, gmem, assumed_align=VEC * self.in_dtype.width // 8)
         out = make_ptr(cutlass.Float8E4M3FN, 0, gmem, assumed_align=VEC)
+        qk = make_ptr(self.qk_codes[0], 0, gmem, assumed_align=VEC)
         f32 = make_ptr(cutlass.Float32, 0, gmem, assumed_align=4)
         mean = make_ptr(cutlass.Float32, 0, gmem, assumed_align=MEAN_ALIGN)
-        return (x, x, x, out, out, out, f32, mean, f32, *(cutlass.Int32(1),) * 7,
+        return (x, x, x, qk, qk, out, f32, mean, f32, *(cutlass.Int32(1),) * 7,
                 make_fake_stream())
 
     @cute.jit
@@ -239,9 +253,15 @@ class BlockQuant:
         if first + i < padded:
             at = out_ptr + ((b * padded + first + i) * heads + h) * self.head_dim + col
             for c in cutlass.range_constexpr(chunks):
-                # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past the range.
                 dst = cute.make_tensor(at + c * (self.head_dim // chunks), cute.make_layout(VEC))
-                dst.store((values[i, c, None].load() * scale).to(cutlass.Float8E4M3FN))
+                scaled = values[i, c, None].load() * scale
+                if cutlass.const_expr(self.qk_int8 and not is_v):
+                    # Rounded to the nearest integer (ties to even) in f32, then converted
+                    # exactly: the DSL's f32 -> int8 conversion alone truncates.
+                    dst.store(cute.math.roundeven(scaled).to(cutlass.Int8))
+                else:
+                    # f32 -> e4m3 is cvt.rn.satfinite: round to nearest even, +-448 past it.
+                    dst.store(scaled.to(cutlass.Float8E4M3FN))
 
     @cute.jit
     def _q_cta(self, x_ptr, out_ptr, scales_ptr, mean_ptr, shift_ptr, cta, bh_count, seq_len,
@@ -276,14 +296,15 @@ class BlockQuant:
             m = cute.arch.warp_reduction(m, lambda x, y: cute.arch.fmax(x, y, nan=True),
                                          threads_in_group=lanes)
             amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
-            # fl(fl(1 / amax) * 448): torch's amax.reciprocal() * 448.
-            self._store_token_major(out_ptr, values, (1.0 / amax) * E4M3_MAX, b, h, first,
+            _, per_amax, top = self.qk_codes
+            # fl(fl(1 / amax) * 448): torch's amax.reciprocal() * 448 (127 for int8 codes).
+            self._store_token_major(out_ptr, values, (1.0 / amax) * top, b, h, first,
                                     padded, heads, i, False)
             row = first + i
             if tidx % lanes == 0 and row < padded:
                 descale = cutlass.Float32(1.0)  # padding rows: neutral
                 if row < seq_len:
-                    descale = amax * DESCALE_PER_AMAX
+                    descale = amax * per_amax
                 _put(scales_ptr + (bh * padded + row), descale)
 
     @cute.jit
@@ -322,7 +343,9 @@ class BlockQuant:
         for w in cutlass.range_constexpr(warps):
             m = cute.arch.fmax(m, warp_max[w], nan=True)
         amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
-        scale = (1.0 / amax) * E4M3_MAX
+        _, per_amax, top = (cutlass.Float8E4M3FN, DESCALE_PER_AMAX, E4M3_MAX) if is_v \
+            else self.qk_codes
+        scale = (1.0 / amax) * top
         if cutlass.const_expr(is_v and self.v_feature_major):
             self._store_feature_major(out_ptr, storage, values, scale, bh, first, padded_kv)
         else:
@@ -332,7 +355,7 @@ class BlockQuant:
         if tidx == 0:
             descale = cutlass.Float32(1.0)  # a block of padding only: neutral
             if block * KV_BLOCK < seq_len_kv:
-                descale = amax * DESCALE_PER_AMAX
+                descale = amax * per_amax
             at = bh * blocks + block
             if cutlass.const_expr(is_v):
                 # log2 of V's descale and its inverse for the softmax, and V's own for readers.
@@ -478,13 +501,14 @@ KERNELS = ("quant", "quant_kv", "expand", "mean")
 
 
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
-          smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True):
+          smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
+          qk_int8: bool = False):
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
     if name in ("expand", "mean"):
-        if smooth_k or rotate_qk or not quantize_v:
-            raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk or "
-                             "quantize_v=False; quantize with 'quant' for those")
+        if smooth_k or rotate_qk or not quantize_v or qk_int8:
+            raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk, "
+                             "quantize_v=False or qk_int8; quantize with 'quant' for those")
         return ExpandScales() if name == "expand" else KeyMean(_dsl_dtype(in_dtype), head_dim)
     if rotate_qk and name == "quant_kv":
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
@@ -493,22 +517,22 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
         hadamard_dsl.sign_words(head_dim)  # a power of two up to 128, or a ValueError saying so
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
                       quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk,
-                      quantize_v=quantize_v)
+                      quantize_v=quantize_v, qk_int8=qk_int8)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    v_feature_major: bool = True, permute_keys: bool = False, *,
                    smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
-                   keep_ptx_in: str | None = None):
+                   qk_int8: bool = False, keep_ptx_in: str | None = None):
     """(compiled function, its launch slots) of "quant" (BlockQuant), "quant_kv" (BlockQuant
     without q's CTAs), "expand" (ExpandScales; dtype and head_dim unused) or "mean"
     (variants/key_mean_kernel.KeyMean; the V layout unused) for `arch`, without
-    a GPU; quantize_v=False: no v CTAs (V's scales neutral); keep_ptx_in: a directory to leave
-    the PTX and the cubin in (the CPU tests read them)."""
+    a GPU; quantize_v=False: no v CTAs (V's scales neutral); qk_int8: int8 q and k codes;
+    keep_ptx_in: a directory to leave the PTX and the cubin in (the CPU tests read them)."""
     from variants.dsl_compile import compile_for_arch
 
     kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk,
-                   quantize_v)
+                   quantize_v, qk_int8)
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
                                 keep="--keep-ptx --keep-cubin" if keep_ptx_in else "",
                                 dump_dir=keep_ptx_in)
@@ -517,15 +541,15 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
 
 def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
              v_feature_major: bool = True, permute_keys: bool = False, smooth_k: bool = False,
-             rotate_qk: bool = False, quantize_v: bool = True,
+             rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False,
              compile_now: bool = True) -> FastLaunch | None:
     """The launcher of one of KERNELS for this GPU, or None where there is none
     (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
     key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys,
-           smooth_k, rotate_qk, quantize_v)
+           smooth_k, rotate_qk, quantize_v, qk_int8)
 
     def build():
         return compile_kernel(*key[:6], smooth_k=smooth_k, rotate_qk=rotate_qk,
-                              quantize_v=quantize_v)
+                              quantize_v=quantize_v, qk_int8=qk_int8)
 
     return LAUNCHERS.get(key, build, compile_now=compile_now)

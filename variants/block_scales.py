@@ -16,8 +16,10 @@ and must fold into arithmetic the kernels already do per row or per strip:
      O = acc / l and LSE = ln 2 * (m' - shift + log2 l).
      P' <= 2^shift still holds (e4m3's range is kept), and no maximum over the whole head is
      needed, which is what makes V one pass too.
-A scale is amax / 448 as today (code = round_e4m3(x * 448 / amax)); an all-zero block gets amax
-1e-12 instead of a division by zero.
+A scale is amax / 448 (code = round_e4m3(x * 448 / amax)); with int8 Q and K codes (wgmma's
+qk_dtype="int8") amax / 127 (code = round-half-even(x * 127 / amax), in [-127, 127]), the same
+granularities, so the kernels fold them alike. An all-zero block gets amax 1e-12 instead of a
+division by zero.
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ import torch
 E4M3_MAX = 448.0
 # descale = amax * fl32(1 / 448): one rounding of a product, the same in torch and the kernels.
 DESCALE_PER_AMAX = 1.0 / E4M3_MAX
+# int8 codes of Q and K (qk_dtype="int8"): symmetric, -128 unused.
+INT8_MAX = 127.0
+DESCALE_PER_AMAX_INT8 = 1.0 / INT8_MAX
 # An all-zero row or block gets scale 1e-12 instead of a division by zero.
 TINY_AMAX = 1e-12
+# The codes' torch dtype of each QK^T operand type.
+QK_CODE_DTYPES = {"e4m3": torch.float8_e4m3fn, "int8": torch.int8}
 
 KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
 # variants/common/softmax.py's two constants, restated: that module imports the CuTe DSL, which
@@ -125,40 +132,49 @@ class PackedLayout:
         return (q, *kv.unbind(0))
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-    """q, k, v -> (codes of q, k, v in their own layouts, BlockScales): the one-pass formula."""
-    (q8, dq), (k8, dk), (v8, dv) = quantize_rows(q), quantize_key_blocks(k), quantize_key_blocks(v)
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk_dtype: str = "e4m3"):
+    """q, k, v -> (codes of q, k, v in their own layouts, BlockScales): the one-pass formula;
+    q's and k's codes of `qk_dtype` (QK_CODE_DTYPES), v's e4m3."""
+    (q8, dq), (k8, dk) = quantize_rows(q, qk_dtype), quantize_key_blocks(k, qk_dtype=qk_dtype)
+    v8, dv = quantize_key_blocks(v)
     return (q8, k8, v8), BlockScales(dq.permute(0, 2, 1).contiguous(),
                                      dk.permute(0, 2, 1).contiguous(),
                                      dv.permute(0, 2, 1).contiguous())
 
 
-def _cast(x: torch.Tensor, amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """codes = e4m3(x * 448 / amax) (amax broadcast to x), descale = amax / 448."""
+def _cast(x: torch.Tensor, amax: torch.Tensor,
+          qk_dtype: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor]:
+    """codes = e4m3(x * 448 / amax) (amax broadcast to x), descale = amax / 448; int8: codes =
+    round-half-even(x * 127 / amax) clamped to +-127, descale = amax * fl32(1 / 127)."""
     amax = amax.float().clamp_min(TINY_AMAX)
+    if qk_dtype == "int8":
+        scaled = x.float() * (amax.reciprocal() * INT8_MAX)
+        codes = scaled.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)
+        return codes, amax * DESCALE_PER_AMAX_INT8
     scale = amax.reciprocal() * E4M3_MAX
     codes = (x.float() * scale).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
     return codes, amax * DESCALE_PER_AMAX
 
 
-def quantize_rows(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (batch, seq, heads, dim) -> codes like q and descales (batch, seq, heads), one per token
-    and head."""
+def quantize_rows(q: torch.Tensor, qk_dtype: str = "e4m3") -> tuple[torch.Tensor, torch.Tensor]:
+    """q (batch, seq, heads, dim) -> codes like q (of qk_dtype) and descales (batch, seq, heads),
+    one per token and head."""
     amax = q.abs().amax(dim=-1, keepdim=True)
-    codes, descale = _cast(q, amax)
+    codes, descale = _cast(q, amax, qk_dtype)
     return codes, descale[..., 0]
 
 
-def quantize_key_blocks(x: torch.Tensor, block: int = KV_BLOCK):
-    """k or v (batch, seq, kv_heads, dim) -> codes like x and descales (batch, ceil(seq / block),
-    kv_heads), one per `block` keys of a KV head (the last block ragged)."""
+def quantize_key_blocks(x: torch.Tensor, block: int = KV_BLOCK, qk_dtype: str = "e4m3"):
+    """k or v (batch, seq, kv_heads, dim) -> codes like x (of qk_dtype: k only) and descales
+    (batch, ceil(seq / block), kv_heads), one per `block` keys of a KV head (the last block
+    ragged)."""
     batch, seq, heads, dim = x.shape
     blocks = -(-seq // block)
     padded = torch.zeros(batch, blocks * block, heads, dim, dtype=x.dtype, device=x.device)
     padded[:, :seq] = x
     tiles = padded.view(batch, blocks, block, heads, dim)
     amax = tiles.abs().amax(dim=(2, 4))  # (batch, blocks, heads)
-    codes, descale = _cast(tiles, amax[:, :, None, :, None])
+    codes, descale = _cast(tiles, amax[:, :, None, :, None], qk_dtype)
     return codes.view(batch, blocks * block, heads, dim)[:, :seq], descale[:, :, 0, :, 0]
 
 
@@ -181,7 +197,8 @@ def folded_attention(q8, dq, k8, dk, v8, dv, *, softmax_scale: float, block_n: i
     where v8 is the bf16 V itself and dv is 1) before P' @ V_codes, l summing P' / sv. Returns
     (out (batch, seq, heads, dim), lse (batch, heads, seq), natural log). Causal is aligned to
     the bottom right; a row that sees no key gets 0 and -inf. Grouped KV heads: query head h
-    reads KV head h // (heads // kv_heads)."""
+    reads KV head h // (heads // kv_heads). q8 and k8 may be int8 codes (qk_dtype="int8"):
+    their fp32 dot products are the s32 accumulator's, exactly (|S| <= 128 * 127^2 < 2^24)."""
     if block_n % block and block % block_n:
         raise ValueError(f"block_n={block_n} must be a multiple of the {block}-key scale block "
                          "or divide it")

@@ -132,11 +132,11 @@ def codegen_key(family: str, cfg, head_dim: int, arch: str, src_dir: Path,
 
 
 def build_function(kernel_obj, arch: str, extra_args: tuple = (), *, q_in_kernel: bool = False,
-                   v_unquantized: bool = False):
+                   v_unquantized: bool = False, qk_int8: bool = False):
     """cute.compile the kernel object for `arch`; returns (function, cubin bytes, seconds)."""
     fn, seconds, cubin = compile_for_arch(
         kernel_obj, arch, fake_args(extra=extra_args, q_in_kernel=q_in_kernel,
-                                    v_unquantized=v_unquantized),
+                                    v_unquantized=v_unquantized, qk_int8=qk_int8),
         keep="--keep-cubin")
     return fn, cubin, seconds
 
@@ -291,7 +291,8 @@ class CompiledKernel:
                                q_in_kernel=self.config.q_in_kernel,
                                k_smoothing=self.config.k_smoothing,
                                qk_rotation=self.config.qk_rotation,
-                               v_unquantized=self.config.v_unquantized)
+                               v_unquantized=self.config.v_unquantized,
+                               qk_dtype="int8" if self.config.qk_int8 else "e4m3")
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
         """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /
@@ -304,8 +305,9 @@ class CompiledKernel:
             raise ValueError(f"{self.config.short()} transforms q and k before quantizing them "
                              f"({', '.join(self.config.transforms_on())}); FP8 inputs run on "
                              "config.for_q_dtype('float8_e4m3fn'), which turns them off")
-        if self.config.q_in_kernel or self.config.v_unquantized:
-            what = "quantizes a bf16 q itself" if self.config.q_in_kernel else "reads a bf16 v"
+        if self.config.q_in_kernel or self.config.v_unquantized or self.config.qk_int8:
+            what = ("quantizes a bf16 q itself" if self.config.q_in_kernel else
+                    "reads a bf16 v" if self.config.v_unquantized else "reads int8 q and k")
             raise ValueError(f"{self.config.short()} {what}; FP8 inputs run on "
                              "config.for_q_dtype('float8_e4m3fn') (tuner.attention_fp8 does so)")
         feature_major, permuted = self._v_layout()
@@ -324,7 +326,8 @@ class CompiledKernel:
             extra = self._extra_args(device)
             hit = self._launchers[device] = (
                 FastLaunch(self._fn, slots(len(extra), q_in_kernel=self.config.q_in_kernel,
-                                           v_unquantized=self.config.v_unquantized)),
+                                           v_unquantized=self.config.v_unquantized,
+                                           qk_int8=self.config.qk_int8)),
                 extra)
         return hit
 
@@ -372,6 +375,10 @@ class CompiledKernel:
                 got, want = ("bf16", "e4m3 codes") if got_16 else ("e4m3 codes", "bf16")
                 raise ValueError(f"prepared {name} is {got}, this kernel reads {want}: use "
                                  "this kernel's prepare()")
+        if prepared.qk_int8 != self.config.qk_int8:
+            got, want = ("int8", "e4m3") if prepared.qk_int8 else ("e4m3", "int8")
+            raise ValueError(f"prepared k is {got} codes, this kernel reads {want} codes: use "
+                             "this kernel's prepare()")
         if prepared.v_unquantized and prepared.v.shape[1] != prepared.seq_len_kv:
             raise ValueError(f"a bf16 v must hold exactly seq_len_kv = {prepared.seq_len_kv} "
                              f"keys (the kernel's view of it has that length), not "
@@ -463,7 +470,7 @@ def _build_and_save(family: str, key: str, src_dir: Path, cfg, head_dim: int, ar
                     make_kernel: Callable[[], Any], smem_bytes: int, example_extra: tuple):
     fn, cubin, seconds = build_function(make_kernel(), arch, example_extra,
                                         q_in_kernel=cfg.q_in_kernel,
-                                        v_unquantized=cfg.v_unquantized)
+                                        v_unquantized=cfg.v_unquantized, qk_int8=cfg.qk_int8)
     resources = cubin_resources(cubin, smem_bytes)
     disk = cache_root() / family / key
     disk.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,11 @@ SHIFT_ROWS = 4096
 class Fp8Inputs:
     """Quantized inputs in the layouts the kernels read."""
 
-    # (batch, padded_len, heads, head_dim) float8_e4m3fn; or, for a kernel that quantizes Q
-    # itself (q_in_kernel), the caller's bf16 (batch, seq_len, heads, head_dim), contiguous.
+    # (batch, padded_len, heads, head_dim) float8_e4m3fn (int8 for an integer QK^T, qk_int8);
+    # or, for a kernel that quantizes Q itself (q_in_kernel), the caller's bf16 (batch, seq_len,
+    # heads, head_dim), contiguous.
     q: torch.Tensor
-    k: torch.Tensor  # (batch, padded_len_kv, kv_heads, head_dim) float8_e4m3fn
+    k: torch.Tensor  # (batch, padded_len_kv, kv_heads, head_dim) float8_e4m3fn, or int8
     # v_feature_major: (batch, kv_heads, head_dim, padded_len_kv), keys permuted if
     # key_permuted; otherwise (batch, padded_len_kv, kv_heads, head_dim) like k, natural order;
     # or, for a kernel that reads V unquantized (v_unquantized), the caller's V in bf16 (batch,
@@ -67,7 +68,12 @@ class Fp8Inputs:
     def q_in_kernel(self) -> bool:
         """q is bf16 for a kernel that quantizes it (block_scales.quantize_rows' formula per
         row); its part of `packed` is left unwritten."""
-        return self.q.dtype != torch.float8_e4m3fn
+        return self.q.dtype not in (torch.float8_e4m3fn, torch.int8)
+
+    @property
+    def qk_int8(self) -> bool:
+        """q's and k's codes are int8 (block_scales: amax / 127 scales) for an integer QK^T."""
+        return self.k.dtype == torch.int8
 
     @property
     def v_unquantized(self) -> bool:

@@ -13,7 +13,8 @@ the LSE. A call whose inputs the
 quantization kernel cannot read (strided, misaligned) gets None: the caller takes prepare + run,
 which quantize those with torch ops. A pv_dtype=bf16 kernel reads the caller's bf16 V: its
 plan quantizes q and k only and hands the kernel v's own pointer (prepare + run pass it on
-likewise); fp16 inputs, whose V prepare casts to bf16 first, take prepare + run.
+likewise); fp16 inputs, whose V prepare casts to bf16 first, take prepare + run. A
+qk_dtype=int8 kernel's plan has the quantization write int8 q and k codes (as many bytes).
 
 tests/test_call_plans.py compares the launches' arguments with prepare + run's on the CPU
 (benchmarks/host_stub.py stands the device in), tests/gpu/test_runtime_gpu.py the output bits.
@@ -61,7 +62,7 @@ class LaunchPlan:
                                v_feature_major=feature_major, permute_keys=permuted,
                                with_q=with_q, smooth_k=smooth,
                                rotate_qk=config.qk_rotation == "hadamard", with_v=not v16,
-                               check_inputs=False)
+                               check_inputs=False, qk_int8=config.qk_int8)
         mean = mean_launcher(k) if smooth and quant is not None else None
         if quant is None or (smooth and mean is None):
             return None

@@ -20,8 +20,10 @@ of S can be reused as the A fragment of P @ V without crossing lanes. On a GPU o
 layout and order itself. A kernel that transposes V itself (wgmma with v_layout=kernel) asks for
 the natural layout instead, (batch, padded_len, heads, head_dim) like K, and applies any key
 order in shared memory. A kernel with P.V in 16 bits (v_unquantized) reads V unquantized:
-prepare passes the caller's V on in bf16 (variants/prepare_v16.py) with neutral V scales. Codes
-the caller quantized go through variants/prepare_fp8.py.
+prepare passes the caller's V on in bf16 (variants/prepare_v16.py) with neutral V scales. A
+kernel with QK^T in int8 (qk_dtype="int8") gets q's and k's codes as int8 with amax / 127 scales,
+the same granularities and layouts. Codes the caller quantized go through
+variants/prepare_fp8.py.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ __all__ = ["Fp8Inputs", "check_finite_inputs", "check_fp8_qkv", "check_qkv", "fp
 def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
                    padded_kv: int, *, v_feature_major: bool, permute_keys: bool, with_q: bool,
                    smooth_k: bool, rotate_qk: bool, with_v: bool = True,
-                   check_inputs: bool = True):
+                   check_inputs: bool = True, qk_int8: bool = False):
     """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
     where it does not apply (gpu_kernels_apply; check_inputs=False: the shapes alone,
     gpu_kernels_take, for a caller that checks each call's layout itself). Inside a CUDA-graph
@@ -69,7 +71,7 @@ def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
                                           v_feature_major=v_feature_major,
                                           permute_keys=permute_keys, smooth_k=smooth_k,
                                           rotate_qk=rotate_qk, quantize_v=with_v,
-                                          compile_now=not capturing())
+                                          qk_int8=qk_int8, compile_now=not capturing())
 
 
 def mean_launcher(k: torch.Tensor):
@@ -94,14 +96,15 @@ def smoothing_vector_on_gpu(launch, k: torch.Tensor, out: torch.Tensor) -> torch
 
 
 def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool,
-                           with_q: bool, k_mean: torch.Tensor | None, with_v: bool = True):
+                           with_q: bool, k_mean: torch.Tensor | None, with_v: bool = True,
+                           qk_codes: torch.dtype = torch.float8_e4m3fn):
     """(codes of q, k, v in the kernel's layouts, packed scales, q . m or None): one launch,
     the outputs and one scale buffer allocated (each allocation costs host time). with_q=False
     (a launcher without q's CTAs): q is returned as it came, q's part of the scales is not
     written, and q . m is not computed. k_mean (fp32 contiguous (batch, kv_heads, head_dim)):
     the launch subtracts it from the real keys, and its q CTAs write q . m. with_v=False (a
     launcher without v's CTAs, whose k CTAs write V's neutral scales): v is returned as it
-    came."""
+    came. qk_codes: q's and k's codes' dtype (the launcher's)."""
     from variants.launch import current_stream_handle
 
     batch, seq_len, heads, head_dim = q.shape
@@ -112,11 +115,11 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
     v_shape = (batch, kv_heads, head_dim, layout.padded_len_kv) if v_feature_major \
         else natural_kv
     if not with_q:
-        q8, k8 = q, torch.empty(natural_kv, dtype=torch.float8_e4m3fn, device=device)
+        q8, k8 = q, torch.empty(natural_kv, dtype=qk_codes, device=device)
     elif natural == natural_kv:
-        q8, k8 = torch.empty((2, *natural), dtype=torch.float8_e4m3fn, device=device).unbind(0)
+        q8, k8 = torch.empty((2, *natural), dtype=qk_codes, device=device).unbind(0)
     else:
-        q8, k8 = (torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+        q8, k8 = (torch.empty(shape, dtype=qk_codes, device=device)
                   for shape in (natural, natural_kv))
     v8 = torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device) if with_v else v
     packed = torch.empty(layout.size, dtype=torch.float32, device=device)
@@ -162,6 +165,7 @@ def quantize_inputs(
     k_smoothing: str = "off",
     qk_rotation: str = "none",
     v_unquantized: bool = False,
+    qk_dtype: str = "e4m3",
 ) -> Fp8Inputs:
     """Transform, quantize and lay out q, k, v for the FP8 kernels, on the device the inputs
     live on.
@@ -198,6 +202,12 @@ def quantize_inputs(
     if unknown:
         raise ValueError(unknown)
     smooth, rotate = k_smoothing == "mean", qk_rotation == "hadamard"
+    if qk_dtype not in block_scales.QK_CODE_DTYPES:
+        raise ValueError(f"qk_dtype={qk_dtype!r}: one of {tuple(block_scales.QK_CODE_DTYPES)}")
+    qk_int8, codes_dtype = qk_dtype == "int8", block_scales.QK_CODE_DTYPES[qk_dtype]
+    if qk_int8 and q_in_kernel:
+        raise ValueError("qk_dtype='int8' quantizes q to int8 here, and a kernel that quantizes "
+                         "Q itself writes e4m3 codes: use q_in_kernel=False")
     if rotate and q_in_kernel:
         raise ValueError("qk_rotation='hadamard' rotates q before it is quantized, and a kernel "
                          "that quantizes Q itself reads the caller's q: use q_in_kernel=False")
@@ -215,7 +225,7 @@ def quantize_inputs(
     v_in = v if v16 is None else v16
     launch = quant_launcher(q, k, v_in, padded, padded_kv, v_feature_major=v_feature_major,
                             permute_keys=permute_keys, with_q=not q_in_kernel, smooth_k=smooth,
-                            rotate_qk=rotate, with_v=v16 is None)
+                            rotate_qk=rotate, with_v=v16 is None, qk_int8=qk_int8)
     # The mean of a strided sample of the keys: with the quantization's launch, the mean
     # kernel's (as the launch plans compute it), else one torch reduction.
     k_mean = None
@@ -230,19 +240,20 @@ def quantize_inputs(
     if launch is not None:
         q8, k8, v8, packed, shift = _block_quantize_on_gpu(launch, q, k, v_in, layout,
                                                            v_feature_major, not q_in_kernel,
-                                                           k_mean, with_v=v16 is None)
+                                                           k_mean, with_v=v16 is None,
+                                                           qk_codes=codes_dtype)
         return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, q_dot_mean=shift, **common)
     # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
     # (q_in_kernel: q's codes are computed too, and dropped; only its descales' place in the
     # packed buffer is used, with q's, which the kernel does not read.)
     shift = q_dot(q, k_mean) if smooth and not q_in_kernel else None
     q_t, k_t = _transformed(q, k, k_mean, rotate)
-    codes, scales = block_scales.quantize(q_t, k_t, v)
+    codes, scales = block_scales.quantize(q_t, k_t, v, qk_dtype)
     out = []
     for index, x8 in enumerate(codes):
         is_v = index == 2
         length, rows = (seq_len, padded) if index == 0 else (seq_len_kv, padded_kv)
-        natural = torch.empty((batch, rows, x8.shape[2], head_dim), dtype=torch.float8_e4m3fn,
+        natural = torch.empty((batch, rows, x8.shape[2], head_dim), dtype=x8.dtype,
                               device=q.device)
         natural[:, :length].view(torch.uint8).copy_(x8.view(torch.uint8))
         out.append(lay_out(natural, length, feature_major=is_v and v_feature_major,

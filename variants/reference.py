@@ -2,7 +2,8 @@
 
 Independence. The gate never trusts a candidate's `prepare`: `quantize_reference` quantizes the
 original inputs with the one plain block formula (amax per token of q and per 64 keys of k and
-v: code = round_e4m3(x * 448 / amax), descale = amax / 448), after the exact transforms the
+v: code = round_e4m3(x * 448 / amax), descale = amax / 448; int8 q and k: round-half-even(x * 127
+/ amax) in [-127, 127], descale = amax / 127), after the exact transforms the
 config asks for, written here from their spec's constants (variants/transforms.py: sign bits,
 butterfly order, fl32(d^-0.5), the key sample of the mean); variants/prepare_check.py checks
 that the candidate's prepared inputs decode to exactly these numbers. A prepare that permutes
@@ -46,7 +47,10 @@ from variants.reference_bounds import (
 from variants.transforms import HADAMARD_SIGN_BITS, MEAN_SAMPLE_KEYS
 
 E4M3_MAX = 448.0
-DESCALE_PER_AMAX = 1.0 / E4M3_MAX  # descale = amax * fl32(1 / 448), the rounding prepare uses
+# descale = amax * fl32(1 / 448) (int8 q and k codes, qk_dtype="int8": fl32(1 / 127)), the
+# rounding prepare uses
+DESCALE_PER_AMAX = {448.0: 1.0 / 448.0, 127.0: 1.0 / 127.0}
+INT8_MAX = 127.0
 # An all-zero (batch, head) slice gets amax 1e-12 instead of a division by zero (as prepare).
 TINY_AMAX = 1e-12
 
@@ -151,14 +155,16 @@ def _per_query_head(q32: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 
 def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        softmax_scale: float | None = None, *, k_mean: torch.Tensor | None = None,
-                       rotate: bool = False, v_unquantized: bool = False) -> ReferenceInputs:
+                       rotate: bool = False, v_unquantized: bool = False,
+                       qk_int8: bool = False) -> ReferenceInputs:
     """The documented block formula, written plainly (no fused kernel, no layout, not
     variants/block_scales.py's code): amax in fp32 over head_dim of each q token and head, and
     over each 64 keys x head_dim of a k or v KV head; code = e4m3(clamp(x * (448 / amax))).
     k_mean (batch, kv_heads, head_dim): k - k_mean is quantized (every key) and the LSE shift
     softmax_scale * q . k_mean computed from the caller's q; rotate: q and k (after smoothing)
     are rotated first (reference_rotate). v_unquantized (P.V in 16 bits): V is not quantized
-    but read as bf16 (the caller's bf16 V exactly; an fp16 V rounded once), its scales 1."""
+    but read as bf16 (the caller's bf16 V exactly; an fp16 V rounded once), its scales 1.
+    qk_int8: q's and k's codes are int8, code = round-half-even(clamp(x * (127 / amax)))."""
     _group(q, k, v)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q32, k32 = q.float(), k.float()
@@ -181,10 +187,14 @@ def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             per_block = padded.view(batch, blocks, KV_BLOCK, heads, dim).amax(dim=(2, 4))
             amax = per_block.repeat_interleave(KV_BLOCK, dim=1)[:, :length, :, None]
         amax = amax.clamp_min(TINY_AMAX)
-        x_scale = amax.reciprocal() * E4M3_MAX  # fl(fl(1 / amax) * 448), as prepare
+        top = INT8_MAX if qk_int8 and index < 2 else E4M3_MAX
+        x_scale = amax.reciprocal() * top  # fl(fl(1 / amax) * 448 or 127), as prepare
         # Rounding can land a hair above 448 and e4m3fn has no Inf: clamp before the cast.
-        codes.append((x32 * x_scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn))
-        descale = amax * DESCALE_PER_AMAX
+        if top == INT8_MAX:
+            codes.append(torch.round(x32 * x_scale).clamp(-top, top).to(torch.int8))
+        else:
+            codes.append((x32 * x_scale).clamp(-top, top).to(torch.float8_e4m3fn))
+        descale = amax * DESCALE_PER_AMAX[top]
         descales.append(descale[..., 0].permute(0, 2, 1) if index == 0
                         else descale[:, ::KV_BLOCK, :, 0].permute(0, 2, 1))
     if v_unquantized:
@@ -479,14 +489,16 @@ def accuracy(out: torch.Tensor, lse: torch.Tensor, ref: ReferenceResult) -> Accu
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              lse: torch.Tensor, rows: torch.Tensor | None = None, *, causal: bool = False,
              softmax_scale: float | None = None, k_smoothing: str = "off",
-             qk_rotation: str = "none", v_unquantized: bool = False) -> AccuracyMetrics:
+             qk_rotation: str = "none", v_unquantized: bool = False,
+             qk_int8: bool = False) -> AccuracyMetrics:
     """A kernel's (out, lse) for the original q, k, v against the reference on the gate's own
     quantization of them (prepare's output is checked apart: variants/prepare_check.py), with
     the transforms the kernel's config applies (K smoothing by the gate's own mean) and V
-    unquantized for P.V in 16 bits."""
+    unquantized for P.V in 16 bits, q and k in int8 for an integer QK^T."""
     k_mean = reference_key_mean(k)[0] if k_smoothing == "mean" else None
     ref_inputs = quantize_reference(q, k, v, softmax_scale, k_mean=k_mean,
-                                    rotate=qk_rotation == "hadamard", v_unquantized=v_unquantized)
+                                    rotate=qk_rotation == "hadamard", v_unquantized=v_unquantized,
+                                    qk_int8=qk_int8)
     return accuracy(out, lse, reference_attention(ref_inputs, rows, causal=causal))
 
 

@@ -39,10 +39,15 @@ Q_IN_KERNEL_DTYPE = "BFloat16"
 # v_ptr's element type when the kernel reads V unquantized (Config.v_unquantized): bf16
 # (batch, seq_len_kv, kv_heads, head_dim), unpadded.
 V_UNQUANTIZED_DTYPE = "BFloat16"
+# q_ptr's and k_ptr's element type when QK^T is an integer GEMM (Config.qk_int8): int8 codes in
+# the e4m3 codes' layouts.
+QK_INT8_DTYPE = "Int8"
 
 
-def _pointer_types(q_in_kernel: bool, v_unquantized: bool = False):
+def _pointer_types(q_in_kernel: bool, v_unquantized: bool = False, qk_int8: bool = False):
     types = list(POINTERS)
+    if qk_int8:
+        types[0], types[1] = ("q_ptr", QK_INT8_DTYPE, 16), ("k_ptr", QK_INT8_DTYPE, 16)
     if q_in_kernel:
         types[0] = ("q_ptr", Q_IN_KERNEL_DTYPE, 16)
     if v_unquantized:
@@ -50,7 +55,7 @@ def _pointer_types(q_in_kernel: bool, v_unquantized: bool = False):
     return tuple(types)
 
 
-def _pointers(addresses, q_in_kernel: bool, v_unquantized: bool = False):
+def _pointers(addresses, q_in_kernel: bool, v_unquantized: bool = False, qk_int8: bool = False):
     import cutlass
     import cutlass.cute as cute
     from cutlass.cute.runtime import make_ptr
@@ -58,7 +63,8 @@ def _pointers(addresses, q_in_kernel: bool, v_unquantized: bool = False):
     gmem = cute.AddressSpace.gmem
     return tuple(make_ptr(getattr(cutlass, dtype), address, gmem, assumed_align=align)
                  for (_, dtype, align), address in zip(
-                     _pointer_types(q_in_kernel, v_unquantized), addresses, strict=True))
+                     _pointer_types(q_in_kernel, v_unquantized, qk_int8), addresses,
+                     strict=True))
 
 
 def _scalars(values):
@@ -69,20 +75,21 @@ def _scalars(values):
 
 
 def fake_args(*, extra: tuple = (), q_in_kernel: bool = False,
-              v_unquantized: bool = False) -> tuple:
+              v_unquantized: bool = False, qk_int8: bool = False) -> tuple:
     """Stand-ins for the launch arguments: only types and alignments reach code generation."""
     from cutlass.cute.runtime import make_fake_stream
 
-    return (*_pointers((0,) * len(POINTERS), q_in_kernel, v_unquantized),
+    return (*_pointers((0,) * len(POINTERS), q_in_kernel, v_unquantized, qk_int8),
             *_scalars((1, 1, 1, 256, 1.0, 1, 1, 256)), *extra, make_fake_stream())
 
 
-def slots(extra: int = 0, *, q_in_kernel: bool = False, v_unquantized: bool = False) -> tuple:
+def slots(extra: int = 0, *, q_in_kernel: bool = False, v_unquantized: bool = False,
+          qk_int8: bool = False) -> tuple:
     """The launch slots (variants.launch.Slot) of the ABI with `extra` Int32 scalars."""
     from variants.launch import STREAM, pointer, scalar
 
     return (*(pointer(dtype, align)
-              for _, dtype, align in _pointer_types(q_in_kernel, v_unquantized)),
+              for _, dtype, align in _pointer_types(q_in_kernel, v_unquantized, qk_int8)),
             *(scalar(dtype) for _, dtype in SCALARS), *(scalar("Int32"),) * extra, STREAM)
 
 

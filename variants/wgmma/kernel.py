@@ -6,9 +6,9 @@ issues the TMA loads of Q and of K and V strips into rings of kv_stages (load, p
 v_layout=kernel: its other warps transpose V, v_transpose.py). Every other warpgroup consumes
 64 rows: QK^T, the mask (common/mask.py), the online softmax with the block-scale fold, PV
 (e4m3, or with pv_dtype=bf16 a bf16 wgmma on the caller's V: pv16.py) and the epilogue (mma,
-mainloop.py; softmax.py, epilogue.py). split_tail launches the whole
-waves' tiles and then, as a second program of this kernel, the pieces of the last wave
-(split_tail.py).
+mainloop.py; softmax.py, epilogue.py); qk_dtype=int8 makes QK^T an s8 wgmma (qk8.py).
+split_tail launches the whole waves' tiles and then, as a second program of this kernel, the
+pieces of the last wave (split_tail.py).
 
 docs/family-wgmma.md describes the design, the knobs and the measurements behind them;
 config.can_implement states the constraints. Every knob of Config is a compile-time constant.
@@ -34,6 +34,7 @@ from variants.wgmma.pack_gqa import packed_views
 from variants.wgmma.pipelines import PipelinesMixin
 from variants.wgmma.producer import ProducerMixin
 from variants.wgmma.pv16 import p16_smem_layout, pv16_tiled_mma, v16_smem_layout, v16_view
+from variants.wgmma.qk8 import qk_accumulator, qk_operand
 from variants.wgmma.quantize_q import QuantizeQMixin
 from variants.wgmma.scheduler import TileScheduler
 from variants.wgmma.smem import SharedMemoryMixin
@@ -63,6 +64,7 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         self.persistent = cfg.persistent
         self.v_in_kernel = cfg.v_in_kernel
         self.pv16 = cfg.v_unquantized
+        self.qk_int8 = cfg.qk_int8
         self.fma_exp2 = cfg.fma_exp2
         self.longest_first = cfg.tile_order == "longest_first"
         self.q_in_kernel = cfg.q_in_kernel
@@ -133,8 +135,9 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
             q_tiler = ((g, bm // g), d)
             rows, tile_heads = seq_len * g, kv_heads
 
-        sQ_layout = self._smem_layout(bm, d, None)
-        sK_layout = self._smem_layout(bn, d, self.stages)
+        qk = qk_operand(self.qk_int8)
+        sQ_layout = self._smem_layout(bm, d, None, qk)
+        sK_layout = self._smem_layout(bn, d, self.stages, qk)
         sV_layout = self._smem_layout(d, bn, self.stages)
         sP_layout = self._smem_layout(bm, bn, None)
         if cutlass.const_expr(self.pv16):
@@ -142,8 +145,8 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         sQraw_layout = self._smem_layout(bm, d, None, cutlass.BFloat16)
 
         tiled_mma_qk = sm90_utils.make_trivial_tiled_mma(
-            fp8, fp8, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            cutlass.Float32, (self.wgs, 1, 1), (ROWS_PER_WG, bn))
+            qk, qk, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+            qk_accumulator(self.qk_int8), (self.wgs, 1, 1), (ROWS_PER_WG, bn))
         if cutlass.const_expr(self.pv16):
             tiled_mma_pv = pv16_tiled_mma(self.wgs, d, self.register_p)
         else:

@@ -24,6 +24,7 @@ from variants.wgmma.barriers import p_store_barrier, sched_barrier
 from variants.wgmma.config import WG_THREADS
 from variants.wgmma.fragments import acc_mn_layout, p_views
 from variants.wgmma.pv16 import PV16, store_p16
+from variants.wgmma.qk8 import s32_view, scores_to_f32
 from variants.wgmma.scheduler import LoopState
 from variants.wgmma.softmax import Softmax, StripScales
 
@@ -160,6 +161,7 @@ class ConsumerMixin:
             strip_scales.read(scales.kv_stage, pipes.scales, kv_state)
             warpgroup.wait_group(0)
             pipes.k.consumer_release(kv_state)
+            self._scores_f32(acc_S)
             if mask.needs_mask(strip):
                 mask.apply(acc_S, strip)
             softmax.online(acc_S, strip_scales)
@@ -186,6 +188,7 @@ class ConsumerMixin:
         strip_scales.read(scales.kv_stage, pipes.scales, kv_state)
         warpgroup.wait_group(1)
         pipes.k.consumer_release(kv_state)
+        self._scores_f32(acc_S)
         if cutlass.const_expr(self.causal):  # the diagonal's other strips
             if mask.on_diagonal(strip):
                 mask.apply(acc_S, strip)
@@ -207,6 +210,7 @@ class ConsumerMixin:
         strip_scales.read(scales.kv_stage, pipes.scales, kv_state)
         warpgroup.wait_group(0)
         pipes.k.consumer_release(kv_state)
+        self._scores_f32(acc_S)
         strip = last - step
         if mask.needs_mask(strip):
             mask.apply(acc_S, strip)
@@ -248,7 +252,13 @@ class ConsumerMixin:
         warpgroup.commit_group()
 
     def _qk(self, frags, acc_S, stage):
-        self._gemm(frags.tiled_mma_qk, acc_S, frags.tSrQ, frags.tSrK, stage, False)
+        acc = s32_view(acc_S) if cutlass.const_expr(self.qk_int8) else acc_S
+        self._gemm(frags.tiled_mma_qk, acc, frags.tSrQ, frags.tSrK, stage, False)
+
+    def _scores_f32(self, acc_S):
+        """qk_dtype=int8: S's s32 values made f32 in their registers (qk8.scores_to_f32)."""
+        if cutlass.const_expr(self.qk_int8):
+            scores_to_f32(acc_S)
 
     def _pv(self, frags, stage):
         self._gemm(frags.tiled_mma_pv, frags.acc_O, frags.tOrP, frags.tOrV, stage, True)

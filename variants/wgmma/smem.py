@@ -11,6 +11,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
 from variants.wgmma.config import smem_bytes
+from variants.wgmma.qk8 import qk_operand
 
 
 class SharedMemoryMixin:
@@ -18,8 +19,8 @@ class SharedMemoryMixin:
 
     @staticmethod
     def _smem_layout(rows: int, cols: int, stages: int | None, dtype=cutlass.Float8E4M3FN):
-        """K-major (cols contiguous) tile with the widest wgmma swizzle `cols` allows (fp8; bf16
-        for the staged Q of q_quant=kernel)."""
+        """K-major (cols contiguous) tile with the widest wgmma swizzle `cols` allows (fp8 or
+        int8; bf16 for the staged Q of q_quant=kernel)."""
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, dtype, cols), dtype)
         if stages is None:
@@ -29,10 +30,10 @@ class SharedMemoryMixin:
     def _shared_storage(self, sQ_layout, sK_layout, sV_layout, sP_layout, sQraw_layout):
         """The CTA's shared memory as a cute.struct: barriers and the block scales' slots, then
         the tiles; v_layout=kernel adds the V staging ring and its barriers, q_quant=kernel the
-        bf16 Q staging tile, pv_dtype=bf16 makes the V ring and the P tile bf16
-        (config.smem_bytes counts the same fields). Built from a field dict
-        because this module's annotations are strings (`from __future__ import annotations`),
-        which cute.struct does not evaluate."""
+        bf16 Q staging tile, pv_dtype=bf16 makes the V ring and the P tile bf16, qk_dtype=int8
+        the Q tile and the K ring int8 (config.smem_bytes counts the same fields). Built from a
+        field dict because this module's annotations are strings (`from __future__ import
+        annotations`), which cute.struct does not evaluate."""
         fp8 = cutlass.Float8E4M3FN
         stages = self.stages
 
@@ -56,8 +57,9 @@ class SharedMemoryMixin:
         fields["kv_scales"] = cute.struct.MemRange[cutlass.Float32, 3 * self.scale_blocks * stages]
         if not self.q_in_kernel:
             fields["q_scales"] = cute.struct.MemRange[cutlass.Float32, self.block_m]
-        fields["q"] = buffer(cute.cosize(sQ_layout))
-        fields["k"] = buffer(cute.cosize(sK_layout))
+        qk = qk_operand(self.qk_int8)
+        fields["q"] = buffer(cute.cosize(sQ_layout), qk)
+        fields["k"] = buffer(cute.cosize(sK_layout), qk)
         fields["v"] = buffer(cute.cosize(sV_layout), pv)
         if self.v_in_kernel:
             fields["vraw"] = buffer(cute.cosize(sK_layout))

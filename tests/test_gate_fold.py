@@ -36,13 +36,16 @@ def test_the_folded_arithmetic_passes_the_gate(problem, block_n):
 
 
 @pytest.mark.parametrize("knobs", [dict(k_smoothing="mean"), dict(qk_rotation="hadamard"),
-                                   dict(k_smoothing="mean", qk_rotation="hadamard")],
-                         ids=["smoothed", "rotated", "both"])
+                                   dict(k_smoothing="mean", qk_rotation="hadamard"),
+                                   dict(qk_dtype="int8"),
+                                   dict(k_smoothing="mean", qk_dtype="int8", pv_dtype="bf16")],
+                         ids=["smoothed", "rotated", "both", "int8", "int8-bf16-smoothed"])
 @pytest.mark.parametrize("problem", [PROBLEMS[1][0], PROBLEMS[2][0], PROBLEMS[3][0]],
                          ids=lambda p: p.key())
 def test_the_folded_arithmetic_with_prepares_transforms_passes_the_gate(problem, knobs):
     """Causal with grouped KV heads, causal cross-attention (rows that see no key keep LSE
-    -inf after the shift), ragged key tails: the transforms change nothing the gate sees."""
+    -inf after the shift), ragged key tails: the transforms change nothing the gate sees, nor
+    do int8 Q and K codes (wgmma's qk_dtype, with and without bf16 P.V)."""
     kernel = folded.compile(folded.Config(64, **knobs), problem, "cpu")
     report = validate_kernel(kernel, problem, "cpu", seed=5)
     assert report.passed, report.reason

@@ -1,6 +1,6 @@
 """A CPU family whose kernel is the real families' arithmetic without the GPU: prepare is the real
 `quantize_inputs` (with the prepare-only knobs k_smoothing and qk_rotation, and wgmma's pv_dtype:
-V left unquantized in bf16 for P.V in 16 bits), run is `block_scales.folded_attention` (the torch
+V left unquantized in bf16 for P.V in 16 bits, and qk_dtype: int8 Q and K codes), run is `block_scales.folded_attention` (the torch
 emulation of what both families compute: Q's and K's scales in the exponent's factor, V's as log2
 sv, P' rounded to e4m3, or to bf16 with pv_dtype="bf16", the row sum of P' / sv)
 followed by what CompiledKernel.run does after its launch (`restore_lse` unless want_lse=False).
@@ -24,6 +24,7 @@ from variants.prepare import quantize_inputs
 DEVICE = "cpu"
 PAD_TO = 128
 PV_DTYPES = ("e4m3", "bf16")  # wgmma's (variants/wgmma/config.py)
+QK_DTYPES = ("e4m3", "int8")  # wgmma's
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class Config(ConfigMixin):
     k_smoothing: str = "mean"  # as both families default
     qk_rotation: str = "none"
     pv_dtype: str = "e4m3"  # wgmma's knob: "bf16" rounds P to bf16 and reads V unquantized
+    qk_dtype: str = "e4m3"  # wgmma's knob: "int8" quantizes Q and K to int8 (amax / 127)
 
     @property
     def register_p(self) -> bool:
@@ -40,6 +42,10 @@ class Config(ConfigMixin):
     @property
     def v_unquantized(self) -> bool:
         return self.pv_dtype == "bf16"
+
+    @property
+    def qk_int8(self) -> bool:
+        return self.qk_dtype == "int8"
 
     @property
     def v_feature_major(self) -> bool:
@@ -51,7 +57,8 @@ class Config(ConfigMixin):
 
 def space(arch: str) -> dict[str, list]:
     return {"block_n": [64, 128], "k_smoothing": list(transforms.K_SMOOTHINGS),
-            "qk_rotation": list(transforms.QK_ROTATIONS), "pv_dtype": list(PV_DTYPES)}
+            "qk_rotation": list(transforms.QK_ROTATIONS), "pv_dtype": list(PV_DTYPES),
+            "qk_dtype": list(QK_DTYPES)}
 
 
 def default(arch: str, problem=None) -> Config:
@@ -62,6 +69,8 @@ def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
     unknown = transforms.check_knobs(cfg.k_smoothing, cfg.qk_rotation)
     if not unknown and cfg.pv_dtype not in PV_DTYPES:
         unknown = f"pv_dtype={cfg.pv_dtype!r} unknown; one of {PV_DTYPES}"
+    if not unknown and cfg.qk_dtype not in QK_DTYPES:
+        unknown = f"qk_dtype={cfg.qk_dtype!r} unknown; one of {QK_DTYPES}"
     return (False, unknown) if unknown else (True, None)
 
 
@@ -75,7 +84,8 @@ class FoldedKernel:
                                validate=validate, v_feature_major=False,
                                k_smoothing=self.config.k_smoothing,
                                qk_rotation=self.config.qk_rotation,
-                               v_unquantized=self.config.v_unquantized)
+                               v_unquantized=self.config.v_unquantized,
+                               qk_dtype=self.config.qk_dtype)
 
     def run(self, prepared, out=None, lse=None, *, want_lse: bool = True):
         skv = prepared.seq_len_kv

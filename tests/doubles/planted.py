@@ -52,6 +52,9 @@ BUGS = {
     # P.V in 16 bits: the kernel reads V rounded to e4m3 (64-key block scales) while the config
     # declares it unquantized (prepare's output is right)
     "pv16_v_rounded_e4m3": "relative RMS",
+    # QK^T in int8: prepare scales Q's codes by 448 / amax (e4m3's) instead of 127 / amax,
+    # clamped to +-127, and writes the matching descales amax / 448
+    "qk_int8_q_at_448": "prepare",
 }
 
 # The prepare-only knobs a bug's base config turns on (variants/transforms.py).
@@ -59,7 +62,8 @@ KNOBS = {"k_mean_subtracted_wrong": {"k_smoothing": "mean"},
          "k_mean_declared_wrong": {"k_smoothing": "mean"},
          "lse_unshifted": {"k_smoothing": "mean"},
          "rotation_k_only": {"qk_rotation": "hadamard"},
-         "pv16_v_rounded_e4m3": {"pv_dtype": "bf16"}}
+         "pv16_v_rounded_e4m3": {"pv_dtype": "bf16"},
+         "qk_int8_q_at_448": {"qk_dtype": "int8"}}
 
 
 def expected_check(bug: str, problem) -> str | None:
@@ -124,6 +128,16 @@ def _requantize_k(prepared, k_t: torch.Tensor) -> None:
     k_scales[..., :descale.shape[1]] = descale.permute(0, 2, 1)
 
 
+def _q_int8_at_448(prepared, q: torch.Tensor) -> None:
+    """prepared's int8 q codes scaled by e4m3's 448 / amax (clamped to +-127) and q's descales
+    amax / 448, in place."""
+    amax = q.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12)
+    codes = (q.float() * (448.0 / amax)).round().clamp(-127, 127).to(torch.int8)
+    prepared.q[:, :prepared.seq_len] = codes
+    prepared.scale_layout.views(prepared.packed)[0][..., :prepared.seq_len] = \
+        (amax[..., 0] / 448.0).permute(0, 2, 1)
+
+
 def _requantize_q(prepared, q_t: torch.Tensor) -> None:
     """prepared's q codes and scales replaced by those of q_t, in place."""
     codes, descale = quantize_rows(q_t)
@@ -152,6 +166,8 @@ class PlantedKernel:
             prepared = dataclasses.replace(prepared, k_mean=_another_head(prepared.k_mean))
         elif self.bug == "rotation_k_only":
             _requantize_q(prepared, q)
+        elif self.bug == "qk_int8_q_at_448":
+            _q_int8_at_448(prepared, q)
         return prepared
 
     def run(self, prepared, out=None, lse=None, *, want_lse=True):
@@ -216,13 +232,13 @@ def planted_family(base_name: str):
 
     def base_config(arch, problem, bug):
         """The base default, with the knobs the bug needs on (None: the base has no such
-        knob). The rotation needs Q quantized in prepare: a config that quantizes it in the
-        kernel runs its twin that does not (the one fp16 callers get)."""
+        knob). The rotation and int8 Q need Q quantized in prepare: a config that quantizes it in
+        the kernel runs its twin that does not (the one fp16 callers get)."""
         cfg = base.default(arch, problem)
         knobs = KNOBS.get(bug, {})
         if not set(knobs) <= knob_names:
             return None
-        if "qk_rotation" in knobs and cfg.q_in_kernel:
+        if {"qk_rotation", "qk_dtype"} & set(knobs) and cfg.q_in_kernel:
             cfg = cfg.for_q_dtype("float16")
         return dataclasses.replace(cfg, **knobs)
 

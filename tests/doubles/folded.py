@@ -1,9 +1,10 @@
 """A CPU family whose kernel is the real families' arithmetic without the GPU: prepare is the real
 `quantize_inputs` (with the prepare-only knobs k_smoothing and qk_rotation, and wgmma's pv_dtype:
-V left unquantized in bf16 for P.V in 16 bits, and qk_dtype: int8 Q and K codes), run is `block_scales.folded_attention` (the torch
-emulation of what both families compute: Q's and K's scales in the exponent's factor, V's as log2
-sv, P' rounded to e4m3, or to bf16 with pv_dtype="bf16", the row sum of P' / sv)
-followed by what CompiledKernel.run does after its launch (`restore_lse` unless want_lse=False).
+V left unquantized in bf16 for P.V in 16 bits, and qk_dtype: int8 Q and K codes), run is
+`block_scales.folded_attention` (the torch emulation of what both families compute: Q's and K's
+scales in the exponent's factor, V's as log2 sv, P' rounded to e4m3, or to bf16 with
+pv_dtype="bf16", the row sum of P' / sv) followed by what CompiledKernel.run does after its
+launch (`restore_lse` unless want_lse=False).
 
 The gate must accept it as it accepts the GPU kernels (tests/test_gate_fold.py), and the planted
 bugs around it (tests/doubles/planted_folded.py) prove on the CPU that the gate rejects wrong

@@ -93,7 +93,8 @@ def _assert_consumers_issue_no_global_loads(kernel):
         return
     sass = disassemble(kernel.cubin_path.read_bytes())
     # One program, or with split_tail two: the whole tiles' and the pieces'.
-    programs = [p for p in re.split(r"\n(?=\s*\.text\.)", sass) if "QGMMA" in p]
+    # (QK^T is an e4m3 QGMMA, or with qk_dtype=int8 an s8 IGMMA.)
+    programs = [p for p in re.split(r"\n(?=\s*\.text\.)", sass) if re.search(r"[IQ]GMMA", p)]
     assert len(programs) == (2 if kernel.config.split_tail else 1), len(programs)
     for program in programs:
         _, marker, consumers = program.partition("USETMAXREG.TRY_ALLOC")

@@ -193,10 +193,12 @@ FEASIBLE = {
     # is refused, and head_swizzle's sections apply to longest_first only: x2.5 the feasible.
     # pv_dtype x2 the space; bf16 P.V needs v_layout=prepared, and its V ring and P registers
     # refuse some tiles: x1.4 the feasible.
-    ("wgmma", "h200", 128): (1769472, 89640),    # sm_90a (split_tail: persistent configs x2)
-    ("wgmma", "h200", 64): (1769472, 135360),
-    ("wgmma", "4090", 128): (1769472, 0),       # sm_89: no wgmma
-    ("wgmma", "5080", 128): (1769472, 0),       # sm_120a: no wgmma
+    # qk_dtype x2 the space; int8 needs q_quant=prepare and costs e4m3's shared memory and
+    # registers: the feasible gain the q_quant=prepare configs (61380 at 128, 90360 at 64).
+    ("wgmma", "h200", 128): (3538944, 151020),    # sm_90a (split_tail: persistent configs x2)
+    ("wgmma", "h200", 64): (3538944, 225720),
+    ("wgmma", "4090", 128): (3538944, 0),       # sm_89: no wgmma
+    ("wgmma", "5080", 128): (3538944, 0),       # sm_120a: no wgmma
     ("mma_sync", "h200", 128): (6912, 1152),    # sm_90a
     ("mma_sync", "h200", 64): (6912, 1536),
     ("mma_sync", "4090", 128): (6912, 1088),    # sm_89: 99 KB of shared memory a block

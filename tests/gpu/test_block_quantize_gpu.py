@@ -1,7 +1,8 @@
 """The one-pass quantization with K smoothing and the Q/K rotation on a GPU against the torch
 statement of variants/transforms.py: codes and packed scales bit for bit those of
 block_scales.quantize(rotate(q), rotate(k - m), v), the shift q . m within the fp32 dot's error
-bound, padding rows zero, and nothing written outside what the launch owns."""
+bound, padding rows zero, and nothing written outside what the launch owns; with int8 q and k
+codes (qk_dtype="int8") the same, the codes those of block_scales.quantize(..., "int8")."""
 
 import math
 import secrets
@@ -30,7 +31,7 @@ def _round_up(n: int) -> int:
     return -(-n // PAD) * PAD
 
 
-def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys):
+def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys, qk_int8=False):
     """(q codes, k codes, v codes, packed scales, shift buffer with a NaN guard after it) from one
     launch into poisoned outputs."""
     batch, seq, heads, dim = q.shape
@@ -39,7 +40,7 @@ def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys):
     launch = block_quantize_kernel.compiled(name, q.dtype, dim, q.device,
                                             v_feature_major=v_feature_major,
                                             permute_keys=permute_keys, smooth_k=smooth,
-                                            rotate_qk=rotate)
+                                            rotate_qk=rotate, qk_int8=qk_int8)
     assert launch is not None, "the launcher did not compile (see the log)"
     dev = q.device
     q8 = torch.full((batch, padded, heads, dim), POISON, dtype=torch.uint8, device=dev)
@@ -56,13 +57,13 @@ def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys):
     return q8, k8, v8, packed, shift, layout
 
 
-def _expected(q, k, v, m, smooth, rotate, v_feature_major, permute_keys):
+def _expected(q, k, v, m, smooth, rotate, v_feature_major, permute_keys, qk_int8=False):
     """The torch statement: codes in the kernels' layouts (padding rows zero) and packed scales."""
     q_t = transforms.rotate(q) if rotate else q.float()
     k_t = k.float() - m[:, None] if smooth else k.float()
     if rotate:
         k_t = transforms.rotate(k_t)
-    (q8, k8, v8), scales = block_scales.quantize(q_t, k_t, v)
+    (q8, k8, v8), scales = block_scales.quantize(q_t, k_t, v, "int8" if qk_int8 else "e4m3")
     seq, seq_kv = q.shape[1], k.shape[1]
     padded, padded_kv = _round_up(seq), _round_up(seq_kv)
 
@@ -155,3 +156,24 @@ def test_quant_kv_smooths_k_and_writes_no_shift(head_dim):
     assert bool((got[0] == POISON).all()), f"seed {seed}: q's codes written"
     assert bool(got[4].isnan().all()), f"seed {seed}: quant_kv wrote a shift"
     _assert_packed_equal(got[3], want[3], got[5], False, f"seed {seed}")
+
+
+@pytest.mark.parametrize("v_layout", ["v-feature-major-permuted", "v-token-major"])
+@pytest.mark.parametrize("flags", ["plain", "smooth", "both"])
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_int8_q_and_k_codes_are_the_torch_statement(head_dim, flags, v_layout):
+    """qk_int8: q's and k's codes round half to even at 127 / amax (the DSL's f32 -> int8
+    conversion alone truncates), their descales amax / 127; v's stay e4m3."""
+    smooth, rotate = FLAGS.get(flags, (False, False))
+    v_feature_major, permute_keys = V_LAYOUTS[v_layout]
+    problem = Problem(2, 8, 77, head_dim, seq_len_kv=300, kv_heads=2)
+    for kind in KINDS:
+        seed = secrets.randbits(31)
+        msg = f"{kind} seed {seed}"
+        q, k, v = activations(kind, problem, "cuda", seed)
+        m = transforms.smoothing_vector(k)
+        got = _launch("quant", q, k, v, m, smooth, rotate, v_feature_major, permute_keys, True)
+        want = _expected(q, k, v, m, smooth, rotate, v_feature_major, permute_keys, True)
+        for name, g, w in zip("qkv", got[:3], want[:3], strict=True):
+            assert torch.equal(g, w), f"{msg}: {name} codes differ"
+        _assert_packed_equal(got[3], want[3], got[5], True, msg)

@@ -30,7 +30,7 @@ def test_a_class_is_its_family_and_the_knobs_that_set_its_rounding():
     plain = {"block_n": 128, "k_smoothing": "off", "qk_rotation": "none", "pv_dtype": "e4m3"}
     assert accuracy_class("wgmma", plain) == accuracy_class("wgmma", {**plain, "block_n": 64})
     for knob, value in (("k_smoothing", "mean"), ("qk_rotation", "hadamard"),
-                        ("pv_dtype", "bf16")):
+                        ("pv_dtype", "bf16"), ("qk_dtype", "int8")):
         assert accuracy_class("wgmma", plain) != accuracy_class("wgmma", {**plain, knob: value})
     assert accuracy_class("wgmma", plain) != accuracy_class("mma_sync", plain)
     assert accuracy_class("mma_sync", {"pv_accum": "fp16"}) != accuracy_class(

@@ -5,7 +5,7 @@ gate's own quantization).
 Small shapes S in {1, 77, 4097} (B=1, H=2; the gate adds its structured inputs at B=2, S odd):
 ragged tails, a single key, a lone row and key past the last tile. `-m gpu` runs them on a
 pairwise cover of the sm_90a space (every value of every knob with every value of every other
-knob: 17 configs); `-m gpu_full` on every feasible config of one tile order, 2808
+knob: 17 configs); `-m gpu_full` on every feasible config of one tile order, 20136
 (tile_order=per_head: the other order changes nothing but the tile -> (query block, head) map,
 which tests/gpu/test_shapes_gpu.py runs on every shape; split_tail is
 tests/gpu/test_split_tail_gpu.py's), at ~2 s of compile each: tests/conftest.py compiles the

@@ -3,8 +3,9 @@ far over the search's accuracy budget rules out every other member of its class,
 compile or a GPU evaluation.
 
 A class is a family and its values of ACCURACY_KNOBS: what prepare transforms (k_smoothing,
-qk_rotation) and which types P.V rounds and accumulates in (pv_dtype, pv_accum). The other knobs
-(tiles, stages, pipelining, tile order, where Q is quantized: the same codes either way) move
+qk_rotation), which types QK^T's operands and P.V round to and accumulate in (qk_dtype, pv_dtype,
+pv_accum). The other knobs (tiles, stages, pipelining, tile order, where Q is quantized: the
+same codes either way) move
 only the order of fp32 sums, far below FP8's rounding: the members of a class measured on an
 H100 differ in end-to-end error by at most 0.0001 (docs/tables-and-database.md). A class is ruled
 out only where a member's error is at least RULE_OUT_FACTOR times the budget, a margin hundreds of
@@ -23,7 +24,7 @@ from collections.abc import Iterable
 from tuner.outcomes import Outcome
 from tuner.store import TrialRecord
 
-ACCURACY_KNOBS = ("k_smoothing", "qk_rotation", "pv_dtype", "pv_accum")
+ACCURACY_KNOBS = ("k_smoothing", "qk_rotation", "qk_dtype", "pv_dtype", "pv_accum")
 RULE_OUT_FACTOR = 1.25
 
 

@@ -1,15 +1,15 @@
 """The feasible configs of a family on one problem and GPU, kept on disk between searches.
 
-Judging a space is can_implement on every config of the cartesian product: 1.8M wgmma configs,
-about 10 s per problem on an H100 host, on a search's critical path before its first candidate
-and again for each problem of a run. The verdicts depend on nothing but the family's code, its
-knob domains, the problem and the GPU profile, so a run that has judged them keeps the feasible
-configs (their knob names once, then one row of values each, and each config's store.config_hash,
-which a search needs for every config and which costs about 1 s per 90k to compute; JSON,
-zlib-compressed, ~1 MB for wgmma's 90k) under $TUNER_CACHE_DIR/feasible/, named by a hash of
-exactly those inputs (the family's code as records.code_version hashes it, the files beside its
-module, and the hashing scheme), and the next search of the problem reads them back: the dicts
-judge_space's configs make, in its order, with their hashes.
+Judging a space is can_implement on every config of the cartesian product: 3.5M wgmma configs, about
+10 s per 1.8M and problem on an H100 host, on a search's critical path before its first candidate
+and again for each problem of a run. The verdicts depend on nothing but the family's code, its knob
+domains, the problem and the GPU profile, so a run that has judged them keeps the feasible configs
+(their knob names once, then one row of values each, and each config's store.config_hash, which a
+search needs for every config and which costs about 1 s per 90k to compute; JSON, zlib-compressed,
+~1 MB per 90k of wgmma's) under $TUNER_CACHE_DIR/feasible/, named by a hash of exactly those inputs
+(the family's code as records.code_version hashes it, the files beside its module, and the hashing
+scheme), and the next search of the problem reads them back: the dicts judge_space's configs make,
+in its order, with their hashes.
 
 A file that is missing, unreadable, truncated or not of the family's knobs is judged again and
 rewritten; a failure to write one is logged and changes nothing else.

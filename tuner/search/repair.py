@@ -1,7 +1,7 @@
 """The nearest feasible config to a proposal the search cannot use.
 
 TPE samples the product of the knob domains, where most points are infeasible (wgmma on an H100:
-90k of 1.8M) or, under an accuracy budget, of a ruled-out class (accuracy_classes.py). Such a
+151k of 3.5M) or, under an accuracy budget, of a ruled-out class (accuracy_classes.py). Such a
 proposal is told to the study as it is (TPE learns where not to go), and the config that differs
 from it in the fewest knobs among those feasible, not yet measured or claimed and not ruled out
 is enqueued as the next trial: the proposal's other choices are kept, one ask instead of the

@@ -72,9 +72,10 @@ def stood_in(gpu: str = "h100"):
     launches: Counter = Counter()
 
     def quant_kernel(name, in_dtype, head_dim, arch, v_feature_major=True, permute_keys=False,
-                     *, smooth_k=False, rotate_qk=False, **_):
+                     *, smooth_k=False, rotate_qk=False, qk_int8=False, **_):
         kernel = block_quantize_kernel._make(name, in_dtype, head_dim, v_feature_major,
-                                             permute_keys, smooth_k, rotate_qk)
+                                             permute_keys, smooth_k, rotate_qk,
+                                             qk_int8=qk_int8)
         return StubFunction(f"prepare {name}", launches), kernel.slots()
 
 

@@ -323,6 +323,9 @@ CASES = {
     "P.V in bf16": dict(seq=1000, heads=4, kv_heads=2, config=dict(pv_dtype="bf16")),
     "P.V in bf16, split tail": dict(batch=9, seq=2048, heads=1,
                                     config=dict(pv_dtype="bf16", split_tail=True)),
+    "QK^T in int8, P.V in bf16": dict(seq=1000, heads=4, kv_heads=2,
+                                      config=dict(qk_dtype="int8", pv_dtype="bf16",
+                                                  q_quant="prepare")),
     "causal": dict(seq=512, causal=True),
     "mma_sync": dict(seq=500, family="mma_sync"),
 }

@@ -31,6 +31,8 @@ CONFIGS = {
     "bf16-pv": {"pv_dtype": "bf16", "k_smoothing": "mean"},
     "3wg-64-smem": {"consumer_wgs": 3, "block_n": 64, "kv_stages": 3, "p_source": "smem",
                     "qk_rotation": "hadamard"},
+    "bf16-pv-packed": {"pv_dtype": "bf16", "consumer_wgs": 2, "intra_wg_overlap": True,
+                       "pack_gqa": True},
 }
 PROBLEMS = {
     "ragged": Problem(2, 3, 4097),
@@ -38,7 +40,7 @@ PROBLEMS = {
     "d64": Problem(2, 4, 777, 64, seq_len_kv=2000, kv_heads=2),
 }
 CASES = [("recipe", "ragged"), ("bf16-pv", "causal-gqa-cross"), ("3wg-64-smem", "d64"),
-         ("bf16-pv", "d64")]
+         ("bf16-pv-packed", "d64")]
 # The CPU emulation (tests/test_wgmma_qk8.py, B=1 H=2 S=1024): 0.011 with bf16 P.V on random
 # and smoothed K-bias inputs, 0.037 with e4m3 Q and K.
 BUDGET = 0.02

@@ -33,6 +33,8 @@ PROBLEM = Problem(batch=1, heads=56, seq_len=30272)
 SRC = __import__("pathlib").Path(wgmma.__file__).parent
 # The rung's goal (docs/accuracy.md): int8 QK^T with bf16 P.V within 0.02 relative RMS.
 BUDGET = 0.02
+# The outlier-channel goal of docs/accuracy.md for the default config (0.376 with e4m3 plain).
+OUTLIER_GOAL = 0.16
 
 
 def _cfg(**overrides):
@@ -164,18 +166,20 @@ def test_s_made_f32_by_an_integer_add_and_one_subtraction_is_exact():
     assert far.view(np.float32) - np.float32(ROUND_MAGIC) != 2**22 + 1
 
 
-def _emulated_error(kind: str, qk_dtype: str, smoothing: str = "off") -> float:
-    """End-to-end relative RMS of the kernels' arithmetic with bf16 P.V (folded_attention,
-    128-key strips) on the codes prepare writes for this QK^T dtype."""
+def _emulated_error(kind: str, qk_dtype: str, smoothing: str = "off", pv16: bool = True) -> float:
+    """End-to-end relative RMS of the kernels' arithmetic with bf16 P.V (e4m3 P and V with
+    pv16=False; folded_attention, 128-key strips) on the codes prepare writes for this QK^T
+    dtype."""
     problem = Problem(1, 2, 1024, 128)
     q, k, v = activations(kind, problem, "cpu", seed=0)
-    prepared = quantize_inputs(q, k, v, pad_to=128, v_feature_major=False, v_unquantized=True,
+    prepared = quantize_inputs(q, k, v, pad_to=128, v_feature_major=False, v_unquantized=pv16,
                                k_smoothing=smoothing, qk_dtype=qk_dtype)
     skv, scales = prepared.seq_len_kv, prepared.scales
     out, _ = folded_attention(
         prepared.q[:, :1024], scales.q.permute(0, 2, 1), prepared.k[:, :skv],
         scales.k.permute(0, 2, 1), prepared.v[:, :skv], scales.v.permute(0, 2, 1),
-        softmax_scale=prepared.softmax_scale, p_dtype=torch.bfloat16)
+        softmax_scale=prepared.softmax_scale,
+        p_dtype=torch.bfloat16 if pv16 else torch.float8_e4m3fn)
     return end_to_end_error(out.bfloat16(), q, k, v)
 
 
@@ -186,6 +190,16 @@ def test_int8_qk_with_bf16_pv_meets_the_budget_e4m3_misses(kind, smoothing):
     e4m3 = _emulated_error(kind, "e4m3", smoothing)
     print(f"\n{kind}: int8 {ours:.4f}, e4m3 {e4m3:.4f}")
     assert ours <= BUDGET < e4m3, (ours, e4m3)
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_int8_qk_with_smoothing_alone_keeps_outlier_channels_where_e4m3_needs_the_rotation():
+    """e4m3 P.V, the default's transforms (smoothing, no rotation): docs/accuracy.md's goal for
+    outlier channels (0.16) is met by int8 Q and K, and missed by e4m3 ones by 2x."""
+    ours = _emulated_error("outliers", "int8", "mean", pv16=False)
+    e4m3 = _emulated_error("outliers", "e4m3", "mean", pv16=False)
+    print(f"\noutliers, smoothed, e4m3 P.V: int8 {ours:.4f}, e4m3 {e4m3:.4f}")
+    assert ours <= OUTLIER_GOAL < e4m3 / 2, (ours, e4m3)
 
 
 def test_quantize_functions_keep_e4m3_by_default():

@@ -5,7 +5,8 @@ kinds of tuner/activations.py, with prepare's exact transforms off and on, besid
 Columns: ours with the config tuner.attention runs for the shape, the transforms set by
 Config.with_transforms (Q quantized in prepare where it is rotated): plain (k_smoothing="off",
 qk_rotation="none"), smoothed (k_smoothing="mean"), rotated (qk_rotation="hadamard"), both;
-both with P.V in bf16 (wgmma pv_dtype="bf16", the rung below FP8's floor); the default
+both with P.V in bf16 (wgmma pv_dtype="bf16", the rung below FP8's floor), and that with
+QK^T in int8 too (qk_dtype="int8", Q quantized in prepare: the lower rung); the default
 (tuner.attention as it is, whatever its config turns on); FA3 FP8 with per-(batch, KV head)
 descales, SDPA bf16 (cuDNN) and SageAttention 1 (fp16 in) where installed. Rows: every
 --kinds kind at every --shapes shape, then --cases (kind@shape: by default "realistic"
@@ -39,6 +40,7 @@ SETTINGS = {"plain": ("off", "none"), "smoothed": ("mean", "none"),
             "rotated": ("off", "hadamard"), "both": ("mean", "hadamard")}
 PEER_COLUMNS = ("FA3 FP8", "SDPA bf16", "Sage")
 PV16_COLUMN = "both, bf16 P.V"
+QK8_COLUMN = "both, int8 QK, bf16 P.V"
 
 
 def add_arguments(parser) -> None:
@@ -88,6 +90,14 @@ def with_pv16(cfg):
     return dataclasses.replace(both, pv_dtype="bf16")
 
 
+def with_qk8(cfg):
+    """with_pv16's config with QK^T in int8 (Q quantized by prepare), or why it cannot have it."""
+    pv16 = with_pv16(cfg)
+    if isinstance(pv16, str) or "qk_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
+        return pv16 if isinstance(pv16, str) else f"{type(cfg).__module__}.Config has no qk_dtype"
+    return dataclasses.replace(pv16, qk_dtype="int8", q_quant="prepare")
+
+
 def _rows(args) -> list[tuple[str, object]]:
     from tuner.activations import kind
 
@@ -122,9 +132,10 @@ def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
         cfg = with_setting(base, setting)
         calls[setting] = cfg if isinstance(cfg, str) else (
             lambda c=cfg: tuner.attention(q, k, v, causal=problem.causal, config=c))
-    cfg = with_pv16(base)
-    calls[PV16_COLUMN] = cfg if isinstance(cfg, str) else (
-        lambda c=cfg: tuner.attention(q, k, v, causal=problem.causal, config=c))
+    for column, rung in ((PV16_COLUMN, with_pv16), (QK8_COLUMN, with_qk8)):
+        cfg = rung(base)
+        calls[column] = cfg if isinstance(cfg, str) else (
+            lambda c=cfg: tuner.attention(q, k, v, causal=problem.causal, config=c))
     calls["default"] = lambda: tuner.attention(q, k, v, causal=problem.causal)
     try:
         fa3 = fa3_fp8(problem)
@@ -144,7 +155,7 @@ def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
         except TunerError as exc:  # a config that cannot run the shape: named, not timed
             errors[name] = f"refused: {common.first_line(exc)}"
         except Exception as exc:  # noqa: BLE001 - a peer failing is a note; ours propagates
-            if name in SETTINGS or name in ("default", PV16_COLUMN):
+            if name in SETTINGS or name in ("default", PV16_COLUMN, QK8_COLUMN):
                 raise
             errors[name] = f"failed: {common.first_line(exc)}"
     knobs = "/".join(str(getattr(base, n, "-")) for n in ("k_smoothing", "qk_rotation"))
@@ -206,7 +217,7 @@ def _cost(problem, gpu, args) -> list:
 
 def run(args, gpu) -> str:
     rows = []
-    columns = [*SETTINGS, PV16_COLUMN, "default", *PEER_COLUMNS]
+    columns = [*SETTINGS, PV16_COLUMN, QK8_COLUMN, "default", *PEER_COLUMNS]
     notes = set()
     for kind_name, problem in _rows(args):
         errors, knobs = _errors(kind_name, problem, args.seed)

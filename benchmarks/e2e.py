@@ -2,7 +2,9 @@
 host work) beside FA3 bf16, torch SDPA bf16 (cuDNN backend) and SageAttention 1 (fp16 in) where
 installed (benchmarks/systems.py), with our kernel alone and our quantization (prepare) alone
 measured in the same run, and tuner.attention with the same config's P.V in bf16 (wgmma
-pv_dtype="bf16", the accuracy rung beside SageAttention's) where the family has the knob.
+pv_dtype="bf16", the accuracy rung beside SageAttention's) and that with QK^T in int8 too
+(qk_dtype="int8", Q quantized in prepare: SageAttention's QK^T precision) where the family has
+the knobs.
 
 GPU time: CUDA events around each call, the calls queued behind a GPU spin so that a sample is
 the GPU's work for the call (benchmarks.common.time_calls), inputs rotated past 2x L2, median of
@@ -36,6 +38,7 @@ HELP = "tuner.attention from bf16 beside FA3 bf16, SDPA bf16, SageAttention; hos
 DEFAULT_SHAPES = common.MODEL_SHAPES
 QUICK_SHAPES = common.QUICK_SHAPES
 PV16 = "ours bf16 P.V e2e"
+QK8 = "ours int8 QK bf16 P.V e2e"
 
 
 def add_arguments(parser) -> None:
@@ -123,8 +126,9 @@ def _ours(problem, gpu, args):
     return (lambda q, k, v: tuner.attention(q, k, v, causal=causal)), best.source, timing
 
 
-def _ours_pv16(problem, gpu):
-    """tuner.attention with the looked-up config's P.V in bf16, or why it cannot run."""
+def _ours_pv16(problem, gpu, qk_int8: bool = False):
+    """tuner.attention with the looked-up config's P.V in bf16 (and with qk_int8 its QK^T in
+    int8, Q quantized by prepare), or why it cannot run."""
     import dataclasses
 
     import tuner
@@ -136,6 +140,10 @@ def _ours_pv16(problem, gpu):
     if "pv_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
         return f"{best.family} has no pv_dtype knob"
     cfg = dataclasses.replace(cfg, pv_dtype="bf16")
+    if qk_int8:
+        if "qk_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
+            return f"{best.family} has no qk_dtype knob"
+        cfg = dataclasses.replace(cfg, qk_dtype="int8", q_quant="prepare")
     ok, reason = load_family(best.family).can_implement(cfg, problem, gpu.profile)
     if not ok:
         return f"refused: {reason}"
@@ -149,7 +157,8 @@ def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
     sets = common.input_sets(problem, gpu.profile.l2_bytes, args.seed,
                              common.output_bytes(problem))
     ours_call, source, timing = _ours(problem, gpu, args)
-    systems = {"ours e2e": ours_call, PV16: _ours_pv16(problem, gpu), **bf16_peers(problem)}
+    systems = {"ours e2e": ours_call, PV16: _ours_pv16(problem, gpu),
+               QK8: _ours_pv16(problem, gpu, qk_int8=True), **bf16_peers(problem)}
     res = {"problem": problem, "source": source, "kernel_ms": timing.median_ms,
            "prepare_ms": timing.prepare_ms, "ms": {}, "host": {}, "notes": []}
     for name, call in systems.items():
@@ -157,7 +166,7 @@ def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
             res["notes"].append(f"{name}: {call}")
             continue
         try:
-            inputs = sets if name in ("ours e2e", PV16) else [native(name, s) for s in sets]
+            inputs = sets if name in ("ours e2e", PV16, QK8) else [native(name, s) for s in sets]
             stat = common.time_calls(lambda i, c=call, s=inputs: c(*s[i % len(s)]), len(inputs),
                                      args.repeats)
             n = loop_calls(stat.median_ms, args.loop_ms)
@@ -187,7 +196,7 @@ def run(args, gpu) -> str:
 
 def format_tables(results: list[dict], own: dict) -> str:
     headers = ["shape", "source", "ours e2e ms", "TFLOP/s", "kernel ms", "prepare ms",
-               "kernel + prepare", *[f"{p} ms" for p in BF16_PEERS], f"{PV16} ms",
+               "kernel + prepare", *[f"{p} ms" for p in BF16_PEERS], f"{PV16} ms", f"{QK8} ms",
                "faster peer / ours e2e"]
     rows, host_rows, notes = [], [], []
     for r in results:
@@ -199,7 +208,8 @@ def format_tables(results: list[dict], own: dict) -> str:
         rows.append([shape_text(p), r["source"], cell(ours),
                      cell(p.tflops(ours) if ours else None, ".0f"), cell(r["kernel_ms"]),
                      cell(r["prepare_ms"]), cell(parts), *[cell(t.get(n)) for n in BF16_PEERS],
-                     cell(t.get(PV16)), ratio(min(peers) if peers else None, ours)])
+                     cell(t.get(PV16)), cell(t.get(QK8)),
+                     ratio(min(peers) if peers else None, ours)])
         for name, h in r["host"].items():
             host_rows.append([shape_text(p), name, cell(h["gpu_us"], ".0f"),
                               cell(h["host_us"], ".0f"), cell(h["wall_minus_gpu_us"], ".0f"),

@@ -273,6 +273,11 @@ class _WithKnobs(ConfigMixin):
 
 
 @dataclass(frozen=True)
+class _WithPvOnly(_WithKnobs):
+    pv_dtype: str = "e4m3"
+
+
+@dataclass(frozen=True)
 class _WithoutKnobs:
     tile: int = 128
 
@@ -303,14 +308,27 @@ def test_the_bf16_pv_column_sets_both_transforms_and_pv_dtype_where_the_family_h
     assert "no k_smoothing" in with_pv16(_WithoutKnobs())
 
 
-def test_e2e_has_a_column_for_bf16_pv_beside_the_peers():
-    from benchmarks.e2e import PV16, format_tables
+def test_the_int8_qk_column_adds_qk_dtype_and_q_in_prepare_to_the_bf16_pv_config():
+    from benchmarks.accuracy import with_qk8
+    from variants import wgmma
 
-    result = _e2e_result(Problem(1, 56, 4096), 0.5, {"SDPA bf16": 0.7, PV16: 0.65})
+    cfg = with_qk8(wgmma.default("sm_90a"))
+    assert (cfg.k_smoothing, cfg.qk_rotation, cfg.pv_dtype, cfg.qk_dtype, cfg.q_quant) == (
+        "mean", "hadamard", "bf16", "int8", "prepare")
+    assert "no qk_dtype" in with_qk8(_WithPvOnly())
+    assert "no k_smoothing" in with_qk8(_WithoutKnobs())
+
+
+def test_e2e_has_columns_for_the_bf16_pv_and_int8_qk_rungs_beside_the_peers():
+    from benchmarks.e2e import PV16, QK8, format_tables
+
+    result = _e2e_result(Problem(1, 56, 4096), 0.5, {"SDPA bf16": 0.7, PV16: 0.65, QK8: 0.6})
     header, _, row = format_tables([result], {"sync_us": 8.0, "event_pair_us": 3.0}
                                    ).splitlines()[:3]
-    at = header.split(" | ").index(f"{PV16} ms")
-    assert row.split(" | ")[at] == "0.650" and row.split(" | ")[-1] == "1.40x |"
+    cells = row.split(" | ")
+    assert cells[header.split(" | ").index(f"{PV16} ms")] == "0.650"
+    assert cells[header.split(" | ").index(f"{QK8} ms")] == "0.600"
+    assert cells[-1] == "1.40x |"
 
 
 # ---- results pages ---------------------------------------------------------------------------

@@ -56,6 +56,8 @@ CASES = [
     {"k_smoothing": "off", "qk_rotation": "hadamard"},
     # P.V in 16 bits (tests/test_wgmma_pv16_compile.py has its covering set).
     {"pv_dtype": "bf16"},
+    # QK^T in int8 (tests/test_wgmma_qk8_compile.py has its covering set).
+    {"qk_dtype": "int8"},
 ]
 
 

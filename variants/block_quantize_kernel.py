@@ -507,8 +507,8 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
     if name in ("expand", "mean"):
         if smooth_k or rotate_qk or not quantize_v or qk_int8:
-            raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk, "
-                             "quantize_v=False or qk_int8; quantize with 'quant' for those")
+            raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk or "
+                             "quantize_v=False (nor qk_int8); quantize with 'quant' for those")
         return ExpandScales() if name == "expand" else KeyMean(_dsl_dtype(in_dtype), head_dim)
     if rotate_qk and name == "quant_kv":
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "

@@ -375,8 +375,9 @@ class CompiledKernel:
                 got, want = ("bf16", "e4m3 codes") if got_16 else ("e4m3 codes", "bf16")
                 raise ValueError(f"prepared {name} is {got}, this kernel reads {want}: use "
                                  "this kernel's prepare()")
-        if prepared.qk_int8 != self.config.qk_int8:
-            got, want = ("int8", "e4m3") if prepared.qk_int8 else ("e4m3", "int8")
+        got_int8 = prepared.k.dtype == torch.int8  # Fp8Inputs.qk_int8
+        if got_int8 != self.config.qk_int8:
+            got, want = ("int8", "e4m3") if got_int8 else ("e4m3", "int8")
             raise ValueError(f"prepared k is {got} codes, this kernel reads {want} codes: use "
                              "this kernel's prepare()")
         if prepared.v_unquantized and prepared.v.shape[1] != prepared.seq_len_kv:

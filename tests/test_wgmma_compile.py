@@ -85,6 +85,15 @@ def test_compiles_without_spills(overrides):
         assert kernel._single_launch is None
 
 
+def case_config(default, problem, overrides):
+    """(config, problem) of a compile case: `default` with the case's knob overrides, and
+    `problem` with its head_dim and causal, which a case may name beside the knobs."""
+    overrides = dict(overrides)
+    problem = dataclasses.replace(problem, head_dim=overrides.pop("head_dim", problem.head_dim),
+                                  causal=overrides.pop("causal", problem.causal))
+    return dataclasses.replace(default, **overrides), problem
+
+
 def _assert_consumers_issue_no_global_loads(kernel):
     """The consumer warpgroups' program (after their setmaxnreg increase) reads the block scales
     from shared memory: a global load in flight at a named barrier makes the barrier wait for it,

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads
+from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads, case_config
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
@@ -46,10 +46,7 @@ CASES = [
 
 
 def _build(overrides):
-    overrides = dict(overrides)
-    problem = dataclasses.replace(PROBLEM, head_dim=overrides.pop("head_dim", 128),
-                                  causal=overrides.pop("causal", False))
-    return dataclasses.replace(_DEFAULT, **overrides), problem
+    return case_config(_DEFAULT, PROBLEM, overrides)
 
 
 def _mma_opcodes(kernel) -> collections.Counter:

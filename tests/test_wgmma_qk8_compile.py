@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads
+from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads, case_config
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
 from variants.block_quantize_kernel import ROWS, compile_kernel
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("compile_in_tmp")]
 
 H200 = PROFILES["h200"]
 PROBLEM = Problem(batch=1, heads=2, seq_len=77)
@@ -43,17 +43,8 @@ _GMMA = re.compile(r"\b([HIQ]GMMA\.\S+)")
 _MAGIC_ADD = re.compile(r"\b(?:IADD3|VIADD) R\d+, R\d+, 0x4b400000\b")
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_CACHE_DIR", str(tmp_path))
-    monkeypatch.chdir(tmp_path)  # --keep-cubin writes the cubin to the working directory
-
-
 def _build(overrides):
-    overrides = dict(overrides)
-    problem = dataclasses.replace(PROBLEM, head_dim=overrides.pop("head_dim", 128),
-                                  causal=overrides.pop("causal", False))
-    return dataclasses.replace(_DEFAULT, **overrides), problem
+    return case_config(_DEFAULT, PROBLEM, overrides)
 
 
 @pytest.mark.parametrize("overrides", CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in

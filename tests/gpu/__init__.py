@@ -87,3 +87,22 @@ def compile_ahead_once(builds, jobs: int, shared: Path, compile=compile_ahead) -
         compile(builds, jobs)
         done.touch()
     return True
+
+
+def assert_passes_the_gate(family, cfg, problem) -> None:
+    """`cfg` of `family` (a module) through the correctness gate on the GPU with a fresh seed
+    (named if it fails), its three cases each printed on one line."""
+    import os
+
+    import torch
+
+    from tuner.gate import validate_kernel
+
+    seed = int.from_bytes(os.urandom(4), "little")
+    report = validate_kernel(family.compile(cfg, problem, "sm_90a"), problem,
+                             torch.device("cuda"), seed)
+    print(f"\n{cfg.short()} {problem.key()}: "
+          + " ".join(f"{c['case']} rel {c.get('rel_rms', 0):.4f} row {c.get('worst_row', 0):.4f}"
+                     for c in report.cases))
+    assert report.passed, f"{cfg.short()} seed={seed}: {report.reason}"
+    assert [c["case"] for c in report.cases] == ["random", "structured", "realistic"]

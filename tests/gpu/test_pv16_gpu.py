@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import tuner
-from tests.gpu import tiered
+from tests.gpu import assert_passes_the_gate, tiered
 from tuner import runtime
 from tuner.activations import activations
 from tuner.gate import validate_kernel
@@ -81,14 +81,7 @@ def test_bf16_pv_configs_pass_the_gate(name, shape):
     ok, reason = wgmma.can_implement(cfg, problem, H200)
     if not ok:
         pytest.skip(reason)
-    seed = int.from_bytes(os.urandom(4), "little")
-    report = validate_kernel(wgmma.compile(cfg, problem, "sm_90a"), problem,
-                             torch.device("cuda"), seed)
-    print(f"\n{cfg.short()} {problem.key()}: "
-          + " ".join(f"{c['case']} rel {c.get('rel_rms', 0):.4f} row {c.get('worst_row', 0):.4f}"
-                     for c in report.cases))
-    assert report.passed, f"{cfg.short()} seed={seed}: {report.reason}"
-    assert [c["case"] for c in report.cases] == ["random", "structured", "realistic"]
+    assert_passes_the_gate(wgmma, cfg, problem)
 
 
 @pytest.mark.gpu

@@ -7,15 +7,14 @@ repeated call's launch plan giving prepare + run's bits."""
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 import torch
 
 import tuner
+from tests.gpu import assert_passes_the_gate
 from tuner import runtime
 from tuner.activations import activations
-from tuner.gate import validate_kernel
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
@@ -63,14 +62,7 @@ def test_int8_configs_pass_the_gate(name, shape):
     problem = PROBLEMS[shape]
     cfg = _config(name, problem)
     assert wgmma.can_implement(cfg, problem, H200) == (True, None)
-    seed = int.from_bytes(os.urandom(4), "little")
-    report = validate_kernel(wgmma.compile(cfg, problem, "sm_90a"), problem,
-                             torch.device("cuda"), seed)
-    print(f"\n{cfg.short()} {problem.key()}: "
-          + " ".join(f"{c['case']} rel {c.get('rel_rms', 0):.4f} row {c.get('worst_row', 0):.4f}"
-                     for c in report.cases))
-    assert report.passed, f"{cfg.short()} seed={seed}: {report.reason}"
-    assert [c["case"] for c in report.cases] == ["random", "structured", "realistic"]
+    assert_passes_the_gate(wgmma, cfg, problem)
 
 
 @pytest.mark.parametrize("knobs", [{}, dict(k_smoothing="mean", qk_rotation="hadamard")],

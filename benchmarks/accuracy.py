@@ -85,17 +85,13 @@ def with_setting(cfg, setting: str):
 def with_pv16(cfg):
     """The config with both transforms and P.V in bf16, or why it cannot have them."""
     both = with_setting(cfg, "both")
-    if isinstance(both, str) or "pv_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
-        return both if isinstance(both, str) else f"{type(cfg).__module__}.Config has no pv_dtype"
-    return dataclasses.replace(both, pv_dtype="bf16")
+    return both if isinstance(both, str) else common.with_knobs(both, pv_dtype="bf16")
 
 
 def with_qk8(cfg):
     """with_pv16's config with QK^T in int8 (Q quantized by prepare), or why it cannot have it."""
     pv16 = with_pv16(cfg)
-    if isinstance(pv16, str) or "qk_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
-        return pv16 if isinstance(pv16, str) else f"{type(cfg).__module__}.Config has no qk_dtype"
-    return dataclasses.replace(pv16, qk_dtype="int8", q_quant="prepare")
+    return pv16 if isinstance(pv16, str) else common.with_knobs(pv16, **common.INT8_QK)
 
 
 def _rows(args) -> list[tuple[str, object]]:

@@ -10,9 +10,9 @@ bad value.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from tuner.errors import TunerError
@@ -124,7 +124,7 @@ def shapes_of(args) -> list[Problem]:
     return [p for text in texts for p in parse_shape(text)]
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Gpu:
     """The local GPU: its profile (tuner/gpus.py: the results page's name, arch, L2) and the
     device's own name."""
@@ -147,7 +147,7 @@ def local_gpu() -> Gpu:
     return Gpu(profile, torch.cuda.get_device_name())
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Stat:
     median_ms: float
     iqr_ms: float
@@ -226,3 +226,15 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
 def first_line(exc: BaseException, limit: int = 120) -> str:
     text = str(exc).strip().splitlines()
     return (text[0] if text else type(exc).__name__)[:limit]
+
+
+# The knobs of the int8 QK^T rung (wgmma): int8 Q and K codes, which prepare writes.
+INT8_QK = {"qk_dtype": "int8", "q_quant": "prepare"}
+
+
+def with_knobs(cfg, **knobs):
+    """cfg with these knob values, or a line saying which of them its family's Config lacks."""
+    missing = [k for k in knobs if k not in {f.name for f in dataclasses.fields(cfg)}]
+    if missing:
+        return f"{type(cfg).__module__}.Config has no {' / '.join(missing)}"
+    return dataclasses.replace(cfg, **knobs)

@@ -129,21 +129,15 @@ def _ours(problem, gpu, args):
 def _ours_pv16(problem, gpu, qk_int8: bool = False):
     """tuner.attention with the looked-up config's P.V in bf16 (and with qk_int8 its QK^T in
     int8, Q quantized by prepare), or why it cannot run."""
-    import dataclasses
-
     import tuner
     from tuner.runtime import config_for_problem
     from variants import load_family
 
     best = config_for_problem(problem)
-    cfg = best.config.for_q_dtype("bfloat16")
-    if "pv_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
-        return f"{best.family} has no pv_dtype knob"
-    cfg = dataclasses.replace(cfg, pv_dtype="bf16")
-    if qk_int8:
-        if "qk_dtype" not in {f.name for f in dataclasses.fields(cfg)}:
-            return f"{best.family} has no qk_dtype knob"
-        cfg = dataclasses.replace(cfg, qk_dtype="int8", q_quant="prepare")
+    cfg = common.with_knobs(best.config.for_q_dtype("bfloat16"), pv_dtype="bf16",
+                            **(common.INT8_QK if qk_int8 else {}))
+    if isinstance(cfg, str):
+        return cfg
     ok, reason = load_family(best.family).can_implement(cfg, problem, gpu.profile)
     if not ok:
         return f"refused: {reason}"

@@ -20,7 +20,7 @@ PROBLEM = Problem(batch=1, heads=2, seq_len=77)
 # The head_dim-128 recipe with Q quantized by prepare (the default quantizes Q in the kernel at
 # this short length; CASES turn that on one knob at a time like every other), and without
 # split_tail (the full-mask default splits the tail; CASES turn it on).
-_DEFAULT = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare",
+RECIPE = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare",
                                split_tail=False)
 CASES = [
     {},
@@ -66,7 +66,7 @@ CASES = [
 def test_compiles_without_spills(overrides):
     overrides = dict(overrides)
     problem = dataclasses.replace(PROBLEM, head_dim=overrides.pop("head_dim", PROBLEM.head_dim))
-    cfg = dataclasses.replace(_DEFAULT, **overrides)
+    cfg = dataclasses.replace(RECIPE, **overrides)
     assert wgmma.can_implement(cfg, problem, H200) == (True, None)
     kernel = wgmma.compile(cfg, problem, "sm_90a")
     assert kernel.config == cfg
@@ -143,8 +143,8 @@ def test_q_quant_kernel_stages_bf16_q_by_tma_and_quantizes_it_in_16_byte_accesse
         return Counter({op: n for op, n in counts.items()
                         if op.startswith(("LDS", "STS")) and not op.endswith(".128")})
 
-    ours = opcodes(dataclasses.replace(_DEFAULT, q_quant="kernel"))
-    prepared = opcodes(_DEFAULT)
+    ours = opcodes(dataclasses.replace(RECIPE, q_quant="kernel"))
+    prepared = opcodes(RECIPE)
     assert ours["LDS.128"] == 8 and ours["STS.128"] == 4, ours
     assert not prepared["LDS.128"] and not prepared["STS.128"], prepared
     # Every narrower access is one of the scale slots', which Q from prepare has too (and more:
@@ -158,7 +158,7 @@ def test_cases_cover_every_knob_value():
     seen = {name: set() for name in space}
     for overrides in CASES:
         knobs = {k: v for k, v in overrides.items() if k != "head_dim"}
-        for name, value in dataclasses.replace(_DEFAULT, **knobs).to_dict().items():
+        for name, value in dataclasses.replace(RECIPE, **knobs).to_dict().items():
             seen[name].add(value)
     # pack_gqa needs grouped KV heads: tests/test_wgmma_pack_gqa_compile.py compiles its values.
     for cfg, _ in _pack_gqa_builds():
@@ -186,8 +186,8 @@ def test_q_quant_kernel_refuses_fp8_and_mislaid_inputs_by_name():
     import torch
 
 
-    ours = wgmma.compile(dataclasses.replace(_DEFAULT, q_quant="kernel"), PROBLEM, "sm_90a")
-    twin = wgmma.compile(_DEFAULT, PROBLEM, "sm_90a")
+    ours = wgmma.compile(dataclasses.replace(RECIPE, q_quant="kernel"), PROBLEM, "sm_90a")
+    twin = wgmma.compile(RECIPE, PROBLEM, "sm_90a")
     q, k, v = (torch.randn(1, 77, 2, 128).bfloat16() for _ in range(3))
     codes = q.to(torch.float8_e4m3fn)
     ones = torch.ones(1, 2)

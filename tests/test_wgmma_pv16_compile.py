@@ -10,17 +10,18 @@ import re
 
 import pytest
 
-from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads, case_config
-from tuner.gpus import PROFILES
-from tuner.problem import Problem
+from tests.test_wgmma_compile import (
+    H200,
+    PROBLEM,
+    RECIPE,
+    _assert_consumers_issue_no_global_loads,
+    case_config,
+)
 from variants import wgmma
 
 pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("compile_in_tmp")]
 
-H200 = PROFILES["h200"]
-PROBLEM = Problem(batch=1, heads=2, seq_len=77)
-_DEFAULT = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare",
-                               split_tail=False, pv_dtype="bf16")
+_DEFAULT = dataclasses.replace(RECIPE, pv_dtype="bf16")
 # head_dim 64 and 128, 64- and 128-key strips, causal and not, split_tail, a hardware grid,
 # pingpong and intra-WG overlap off, P from smem, Q quantized in the kernel, FMA exp2, three
 # consumer warpgroups, and the widest strips the register estimate takes.

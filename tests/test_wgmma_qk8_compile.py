@@ -12,18 +12,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_wgmma_compile import _assert_consumers_issue_no_global_loads, case_config
-from tuner.gpus import PROFILES
-from tuner.problem import Problem
+from tests.test_wgmma_compile import (
+    H200,
+    PROBLEM,
+    RECIPE,
+    _assert_consumers_issue_no_global_loads,
+    case_config,
+)
 from variants import wgmma
 from variants.block_quantize_kernel import ROWS, compile_kernel
 
 pytestmark = [pytest.mark.compile, pytest.mark.usefixtures("compile_in_tmp")]
 
-H200 = PROFILES["h200"]
-PROBLEM = Problem(batch=1, heads=2, seq_len=77)
-_DEFAULT = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare",
-                               split_tail=False, qk_dtype="int8")
+_DEFAULT = dataclasses.replace(RECIPE, qk_dtype="int8")
 # head_dim 128 and 64, e4m3 and bf16 P.V, P from smem, three consumer warpgroups, a causal mask,
 # split_tail, no overlap or pingpong on a hardware grid, V transposed in the kernel.
 CASES = [

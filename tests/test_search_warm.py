@@ -255,7 +255,7 @@ def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch
     from tuner.search import records
 
     hashed = []
-    monkeypatch.setattr(records, "files_hash", lambda paths: hashed.extend(paths) or "0" * 16)
+    monkeypatch.setattr(records, "code_hash", lambda paths: hashed.extend(paths) or "0" * 64)
     records.code_version(fake_family_large)
     names = {f"{p.parent.name}/{p.name}" for p in hashed}
     assert {"doubles/fake_family_large.py", "variants/prepare.py",
@@ -264,6 +264,47 @@ def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch
     # The gate's modules time nothing: an edit to them keeps every stored time comparable.
     assert not {"variants/reference.py", "variants/reference_bounds.py",
                 "variants/prepare_check.py"} & names
+
+
+CODE = '''"""A module."""
+import math
+
+
+class Scale:
+    """A class."""
+
+    def __call__(self, x):
+        """Half of x."""
+        return math.ldexp(x, -1)  # one exponent step
+'''
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.replace('"""A module."""', '"""The module, reworded."""'),
+    lambda s: s.replace('        """Half of x."""\n', ""),
+    lambda s: s.replace("# one exponent step", "# why, said otherwise"),
+    lambda s: s.replace("import math\n", "import math\n\n\n# a comment of its own\n"),
+    lambda s: s.replace("math.ldexp(x, -1)", "math.ldexp(\n            x, -1)"),
+], ids=["module docstring", "function docstring dropped", "comment", "blank lines", "layout"])
+def test_the_code_version_ignores_comments_docstrings_and_layout(edit):
+    """A stored time stays comparable across an edit that leaves the code as Python runs it."""
+    from tuner.search.records import code_text
+
+    assert edit(CODE) != CODE
+    assert code_text(edit(CODE)) == code_text(CODE)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda s: s.replace("-1)", "-2)"),
+    lambda s: s.replace("ldexp", "frexp"),
+    lambda s: s.replace("return math", "x = 0.0\n        return math"),
+    lambda s: s.replace('"""Half of x."""', 'print("Half of x.")'),
+    lambda s: s.replace("class Scale:", "class Scale(float):"),
+], ids=["constant", "call", "statement", "string that is no docstring", "base class"])
+def test_the_code_version_changes_with_the_code(edit):
+    from tuner.search.records import code_text
+
+    assert code_text(edit(CODE)) != code_text(CODE)
 
 
 def test_the_tables_of_the_other_gpus_of_the_arch_come_after_this_gpus_and_the_database(

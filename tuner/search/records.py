@@ -3,8 +3,10 @@ measurement (or rejection), and what the Store already holds for the study."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime as dt
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,7 +15,6 @@ from tuner.outcomes import Role
 from tuner.problem import Problem
 from tuner.sandbox import CandidateResult
 from tuner.store import Store, TrialRecord
-from variants.build import files_hash
 
 # TrialRecord columns copied by name from the dicts of a CandidateResult.
 _FROM_TIMING = ("median_ms", "iqr_ms", "prepare_ms", "sm_clock_mhz", "temperature_c")
@@ -49,14 +50,51 @@ def code_version(family_module) -> str:
     """Hash of the code a stored time depends on: the family's source files, the device code and
     host work every family shares (variants/*.py but CHECK_ONLY_MODULES: prepare and its
     quantization kernel, the launch, the block scales; variants/common/*.py), and the tuner's
-    measuring code. A stored time is only comparable with times the same code measured."""
+    measuring code. A stored time is only comparable with times the same code measured. The
+    files count as code (code_hash): an edit of their comments or docstrings keeps the version."""
     path = Path(family_module.__file__)
     files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     tuner = Path(__file__).parents[1]
     shared = Path(variants.__file__).parent
     timed = [f for f in sorted(shared.glob("*.py")) if f.name not in CHECK_ONLY_MODULES]
-    return files_hash([*files, *timed, *sorted((shared / "common").glob("*.py")),
-                       tuner / "measure.py", tuner / "sandbox.py"])[:12]
+    return code_hash([*files, *timed, *sorted((shared / "common").glob("*.py")),
+                      tuner / "measure.py", tuner / "sandbox.py"])[:12]
+
+
+def code_hash(paths) -> str:
+    """sha256 (hex) of the named files' names and code, in the given order: each file's syntax
+    tree without docstrings (code_text), so comments, docstrings and layout do not count."""
+    h = hashlib.sha256()
+    for path in paths:
+        h.update(path.name.encode())
+        h.update(code_text(path.read_text()).encode())
+    return h.hexdigest()
+
+
+def code_text(source: str) -> str:
+    """The code of a Python source as text: its syntax tree with the docstrings of the module,
+    classes and functions dropped, written out field by field (_tree_text)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) \
+                and node.body and isinstance(node.body[0], ast.Expr) \
+                and isinstance(node.body[0].value, ast.Constant) \
+                and isinstance(node.body[0].value.value, str):
+            node.body = node.body[1:] or [ast.Pass()]
+    return _tree_text(tree)
+
+
+def _tree_text(node) -> str:
+    """A syntax tree as text, without positions. Unlike ast.dump it leaves out empty and None
+    fields, so Python versions that only add fields (3.12's type_params) write the same text:
+    the device (3.12) and this checkout's CI (3.11) hash alike."""
+    if isinstance(node, ast.AST):
+        fields = [f"{name}={_tree_text(value)}" for name in node._fields
+                  if (value := getattr(node, name, None)) is not None and value != []]
+        return f"{type(node).__name__}({', '.join(fields)})"
+    if isinstance(node, list):
+        return f"[{', '.join(_tree_text(v) for v in node)}]"
+    return repr(node)
 
 
 @dataclass(frozen=True)

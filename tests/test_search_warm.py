@@ -17,6 +17,7 @@ from tests.test_search import BASE, LARGE, PROBLEM, measured, run_cli
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
+from variants import load_family
 from tuner.search import SearchSettings, Space, make_target
 from tuner.search.known import PER_SOURCE, confirmed_row, known_configs
 from tuner.search.records import code_version
@@ -261,9 +262,21 @@ def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch
     assert {"doubles/fake_family_large.py", "variants/prepare.py",
             "variants/block_quantize_kernel.py", "variants/transforms.py", "common/mask.py",
             "tuner/measure.py", "tuner/sandbox.py"} <= names
-    # The gate's modules time nothing: an edit to them keeps every stored time comparable.
+    # The gate's modules time nothing, and the default rules only choose a config: an edit to
+    # them keeps every stored time comparable.
     assert not {"variants/reference.py", "variants/reference_bounds.py",
-                "variants/prepare_check.py"} & names
+                "variants/prepare_check.py", "variants/defaults.py"} & names
+
+
+def test_a_familys_default_rules_are_not_part_of_its_code_version(monkeypatch):
+    from tuner.search import records
+
+    hashed = []
+    monkeypatch.setattr(records, "code_hash", lambda paths: hashed.extend(paths) or "0" * 64)
+    records.code_version(load_family("wgmma"))
+    names = {f"{p.parent.name}/{p.name}" for p in hashed}
+    assert {"wgmma/kernel.py", "wgmma/config.py", "wgmma/softmax.py"} <= names
+    assert not {"wgmma/defaults.py", "variants/defaults.py"} & names
 
 
 CODE = '''"""A module."""

@@ -44,19 +44,25 @@ class Candidate:
 # Modules of variants/ that check results and time nothing (the gate's fp32 reference, its
 # bounds, its check of prepare): a change there leaves every stored time comparable.
 CHECK_ONLY_MODULES = frozenset({"reference.py", "reference_bounds.py", "prepare_check.py"})
+# The default rules (variants/defaults.py, each family's defaults.py) choose which config runs
+# untuned and change no config's time: a new default keeps every stored time comparable.
+CHOICE_ONLY_MODULE = "defaults.py"
 
 
 def code_version(family_module) -> str:
     """Hash of the code a stored time depends on: the family's source files, the device code and
     host work every family shares (variants/*.py but CHECK_ONLY_MODULES: prepare and its
-    quantization kernel, the launch, the block scales; variants/common/*.py), and the tuner's
+    quantization kernel, the launch, the block scales; variants/common/*.py), the default rules
+    (CHOICE_ONLY_MODULE) left out of both, and the tuner's
     measuring code. A stored time is only comparable with times the same code measured. The
     files count as code (code_hash): an edit of their comments or docstrings keeps the version."""
     path = Path(family_module.__file__)
-    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
+    files = [f for f in sorted(path.parent.glob("*.py")) if f.name != CHOICE_ONLY_MODULE] \
+        if path.name == "__init__.py" else [path]
     tuner = Path(__file__).parents[1]
     shared = Path(variants.__file__).parent
-    timed = [f for f in sorted(shared.glob("*.py")) if f.name not in CHECK_ONLY_MODULES]
+    timed = [f for f in sorted(shared.glob("*.py"))
+             if f.name not in CHECK_ONLY_MODULES and f.name != CHOICE_ONLY_MODULE]
     return code_hash([*files, *timed, *sorted((shared / "common").glob("*.py")),
                       tuner / "measure.py", tuner / "sandbox.py"])[:12]
 

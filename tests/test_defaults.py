@@ -21,8 +21,8 @@ TABLES = {"wgmma": wgmma_defaults.RULES, "mma_sync": mma_sync_defaults.RULES}
 ARCH = {"wgmma": "sm_90a", "mma_sync": "sm_120a"}
 
 
-def _problem(head_dim=128, causal=False, keys=4096):
-    return Problem(1, 8, keys, head_dim, causal, seq_len_kv=keys)
+def _problem(head_dim=128, causal=False, keys=4096, queries=None):
+    return Problem(1, 8, keys if queries is None else queries, head_dim, causal, seq_len_kv=keys)
 
 
 def test_a_condition_tests_only_what_it_names_with_inclusive_key_bounds():
@@ -35,8 +35,11 @@ def test_a_condition_tests_only_what_it_names_with_inclusive_key_bounds():
     assert not When(max_keys=1024).holds(_problem(keys=1025))
     assert When(min_keys=1025).holds(_problem(keys=1025))
     assert not When(min_keys=1025).holds(_problem(keys=1024))
-    # The bounds are on the key length, not the query length.
+    # The key bounds are on the key length, not the query length, and the query floor the other
+    # way round.
     assert When(max_keys=1024).holds(Problem(1, 8, 8192, seq_len_kv=1000))
+    assert When(min_queries=8192).holds(_problem(keys=512, queries=8192))
+    assert not When(min_queries=8192).holds(_problem(keys=30272, queries=8191))
 
 
 def test_without_a_problem_a_condition_sees_head_dim_128_no_mask_and_no_length():
@@ -45,6 +48,7 @@ def test_without_a_problem_a_condition_sees_head_dim_128_no_mask_and_no_length()
     assert not When(causal=True).holds(None)
     assert not When(max_keys=2**30).holds(None)
     assert not When(min_keys=1).holds(None)
+    assert not When(min_queries=1).holds(None)
 
 
 def test_every_rule_that_holds_applies_in_order_later_knobs_winning():
@@ -82,12 +86,18 @@ def _bounded(rules):
     the problem matching the rule's other conditions."""
     for i, rule in enumerate(rules):
         w = rule.when
+        kw = dict(head_dim=w.head_dim or 128, causal=bool(w.causal))
+        # At a key bound the queries match it (so a query floor holds), and the other way round.
         for at, past in ((w.max_keys, None if w.max_keys is None else w.max_keys + 1),
                          (w.min_keys, None if w.min_keys is None else w.min_keys - 1)):
-            if at is None:
-                continue
-            kw = dict(head_dim=w.head_dim or 128, causal=bool(w.causal))
-            yield i, rule, _problem(keys=at, **kw), _problem(keys=past, **kw)
+            if at is not None:
+                queries = max(at, w.min_queries or 0)
+                yield i, rule, _problem(keys=at, queries=queries, **kw), \
+                    _problem(keys=past, queries=queries, **kw)
+        if w.min_queries is not None:
+            keys = max(w.min_queries, w.min_keys or 0)
+            yield i, rule, _problem(keys=keys, queries=w.min_queries, **kw), \
+                _problem(keys=keys, queries=w.min_queries - 1, **kw)
 
 
 @pytest.mark.parametrize("family", sorted(TABLES))
@@ -106,7 +116,7 @@ def test_each_bounded_rule_decides_the_default_exactly_at_its_threshold(family):
             rule.when
         seen += 1
     assert seen == sum((r.when.min_keys is not None) + (r.when.max_keys is not None)
-                       for r in rules)
+                       + (r.when.min_queries is not None) for r in rules)
 
 
 @pytest.mark.parametrize("family", sorted(TABLES))
@@ -122,7 +132,7 @@ def test_the_docs_page_shows_the_table_the_code_applies(family):
 @pytest.mark.parametrize("family", sorted(TABLES))
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("keys", [1, 1024, 1025, 4608, 4609, 8192, 8193, 30272])
+@pytest.mark.parametrize("keys", [1, 1024, 1025, 4608, 4609, 8192, 8193, 16383, 16384, 30272])
 def test_every_default_is_feasible(family, head_dim, causal, keys):
     from tuner.gpus import PROFILES
 

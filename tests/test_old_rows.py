@@ -21,6 +21,9 @@ from variants import wgmma
 PROBLEM = Problem(1, 56, 16384, 128)
 H200 = PROFILES["h200"]
 DEFAULT = wgmma.default(H200.arch, PROBLEM)
+# The transforms the default turns on at PROBLEM (smoothing; from wgmma's ROTATE_FROM, rotation).
+DEFAULT_ON = [k for k, off in (("k_smoothing", "off"), ("qk_rotation", "none"))
+              if getattr(DEFAULT, k) != off]
 
 
 def old_row(**knobs) -> dict:
@@ -49,7 +52,9 @@ def test_a_row_without_the_transform_knobs_runs_the_defaults_not_off(db, tmp_pat
     best = runtime.load_best_config(16384, heads=56, db=url, with_source=True)
     assert best.source == "table-exact" and best.config.block_n == 64  # the row's kernel
     assert (best.config.k_smoothing, best.config.qk_rotation) == ("mean", DEFAULT.qk_rotation)
-    assert "before k_smoothing existed: the default's k_smoothing=mean" in best.detail
+    assert DEFAULT_ON == ["k_smoothing", "qk_rotation"]  # PROBLEM is long enough to rotate
+    assert ("before k_smoothing, qk_rotation existed: the default's k_smoothing=mean, "
+            "qk_rotation=hadamard") in best.detail
 
 
 def test_a_row_that_names_them_keeps_its_values(db, tmp_path):  # noqa: F811
@@ -72,7 +77,7 @@ def test_an_import_and_an_export_keep_the_row_as_written(db, tmp_path):  # noqa:
     # Looked up from the database it was imported into, the row runs the default's smoothing.
     (_, family, config, _), = runtime.db_entries(store.url, winner.device_id)
     cfg, filled = runtime.config_from_row(wgmma, config, PROBLEM, H200)
-    assert (cfg.k_smoothing, filled) == ("mean", ["k_smoothing"])
+    assert (cfg.k_smoothing, filled) == ("mean", DEFAULT_ON)
     store.close()
 
 

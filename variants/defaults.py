@@ -3,9 +3,9 @@ a one-line reason and the docs page that holds its measurements.
 
 Every rule whose condition holds is applied in order, a later one overriding the knobs it names;
 the first rule of a table holds for every problem and names the knobs that have no dataclass
-default. A condition names some of a problem's head_dim, mask and key-length bounds (inclusive);
-what it leaves out it does not test. default(arch) without a problem sees head_dim 128, no mask
-and an unknown key length, which no bound on the length matches.
+default. A condition names some of a problem's head_dim, mask, key-length bounds and query-length
+floor (inclusive); what it leaves out it does not test. default(arch) without a problem sees
+head_dim 128, no mask and unknown lengths, which no bound on a length matches.
 """
 
 from __future__ import annotations
@@ -19,17 +19,21 @@ class When:
     causal: bool | None = None
     min_keys: int | None = None  # seq_len_kv >= min_keys
     max_keys: int | None = None  # seq_len_kv <= max_keys
+    min_queries: int | None = None  # seq_len >= min_queries
 
     def holds(self, problem) -> bool:
         if problem is None:
-            head_dim, causal, keys = 128, False, None
+            head_dim, causal, keys, queries = 128, False, None, None
         else:
-            head_dim, causal, keys = problem.head_dim, problem.causal, problem.seq_len_kv
+            head_dim, causal = problem.head_dim, problem.causal
+            keys, queries = problem.seq_len_kv, problem.seq_len
         if self.head_dim is not None and head_dim != self.head_dim:
             return False
         if self.causal is not None and causal != self.causal:
             return False
         if self.min_keys is not None and (keys is None or keys < self.min_keys):
+            return False
+        if self.min_queries is not None and (queries is None or queries < self.min_queries):
             return False
         return self.max_keys is None or (keys is not None and keys <= self.max_keys)
 
@@ -43,6 +47,8 @@ class When:
             parts.append(f"keys >= {self.min_keys}")
         if self.max_keys is not None:
             parts.append(f"keys <= {self.max_keys}")
+        if self.min_queries is not None:
+            parts.append(f"queries >= {self.min_queries}")
         return ", ".join(parts) or "always"
 
 
@@ -74,7 +80,8 @@ def markdown_table(rules) -> str:
 
 def k_smoothing_rule(docs: str) -> Rule:
     """Both families' last rule: prepare's K smoothing on for every problem (docs/accuracy.md
-    has its measured cost and accuracy, and the rotation's cost that keeps it off)."""
+    has its measured cost and accuracy, and the rotation's cost that keeps it off below
+    wgmma's ROTATE_FROM)."""
     return Rule(When(), dict(k_smoothing="mean"),
                 "K smoothing on: exact, and K's per-channel bias no longer costs FP8 accuracy "
                 "(docs/accuracy.md); one sampled-mean reduction beside the quantization", docs)

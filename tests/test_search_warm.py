@@ -17,11 +17,11 @@ from tests.test_search import BASE, LARGE, PROBLEM, measured, run_cli
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from variants import load_family
 from tuner.search import SearchSettings, Space, make_target
 from tuner.search.known import PER_SOURCE, confirmed_row, known_configs
 from tuner.search.records import code_version
 from tuner.store import Store, TrialRecord, config_hash
+from variants import load_family
 
 MODULES = {LARGE: fake_family_large}
 TARGET = make_target("h200", MODULES)

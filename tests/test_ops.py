@@ -136,7 +136,8 @@ def test_sdpa_takes_causal_grouped_heads_and_other_lengths(kv_shape, gqa, causal
     assert out.shape == q.shape
 
 
-def test_sdpa_layout_and_dtype_follow_torch():
-    q = torch.empty(1, 2, 64, 128, dtype=torch.float16, device="meta")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sdpa_layout_and_dtype_follow_torch(dtype):
+    q = torch.empty(1, 2, 64, 128, dtype=dtype, device="meta")
     out = tuner.scaled_dot_product_attention(q, q, q, scale=0.1)
-    assert out.shape == (1, 2, 64, 128) and out.dtype == torch.float16
+    assert out.shape == (1, 2, 64, 128) and out.dtype == dtype

@@ -53,9 +53,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     why = unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         raise TunerError(why)
-    # The kernels read (batch, seq_len, heads, head_dim). One contiguous copy costs less than
-    # quantizing a strided view: the fused e4m3 cast reads contiguous tensors only, a strided
-    # one takes the torch ops (about 3x the prepare time on the H200, README).
-    q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-    out = attention(q, k, v, softmax_scale=scale, causal=bool(is_causal))
-    return out.transpose(1, 2).to(query.dtype)
+    out = attention(kernel_layout(query), kernel_layout(key), kernel_layout(value),
+                    softmax_scale=scale, causal=bool(is_causal))
+    return sdpa_layout(out, query.dtype)
+
+
+def kernel_layout(t):
+    """(batch, seq_len, heads, head_dim) of an SDPA-layout tensor: a view where `t` permutes a
+    contiguous one (a model's projection viewed as heads), else a contiguous copy. One copy costs
+    less than quantizing a strided view: the one-launch quantization reads contiguous tensors
+    only, a strided one takes the torch ops (about 3x the prepare time on the H200, README)."""
+    return t.transpose(1, 2).contiguous()
+
+
+def sdpa_layout(out, dtype):
+    """The kernels' bf16 (batch, seq_len, heads, head_dim) output as SDPA returns it: a
+    (batch, heads, seq_len, head_dim) view, cast only where the caller's dtype differs (a
+    same-dtype .to() still costs about 1 us of dispatch)."""
+    out = out.transpose(1, 2)
+    return out if out.dtype == dtype else out.to(dtype)

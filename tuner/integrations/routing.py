@@ -37,7 +37,7 @@ import tuner
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.sdpa import unsupported
+from tuner.sdpa import kernel_layout, sdpa_layout, unsupported
 from variants.prepare import check_qkv
 
 log = logging.getLogger("tuner.integrations")
@@ -120,13 +120,12 @@ def route_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
 
 
 def _on_kernels(query, key, value, is_causal, scale, max_error):
-    # The kernels read (batch, seq_len, heads, head_dim): diffusers' native backend hands SDPA
-    # a permuted view of that layout, so the transpose back is usually contiguous already.
-    q, k, v = (t.transpose(1, 2).contiguous() for t in (query, key, value))
-    # tuner.attention looked up on the package at call time: what tuner.capture records.
-    out = tuner.attention(q, k, v, causal=bool(is_causal), softmax_scale=scale,
-                          max_error=max_error)
-    return out.transpose(1, 2).to(query.dtype)
+    # diffusers' native backend hands SDPA a permuted view of the kernels' layout, so the
+    # transpose back is usually a view. tuner.attention is looked up on the package at call
+    # time: what tuner.capture records.
+    out = tuner.attention(kernel_layout(query), kernel_layout(key), kernel_layout(value),
+                          causal=bool(is_causal), softmax_scale=scale, max_error=max_error)
+    return sdpa_layout(out, query.dtype)
 
 
 def _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, max_error) -> tuple:

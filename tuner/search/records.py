@@ -52,10 +52,10 @@ CHOICE_ONLY_MODULE = "defaults.py"
 def code_version(family_module) -> str:
     """Hash of the code a stored time depends on: the family's source files, the device code and
     host work every family shares (variants/*.py but CHECK_ONLY_MODULES: prepare and its
-    quantization kernel, the launch, the block scales; variants/common/*.py), the default rules
-    (CHOICE_ONLY_MODULE) left out of both, and the tuner's
-    measuring code. A stored time is only comparable with times the same code measured. The
-    files count as code (code_hash): an edit of their comments or docstrings keeps the version."""
+    quantization kernel, the launch, the block scales; variants/common/*.py), and the tuner's
+    measuring code; the default rules (CHOICE_ONLY_MODULE) of both are left out. A stored time
+    is only comparable with times the same code measured. The files count as code (code_hash):
+    an edit of their comments or docstrings keeps the version."""
     path = Path(family_module.__file__)
     files = [f for f in sorted(path.parent.glob("*.py")) if f.name != CHOICE_ONLY_MODULE] \
         if path.name == "__init__.py" else [path]

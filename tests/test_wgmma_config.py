@@ -11,13 +11,17 @@ from variants import wgmma
 from variants.base import enumerate_space, load_space
 from variants.prepare import register_p_key_order
 from variants.wgmma.config import register_estimate, register_split, smem_bytes
+from variants.wgmma.defaults import ROTATE_FROM
 
 H200 = PROFILES["h200"]
 PROBLEM = Problem(batch=1, heads=56, seq_len=30272)
 
 
 def _cfg(**overrides):
-    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM), **overrides)
+    """PROBLEM's default kernel with K smoothing alone (its default also rotates Q and K, from
+    wgmma's ROTATE_FROM): the base the knobs under test act on."""
+    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM),
+                               **{"qk_rotation": "none", **overrides})
 
 
 def test_space_fields_match_yaml_and_config():
@@ -62,7 +66,10 @@ def test_head_dim_64_has_its_own_feasible_default():
     cfg = wgmma.default("sm_90a", small)
     assert cfg.consumer_wgs == 3 and cfg != wgmma.default("sm_90a", Problem(1, 56, 8192, 128))
     assert wgmma.can_implement(cfg, small, H200) == (True, None)
-    assert wgmma.default("sm_90a") == wgmma.default("sm_90a", PROBLEM)
+    # Without a problem the default is PROBLEM's but for the rotation, which needs the lengths.
+    assert PROBLEM.seq_len >= ROTATE_FROM
+    assert wgmma.default("sm_90a", PROBLEM).qk_rotation == "hadamard"
+    assert wgmma.default("sm_90a") == _cfg()
 
 
 def test_every_space_config_is_judged_with_a_reason():

@@ -25,7 +25,10 @@ SRC = __import__("pathlib").Path(wgmma.__file__).parent
 
 
 def _cfg(**overrides):
-    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM), **overrides)
+    """PROBLEM's default kernel with K smoothing alone (its default also rotates Q and K, from
+    wgmma's ROTATE_FROM): the base the knobs under test act on."""
+    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM),
+                               **{"qk_rotation": "none", **overrides})
 
 
 def test_the_space_holds_both_values_and_old_rows_load_as_e4m3():

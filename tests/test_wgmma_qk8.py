@@ -38,7 +38,10 @@ OUTLIER_GOAL = 0.16
 
 
 def _cfg(**overrides):
-    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM), **overrides)
+    """PROBLEM's default kernel with K smoothing alone (its default also rotates Q and K, from
+    wgmma's ROTATE_FROM): the base the knobs under test act on."""
+    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM),
+                               **{"qk_rotation": "none", **overrides})
 
 
 def test_the_space_holds_both_values_and_old_rows_load_as_e4m3():

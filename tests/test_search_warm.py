@@ -249,16 +249,21 @@ def test_only_the_problems_own_row_that_the_search_measures_confirms(tables, tmp
         store.close()
 
 
-def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch):
-    """A stored time (and so a confirmed row) depends on the family's files, the device code
-    every family shares and prepare's quantization as much as on the measuring code: an edit to
-    any of them is another code version."""
+def _hashed_files(monkeypatch, family_module) -> set[str]:
+    """"folder/file" of each file records.code_version hashes for the family."""
     from tuner.search import records
 
     hashed = []
     monkeypatch.setattr(records, "code_hash", lambda paths: hashed.extend(paths) or "0" * 64)
-    records.code_version(fake_family_large)
-    names = {f"{p.parent.name}/{p.name}" for p in hashed}
+    records.code_version(family_module)
+    return {f"{p.parent.name}/{p.name}" for p in hashed}
+
+
+def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch):
+    """A stored time (and so a confirmed row) depends on the family's files, the device code
+    every family shares and prepare's quantization as much as on the measuring code: an edit to
+    any of them is another code version."""
+    names = _hashed_files(monkeypatch, fake_family_large)
     assert {"doubles/fake_family_large.py", "variants/prepare.py",
             "variants/block_quantize_kernel.py", "variants/transforms.py", "common/mask.py",
             "tuner/measure.py", "tuner/sandbox.py"} <= names
@@ -269,12 +274,7 @@ def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch
 
 
 def test_a_familys_default_rules_are_not_part_of_its_code_version(monkeypatch):
-    from tuner.search import records
-
-    hashed = []
-    monkeypatch.setattr(records, "code_hash", lambda paths: hashed.extend(paths) or "0" * 64)
-    records.code_version(load_family("wgmma"))
-    names = {f"{p.parent.name}/{p.name}" for p in hashed}
+    names = _hashed_files(monkeypatch, load_family("wgmma"))
     assert {"wgmma/kernel.py", "wgmma/config.py", "wgmma/softmax.py"} <= names
     assert not {"wgmma/defaults.py", "variants/defaults.py"} & names
 

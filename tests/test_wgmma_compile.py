@@ -21,7 +21,7 @@ PROBLEM = Problem(batch=1, heads=2, seq_len=77)
 # this short length; CASES turn that on one knob at a time like every other), and without
 # split_tail (the full-mask default splits the tail; CASES turn it on).
 RECIPE = dataclasses.replace(wgmma.default("sm_90a", PROBLEM), q_quant="prepare",
-                               split_tail=False)
+                             split_tail=False)
 CASES = [
     {},
     {"p_source": "smem"},
@@ -64,9 +64,7 @@ CASES = [
 @pytest.mark.parametrize("overrides", CASES, ids=lambda o: ",".join(f"{k}={v}" for k, v in
                                                                    o.items()) or "default")
 def test_compiles_without_spills(overrides):
-    overrides = dict(overrides)
-    problem = dataclasses.replace(PROBLEM, head_dim=overrides.pop("head_dim", PROBLEM.head_dim))
-    cfg = dataclasses.replace(RECIPE, **overrides)
+    cfg, problem = case_config(RECIPE, PROBLEM, overrides)
     assert wgmma.can_implement(cfg, problem, H200) == (True, None)
     kernel = wgmma.compile(cfg, problem, "sm_90a")
     assert kernel.config == cfg
@@ -157,8 +155,7 @@ def test_cases_cover_every_knob_value():
     space = wgmma.space("sm_90a")
     seen = {name: set() for name in space}
     for overrides in CASES:
-        knobs = {k: v for k, v in overrides.items() if k != "head_dim"}
-        for name, value in dataclasses.replace(RECIPE, **knobs).to_dict().items():
+        for name, value in case_config(RECIPE, PROBLEM, overrides)[0].to_dict().items():
             seen[name].add(value)
     # pack_gqa needs grouped KV heads: tests/test_wgmma_pack_gqa_compile.py compiles its values.
     for cfg, _ in _pack_gqa_builds():

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from tuner.gpus import PROFILES
+from tests.test_wgmma_config import H200, PROBLEM, _cfg
 from tuner.problem import Problem
 from variants import wgmma
 from variants.block_scales import PackedLayout
@@ -19,16 +19,7 @@ from variants.reference import quantize_reference
 from variants.reference_bounds import thresholds
 from variants.wgmma.config import register_estimate, smem_bytes
 
-H200 = PROFILES["h200"]
-PROBLEM = Problem(batch=1, heads=56, seq_len=30272)
 SRC = __import__("pathlib").Path(wgmma.__file__).parent
-
-
-def _cfg(**overrides):
-    """PROBLEM's default kernel with K smoothing alone (its default also rotates Q and K, from
-    wgmma's ROTATE_FROM): the base the knobs under test act on."""
-    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM),
-                               **{"qk_rotation": "none", **overrides})
 
 
 def test_the_space_holds_both_values_and_old_rows_load_as_e4m3():

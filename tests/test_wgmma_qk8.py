@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.test_wgmma_config import H200, PROBLEM, _cfg
 from tuner.activations import activations
-from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
 from variants.block_scales import folded_attention, quantize_key_blocks, quantize_rows
@@ -28,20 +28,11 @@ from variants.reference import end_to_end_error, quantize_reference
 from variants.wgmma.config import register_estimate, smem_bytes
 from variants.wgmma.qk8 import ROUND_MAGIC, ROUND_MAGIC_BITS
 
-H200 = PROFILES["h200"]
-PROBLEM = Problem(batch=1, heads=56, seq_len=30272)
 SRC = __import__("pathlib").Path(wgmma.__file__).parent
 # The rung's goal (docs/accuracy.md): int8 QK^T with bf16 P.V within 0.02 relative RMS.
 BUDGET = 0.02
 # The outlier-channel goal of docs/accuracy.md for the default config (0.376 with e4m3 plain).
 OUTLIER_GOAL = 0.16
-
-
-def _cfg(**overrides):
-    """PROBLEM's default kernel with K smoothing alone (its default also rotates Q and K, from
-    wgmma's ROTATE_FROM): the base the knobs under test act on."""
-    return dataclasses.replace(wgmma.default("sm_90a", PROBLEM),
-                               **{"qk_rotation": "none", **overrides})
 
 
 def test_the_space_holds_both_values_and_old_rows_load_as_e4m3():

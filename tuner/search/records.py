@@ -57,13 +57,12 @@ def code_version(family_module) -> str:
     is only comparable with times the same code measured. The files count as code (code_hash):
     an edit of their comments or docstrings keeps the version."""
     path = Path(family_module.__file__)
-    files = [f for f in sorted(path.parent.glob("*.py")) if f.name != CHOICE_ONLY_MODULE] \
-        if path.name == "__init__.py" else [path]
+    files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     tuner = Path(__file__).parents[1]
     shared = Path(variants.__file__).parent
-    timed = [f for f in sorted(shared.glob("*.py"))
-             if f.name not in CHECK_ONLY_MODULES and f.name != CHOICE_ONLY_MODULE]
-    return code_hash([*files, *timed, *sorted((shared / "common").glob("*.py")),
+    left_out = CHECK_ONLY_MODULES | {CHOICE_ONLY_MODULE}
+    timed = [f for f in [*files, *sorted(shared.glob("*.py"))] if f.name not in left_out]
+    return code_hash([*timed, *sorted((shared / "common").glob("*.py")),
                       tuner / "measure.py", tuner / "sandbox.py"])[:12]
 
 

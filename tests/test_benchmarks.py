@@ -164,6 +164,26 @@ def test_the_quantization_floor_counts_one_read_one_write_and_the_scales():
     assert floor_bytes(p, 128, 128, q_in_kernel=True) == kv
 
 
+def test_the_quant_suite_times_each_transform_setting_only_when_asked():
+    from benchmarks.quant import settings
+    from variants import mma_sync, wgmma
+
+    small = Problem(4, 32, 1024)  # wgmma's default quantizes Q in the kernel here
+    cfg = wgmma.default("sm_90a", small)
+    assert cfg.q_in_kernel and build_parser().parse_args(["quant"]).transforms is False
+    assert settings(cfg, False) == [("as run", cfg)]
+    rows = dict(settings(cfg, True))
+    assert list(rows) == ["as run", "plain", "smoothed", "rotated", "both"]
+    knobs = {k: (c.k_smoothing, c.qk_rotation, c.q_in_kernel) for k, c in rows.items()}
+    assert knobs["plain"] == ("off", "none", True)
+    assert knobs["smoothed"] == ("mean", "none", True)
+    # The rotation needs Q quantized in prepare: its rows say so, as the runtime would run them.
+    assert knobs["rotated"] == ("off", "hadamard", False)
+    assert knobs["both"] == ("mean", "hadamard", False)
+    sm120 = dict(settings(mma_sync.default("sm_120a", small), True))
+    assert (sm120["both"].k_smoothing, sm120["both"].qk_rotation) == ("mean", "hadamard")
+
+
 def test_the_sweep_spreads_its_sample_over_the_whole_space():
     from benchmarks.gate import spread
 

@@ -15,7 +15,7 @@ TINY = "1,1024,4,128"
 ARGS = {
     "kernel": ["--shapes", TINY, f"{TINY},causal"],
     "e2e": ["--shapes", TINY, "--loop-ms", "20"],
-    "quant": ["--shapes", TINY, "2,1000,4,64,kvh=2"],
+    "quant": ["--shapes", TINY, "2,1000,4,64,kvh=2", "--transforms"],
     "accuracy": ["--shapes", TINY, "--kinds", "randn", "k_bias_8", "--cases",
                  "realistic@1,1024,4,128,causal", "--cost-shapes", TINY],
     "gate": ["--shapes", TINY, "--sweep-shapes", "1,1/77,2,128", "--sweep-configs", "2",

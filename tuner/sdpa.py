@@ -9,6 +9,9 @@ is ours (bottom right) only at equal lengths, so is_causal with different length
 
 from __future__ import annotations
 
+from tuner.api import attention
+from tuner.errors import TunerError
+
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
 
@@ -47,9 +50,6 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """F.scaled_dot_product_attention with the tuned FP8 kernel: query, key, value (batch, heads,
     seq_len, head_dim) bf16/fp16 on CUDA -> (batch, heads, seq_len, head_dim) in query's dtype.
     Arguments the kernels cannot honour raise TunerError naming them (see unsupported())."""
-    from tuner.api import attention
-    from tuner.errors import TunerError
-
     why = unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         raise TunerError(why)

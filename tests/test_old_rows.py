@@ -17,13 +17,13 @@ from tuner.problem import Problem
 from tuner.store import Store, config_hash
 from tuner.tables import build_table, dump_table, import_table
 from variants import wgmma
+from variants.base import PREPARE_ONLY_KNOBS
 
 PROBLEM = Problem(1, 56, 16384, 128)
 H200 = PROFILES["h200"]
 DEFAULT = wgmma.default(H200.arch, PROBLEM)
 # The transforms the default turns on at PROBLEM (smoothing; from wgmma's ROTATE_FROM, rotation).
-DEFAULT_ON = [k for k, off in (("k_smoothing", "off"), ("qk_rotation", "none"))
-              if getattr(DEFAULT, k) != off]
+DEFAULT_ON = [k for k, off in PREPARE_ONLY_KNOBS.items() if getattr(DEFAULT, k) != off]
 
 
 def old_row(**knobs) -> dict:

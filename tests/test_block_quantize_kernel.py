@@ -162,15 +162,17 @@ def _build(tmp_path, name, dtype, head_dim, arch, v_feature_major, permute_keys,
 
 @pytest.fixture(scope="module")
 def plain_ptx(tmp_path_factory):
-    """The kernel without transforms, per arch: the FMAs and correctly rounded multiplies it has
-    of its own (V's log2, the casts) are the baseline the transforms add to."""
+    """The kernel without transforms, per arch (and head_dim and V layout, bf16 and keys in
+    order unless asked): the FMAs, correctly rounded multiplies (V's log2, the casts) and shared
+    reads (the block amax, V's tile) it has of its own are the baseline the transforms add to."""
     cache = {}
 
-    def get(arch):
-        if arch not in cache:
-            cache[arch] = _build(tmp_path_factory.mktemp(arch), "quant", torch.bfloat16, 128,
-                                 arch, True, True)[0]
-        return cache[arch]
+    def get(arch, head_dim=128, v_feature_major=True, dtype=torch.bfloat16):
+        key = (arch, head_dim, v_feature_major, dtype)
+        if key not in cache:
+            cache[key] = _build(tmp_path_factory.mktemp(arch), "quant", dtype, head_dim, arch,
+                                v_feature_major, v_feature_major)[0]
+        return cache[key]
 
     return get
 
@@ -178,7 +180,8 @@ def plain_ptx(tmp_path_factory):
 def _expected(head_dim: int, with_q: bool, smooth_k: bool = False, rotate_qk: bool = False):
     """Per-thread instruction counts the transforms must give: a rotated row on ROTATED_LANES
     lanes, log2(head_dim) butterfly stages of 64 exact adds each per rotated input, of which
-    log2(lanes) cross lanes (64 shuffles each)."""
+    log2(lanes) cross lanes (64 shuffles and 64 fmas by +-1 each); m read once per CTA from
+    global memory (16 bytes a thread) and per chunk from shared memory."""
     lanes = head_dim // VEC // (head_dim // VEC // ROTATED_LANES if rotate_qk else 1)
     rows = ROWS * lanes // (head_dim // VEC)
     steps = lanes.bit_length() - 1  # a row's lane butterflies
@@ -186,10 +189,11 @@ def _expected(head_dim: int, with_q: bool, smooth_k: bool = False, rotate_qk: bo
     dot = with_q * smooth_k  # q . m: 64 fmas a thread, then the row's lanes summed
     return {
         "shfl": with_q * rows * steps * (1 + smooth_k) + 2 * 5 + rotated * ROWS * VEC * steps,
-        "exact": rotated * ROWS * VEC * (head_dim.bit_length() - 1) + smooth_k * ROWS * VEC
-        + dot * rows * steps,
-        "fma": dot * ROWS * VEC, "mul_rn": rotated * ROWS * VEC,
-        "loads": (2 + with_q) * ROWS + smooth_k * (1 + with_q) * 2 * (ROWS // rows),
+        "exact": rotated * ROWS * VEC * (head_dim.bit_length() - 1 - steps)
+        + smooth_k * ROWS * VEC + dot * rows * steps,
+        "fma": dot * ROWS * VEC + rotated * ROWS * VEC * steps, "mul_rn": rotated * ROWS * VEC,
+        "loads": (2 + with_q) * ROWS + smooth_k * (1 + with_q),
+        "mean_reads": smooth_k * (1 + with_q) * 2 * (ROWS // rows),
         "scalar_stores": with_q * rows * (1 + smooth_k) + 4,  # q's descales, shifts; k's, v's
         "row_stores": (1 + with_q) * ROWS + ROWS,  # q's and k's codes 8 bytes a chunk, V's
     }
@@ -202,11 +206,15 @@ def _check_transform_ptx(ptx, plain, head_dim, with_q, flags):
     # Every add of the butterflies, the smoothing and the shift's lane sum is add.rn / sub.rn
     # (never contracted): a dropped stage or a butterfly made an FMA changes this count.
     assert ptx.count("add.rn.f32") + ptx.count("sub.rn.f32") == want["exact"]
-    # The only FMAs beyond the plain kernel's are q . m's; the norm multiply is mul.rn.
+    # The only FMAs beyond the plain kernel's are q . m's and the lane butterflies' (by +-1);
+    # the norm multiply is mul.rn.
     assert ptx.count("fma.rn.f32") - plain.count("fma.rn.f32") == want["fma"]
     assert "fma.f32" not in ptx and ".ftz" not in ptx and "approx" not in ptx
     assert ptx.count("mul.rn.f32") - plain.count("mul.rn.f32") == want["mul_rn"]
-    assert ptx.count("ld.global.v4.b32") == want["loads"]  # each input row once, m 16 bytes
+    # Each input row once, m 16 bytes a thread (sm_120a spells that load v2.b64).
+    assert ptx.count("ld.global.v4.b32") + ptx.count("ld.global.v2.b64") == want["loads"]
+    shared_reads = ptx.count("ld.shared.v4.b32") - plain.count("ld.shared.v4.b32")
+    assert shared_reads == want["mean_reads"]  # each chunk of m once, 16 bytes at a time
     assert ptx.count("st.global.b32") == want["scalar_stores"]
     assert ptx.count("st.global.v2.b32") == want["row_stores"]
     assert _cast_operand_ops(ptx) <= {"mul.f32", "mul.rn.f32", "mul.f32x2"}
@@ -224,7 +232,8 @@ def test_transforms_compile_on_sm90_without_spills(flags, dtype, head_dim, v_fea
     ptx, usage = _build(tmp_path, "quant", dtype, head_dim, "sm_90a", v_feature_major,
                         permute_keys, **FLAGS[flags])
     assert usage.spill_bytes == 0 and usage.registers <= 128, usage
-    _check_transform_ptx(ptx, plain_ptx("sm_90a"), head_dim, True, FLAGS[flags])
+    _check_transform_ptx(ptx, plain_ptx("sm_90a", head_dim, v_feature_major, dtype), head_dim,
+                         True, FLAGS[flags])
 
 
 @pytest.mark.parametrize("flags", list(FLAGS))
@@ -236,11 +245,13 @@ def test_transforms_compile_on_sm120(flags, dtype, head_dim, v_feature_major, pl
     ptx, usage = _build(tmp_path, "quant", dtype, head_dim, "sm_120a", v_feature_major,
                         v_feature_major, **FLAGS[flags])
     assert usage.spill_bytes == 0, usage
-    _check_transform_ptx(ptx, plain_ptx("sm_120a"), head_dim, True, FLAGS[flags])
+    _check_transform_ptx(ptx, plain_ptx("sm_120a", head_dim, v_feature_major, dtype), head_dim,
+                         True, FLAGS[flags])
 
 
 def test_smoothing_without_q_writes_no_shift(plain_ptx, tmp_path):
-    """quant_kv smooths k (m read once per thread) and has no q rows to shift."""
+    """quant_kv smooths k (m read once per CTA, then per chunk from shared memory) and has no q
+    rows to shift."""
     ptx, usage = _build(tmp_path, "quant_kv", torch.bfloat16, 128, "sm_90a", True, True,
                         smooth_k=True)
     assert usage.spill_bytes == 0

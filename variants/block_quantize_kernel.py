@@ -18,9 +18,11 @@ seq_len); rotate_qk, q's and k's rows rotated (variants/hadamard_dsl.py). V is n
 A CTA owns 64 rows (tokens, or stored key slots) of one (batch, head) of one input: the grid holds
 q's CTAs, then k's, then v's, heads fastest. A thread loads its rows' features (16-byte loads, all
 8 in flight before the first use: v and unrotated rows 8 rows of 8 features; rotated ones 8 / c
-rows of c chunks, the row on 4 lanes), keeps them in registers, reduces the amax (q: across the
+rows of c chunks, the row on 2 lanes), keeps them in registers, reduces the amax (q: across the
 row's lanes; k, v: the CTA, through shared memory) and casts from the registers. V's feature-major
-codes go through a shared tile (a thread's 8 x 8 codes transposed in registers).
+codes go through a shared tile (a thread's 8 x 8 codes transposed in registers). With smooth_k
+the CTA copies m of its head to shared memory first, and threads read it a chunk at a time, so
+that it holds no registers beside the rows.
 
 The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views): q's descale
 (batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of
@@ -55,9 +57,9 @@ VEC = 8  # features per thread and row: 16 bytes of bf16 in, 8 bytes of e4m3 out
 ROWS = 8  # consecutive rows a thread owns: 8 loads in flight, and V's 8 x 8 transpose
 GROUPS = KV_BLOCK // ROWS  # thread groups of a CTA: 64 rows, one K/V scale block
 TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fewer conflicts)
-# A rotated q or k row on 4 lanes: 2 butterfly stages cross lanes, not log2(head_dim / 8), and
-# each load and store instruction still covers whole 32-byte sectors of a row.
-ROTATED_LANES = 4
+# A rotated q or k row on 2 lanes: one butterfly stage crosses lanes (a shuffle and an fma per
+# value), not log2(head_dim / 8), and each load instruction still reads whole 32-byte sectors.
+ROTATED_LANES = 2
 EXPAND_THREADS = 256
 
 LAUNCHERS = LauncherCache("block quantize kernel")
@@ -137,11 +139,13 @@ class BlockQuant:
                  padded_kv: cutlass.Int32, stream: cuda.CUstream):
         tile_bytes = self.head_dim * TILE_PITCH if cutlass.const_expr(self.v_feature_major) \
             else 16
+        mean_floats = self.head_dim if cutlass.const_expr(self.smooth_k) else 4
 
         @cute.struct
         class SharedStorage:
             tile: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, tile_bytes], 16]
             warp_max: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, GROUPS], 16]
+            mean: cute.struct.Align[cute.struct.MemRange[cutlass.Float32, mean_floats], 16]
 
         q_ctas = batch * heads * ((padded + KV_BLOCK - 1) // KV_BLOCK)
         if cutlass.const_expr(not self.quantize_q):
@@ -174,8 +178,8 @@ class BlockQuant:
                    batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size)
         if cutlass.const_expr(self.quantize_q):  # quant_kv: no q code at all
             if cta < q_ctas:
-                self._q_cta(q_ptr, q8_ptr, scales_ptr, mean_ptr, shift_ptr, cta, batch * heads,
-                            seq_len, padded, heads, kv_heads)
+                self._q_cta(q_ptr, q8_ptr, scales_ptr, mean_ptr, shift_ptr, storage, cta,
+                            batch * heads, seq_len, padded, heads, kv_heads)
             else:
                 self._k_or_v(cta - q_ctas, *kv_args)
         else:
@@ -220,17 +224,25 @@ class BlockQuant:
         return values
 
     @cute.jit
-    def _load_mean(self, mean_ptr, bh):
-        """The thread's features of m (batch * kv_heads, head_dim) fp32 at bh: (chunks, 8)."""
+    def _stage_mean(self, mean_ptr, bh, storage):
+        """m of (batch, KV head) bh (fp32, head_dim) copied to shared memory by the CTA, 16 bytes
+        a thread: read there per chunk, it holds no registers while the rows do."""
+        tidx, _, _ = cute.arch.thread_idx()
+        shared = storage.mean.get_tensor(cute.make_layout(self.head_dim))
+        if tidx < self.head_dim // 4:
+            src = cute.make_tensor(mean_ptr + (bh * self.head_dim + tidx * 4),
+                                   cute.make_layout(4))
+            cute.make_tensor(shared.iterator + tidx * 4, cute.make_layout(4)).store(src.load())
+        cute.arch.sync_threads()
+        return shared
+
+    @cute.jit
+    def _mean_chunk(self, shared, c):
+        """The thread's 8 features of m in chunk c (of its row's features), from shared memory."""
         _, chunks, lanes = self.mapping(False)
         tidx, _, _ = cute.arch.thread_idx()
-        mean = cute.make_rmem_tensor(cute.make_layout((chunks, VEC), stride=(VEC, 1)),
-                                     cutlass.Float32)
-        at = mean_ptr + bh * self.head_dim + (tidx % lanes) * VEC
-        for c in cutlass.range_constexpr(chunks):
-            src = cute.make_tensor(at + c * (self.head_dim // chunks), cute.make_layout(VEC))
-            mean[c, None].store(src.load())
-        return mean
+        at = cute.assume((tidx % lanes) * VEC + c * (self.head_dim // chunks), divby=VEC)
+        return cute.make_tensor(shared.iterator + at, cute.make_layout(VEC)).load()
 
     @cute.jit
     def _rotate(self, values, first, length):
@@ -264,8 +276,8 @@ class BlockQuant:
                     dst.store(scaled.to(cutlass.Float8E4M3FN))
 
     @cute.jit
-    def _q_cta(self, x_ptr, out_ptr, scales_ptr, mean_ptr, shift_ptr, cta, bh_count, seq_len,
-               padded, heads, kv_heads):
+    def _q_cta(self, x_ptr, out_ptr, scales_ptr, mean_ptr, shift_ptr, storage, cta, bh_count,
+               seq_len, padded, heads, kv_heads):
         """64 rows of one (batch, head) of q: a scale per row, from the row's lanes; with
         smooth_k each row's q . m first (from the caller's q), with rotate_qk rotated rows."""
         rows, chunks, lanes = self.mapping(False)
@@ -275,13 +287,16 @@ class BlockQuant:
         first = (cta // bh_count) * KV_BLOCK + (tidx // lanes) * rows
         values = self._load(x_ptr, b, h, first, seq_len, heads, False, False)
         if cutlass.const_expr(self.smooth_k):
-            mean = self._load_mean(mean_ptr, b * kv_heads + h // (heads // kv_heads))
-            for i in cutlass.range_constexpr(rows):
-                dot = cutlass.Float32(0.0)
-                for c in cutlass.range_constexpr(chunks):
+            shared = self._stage_mean(mean_ptr, b * kv_heads + h // (heads // kv_heads), storage)
+            dots = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Float32)
+            dots.fill(0.0)
+            for c in cutlass.range_constexpr(chunks):  # each chunk of m read once
+                mean = self._mean_chunk(shared, c)
+                for i in cutlass.range_constexpr(rows):
                     for j in cutlass.range_constexpr(VEC):
-                        dot = cute.math.fma(values[i, c, j], mean[c, j], dot)
-                dot = cute.arch.warp_reduction(dot, hadamard_dsl.add_exact,
+                        dots[i] = cute.math.fma(values[i, c, j], mean[j], dots[i])
+            for i in cutlass.range_constexpr(rows):
+                dot = cute.arch.warp_reduction(dots[i], hadamard_dsl.add_exact,
                                                threads_in_group=lanes)
                 if tidx % lanes == 0 and first + i < seq_len:
                     _put(shift_ptr + (bh * seq_len + first + i), dot)
@@ -321,12 +336,15 @@ class BlockQuant:
         permute = is_v and self.permute_keys
         values = self._load(x_ptr, b, h, first, seq_len_kv, kv_heads, permute, is_v)
         if cutlass.const_expr(not is_v and self.smooth_k):
-            mean = self._load_mean(mean_ptr, bh)
-            for i in cutlass.range_constexpr(rows):
-                if first + i < seq_len_kv:  # padding rows stay zero
-                    for c in cutlass.range_constexpr(chunks):
-                        for j in cutlass.range_constexpr(VEC):
-                            values[i, c, j] = hadamard_dsl.sub_exact(values[i, c, j], mean[c, j])
+            shared = self._stage_mean(mean_ptr, bh, storage)
+            for c in cutlass.range_constexpr(chunks):  # each chunk of m read once
+                mean = self._mean_chunk(shared, c)
+                for i in cutlass.range_constexpr(rows):
+                    keep = first + i < seq_len_kv  # padding rows stay zero
+                    for j in cutlass.range_constexpr(VEC):
+                        values[i, c, j] = cutlass.select_(
+                            keep, hadamard_dsl.sub_exact(values[i, c, j], mean[j]),
+                            values[i, c, j])
         if cutlass.const_expr(not is_v and self.rotate_qk):
             self._rotate(values, first, seq_len_kv)
         m = cutlass.Float32(0.0)
@@ -514,7 +532,7 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
                          "attention kernel: quantize q here ('quant') or leave rotate_qk off")
     if rotate_qk:
-        hadamard_dsl.sign_words(head_dim)  # a power of two up to 128, or a ValueError saying so
+        hadamard_dsl.check_head_dim(head_dim)  # a power of two up to 128, or a ValueError
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
                       quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk,
                       quantize_v=quantize_v, qk_int8=qk_int8)

@@ -8,11 +8,13 @@ lane + j is element (c, j) of the lane's row. So the feature index's bits are, l
 strides 1, 2, 4, ..., head_dim / 2 run in that order over them: in-thread pairs, then lane pairs
 through shfl.sync.bfly, then in-thread pairs again.
 
-Bit for bit: every add and subtract is add.rn.f32 / sub.rn.f32, which neither NVVM nor ptxas
-contracts into an FMA with a neighbouring multiply; a pair (lower, upper) becomes (lower + upper,
-lower - upper) on both of its lanes (the upper lane adds its own value negated to the lower's:
-IEEE's a - b is a + (-b)); the signs flip the sign bit (x * -1.0 exactly, -0 included); the one
-multiply by rotation_norm comes last and is correctly rounded (mul.rn.f32).
+Bit for bit: every in-thread add and subtract is add.rn.f32 / sub.rn.f32, which neither NVVM
+nor ptxas contracts into an FMA with a neighbouring multiply. Across lanes a pair (lower, upper)
+becomes (lower + upper, lower - upper) on both of its lanes as one fma.rn.f32(own, +-1, other):
+the product by +-1 is exact, so the single rounding is that of other +- own (IEEE's a - b is
+a + (-b), signed zeros included), one instruction where a sign flip and an add would be two.
+The signs flip the sign bit (x * -1.0 exactly, -0 included); the one multiply by rotation_norm
+comes last and is correctly rounded (mul.rn.f32).
 """
 
 from __future__ import annotations
@@ -43,21 +45,17 @@ def flip_sign(x, mask):
     return (x.bitcast(cutlass.Int32) ^ mask).bitcast(cutlass.Float32)
 
 
-def sign_words(head_dim: int) -> list[int]:
-    """HADAMARD_SIGN_BITS' first head_dim bits as signed 32-bit words, low bits first."""
-    rotation_signs(head_dim)  # the power-of-two check, with its message
-    words = [(HADAMARD_SIGN_BITS >> (32 * w)) & 0xFFFFFFFF for w in range(head_dim // 32)]
-    return [w - 2**32 if w >= 2**31 else w for w in words]
+def check_head_dim(head_dim: int) -> None:
+    """A ValueError unless the rotation has signs for head_dim (a power of two up to 128)."""
+    rotation_signs(head_dim)
 
 
-@cute.jit
-def _sign_byte(k, head_dim: cutlass.Constexpr):
-    """Bits 8k .. 8k + 7 of the signs (features 8k .. 8k + 7), k a runtime chunk index."""
-    words = sign_words(head_dim)
-    word = cutlass.Int32(words[0])
-    for w in cutlass.range_constexpr(1, len(words)):
-        word = cutlass.Int32(cutlass.select_(k >= 4 * w, cutlass.Int32(words[w]), word))
-    return (word >> ((k % 4) * 8)) & 0xFF
+def sign_pattern(c: int, j: int, lanes: int, vec: int) -> int:
+    """Bit l set: the sign of element (c, j) is flipped on the row's lane l (feature
+    c * lanes * vec + l * vec + j); a compile-time constant of the layout."""
+    first = c * lanes * vec + j
+    return sum(((HADAMARD_SIGN_BITS >> (first + lane * vec)) & 1) << lane
+               for lane in range(lanes))
 
 
 @cute.jit
@@ -82,22 +80,28 @@ def rotate(values, lane, lanes: cutlass.Constexpr):
     the warp must call it (lane: this thread's index among its row's `lanes`)."""
     rows, chunks, vec = values.shape
     head_dim = chunks * lanes * vec
+    check_head_dim(head_dim)
     for c in cutlass.range_constexpr(chunks):
-        byte = _sign_byte(c * lanes + lane, head_dim)
         for j in cutlass.range_constexpr(vec):
-            mask = ((byte >> j) & 1) << 31
-            for i in cutlass.range_constexpr(rows):
-                values[i, c, j] = flip_sign(values[i, c, j], mask)
+            pattern = sign_pattern(c, j, lanes, vec)
+            # Most elements need no lane-dependent work: kept (no lane flips) or flipped on all.
+            if cutlass.const_expr(pattern != 0):
+                mask = cutlass.Int32(-(2**31))
+                if cutlass.const_expr(pattern != (1 << lanes) - 1):
+                    mask = ((pattern >> lane) & 1) << 31
+                for i in cutlass.range_constexpr(rows):
+                    values[i, c, j] = flip_sign(values[i, c, j], mask)
     for s in cutlass.range_constexpr(vec.bit_length() - 1):
         _pairs_in_thread(values, 1 << s, True)
     for p in cutlass.range_constexpr(lanes.bit_length() - 1):
-        upper = ((lane >> p) & 1) << 31  # the upper lane's sum is the lower's value - its own
+        # +1 on the lower lane, -1 on the upper: its sum is the lower's value less its own.
+        own_sign = flip_sign(cutlass.Float32(1.0), ((lane >> p) & 1) << 31)
         for i in cutlass.range_constexpr(rows):
             for c in cutlass.range_constexpr(chunks):
                 for j in cutlass.range_constexpr(vec):
                     mine = values[i, c, j]
                     other = cute.arch.shuffle_sync_bfly(mine, offset=1 << p)
-                    values[i, c, j] = add_exact(other, flip_sign(mine, upper))
+                    values[i, c, j] = cute.math.fma(mine, own_sign, other, rounding=RN)
     for s in cutlass.range_constexpr(chunks.bit_length() - 1):
         _pairs_in_thread(values, 1 << s, False)
     norm = cutlass.Float32(rotation_norm(head_dim))

@@ -184,6 +184,7 @@ def _expected(head_dim: int, with_q: bool, smooth_k: bool = False, rotate_qk: bo
     global memory (16 bytes a thread) and per chunk from shared memory."""
     lanes = head_dim // VEC // (head_dim // VEC // ROTATED_LANES if rotate_qk else 1)
     rows = ROWS * lanes // (head_dim // VEC)
+    chunks = ROWS // rows
     steps = lanes.bit_length() - 1  # a row's lane butterflies
     rotated = (1 + with_q) * rotate_qk
     dot = with_q * smooth_k  # q . m: 64 fmas a thread, then the row's lanes summed
@@ -193,7 +194,9 @@ def _expected(head_dim: int, with_q: bool, smooth_k: bool = False, rotate_qk: bo
         + smooth_k * ROWS * VEC + dot * rows * steps,
         "fma": dot * ROWS * VEC + rotated * ROWS * VEC * steps, "mul_rn": rotated * ROWS * VEC,
         "loads": (2 + with_q) * ROWS + smooth_k * (1 + with_q),
-        "mean_reads": smooth_k * (1 + with_q) * 2 * (ROWS // rows),
+        # 16-byte reads of m: q's chunks once for all its rows; k's unrotated chunk once, a
+        # rotated row's chunks per row.
+        "mean_reads": smooth_k * 2 * (with_q * chunks + (rows * chunks if rotate_qk else 1)),
         "scalar_stores": with_q * rows * (1 + smooth_k) + 4,  # q's descales, shifts; k's, v's
         "row_stores": (1 + with_q) * ROWS + ROWS,  # q's and k's codes 8 bytes a chunk, V's
     }

@@ -337,14 +337,22 @@ class BlockQuant:
         values = self._load(x_ptr, b, h, first, seq_len_kv, kv_heads, permute, is_v)
         if cutlass.const_expr(not is_v and self.smooth_k):
             shared = self._stage_mean(mean_ptr, bh, storage)
-            for c in cutlass.range_constexpr(chunks):  # each chunk of m read once
-                mean = self._mean_chunk(shared, c)
+            if cutlass.const_expr(chunks == 1):  # unrotated rows: m's chunk read once
+                mean = self._mean_chunk(shared, 0)
                 for i in cutlass.range_constexpr(rows):
                     keep = first + i < seq_len_kv  # padding rows stay zero
                     for j in cutlass.range_constexpr(VEC):
-                        values[i, c, j] = cutlass.select_(
-                            keep, hadamard_dsl.sub_exact(values[i, c, j], mean[j]),
-                            values[i, c, j])
+                        values[i, 0, j] = cutlass.select_(
+                            keep, hadamard_dsl.sub_exact(values[i, 0, j], mean[j]),
+                            values[i, 0, j])
+            else:  # a rotated row: each chunk of m read as it is used (no registers held)
+                for i in cutlass.range_constexpr(rows):
+                    if first + i < seq_len_kv:
+                        for c in cutlass.range_constexpr(chunks):
+                            mean = self._mean_chunk(shared, c)
+                            for j in cutlass.range_constexpr(VEC):
+                                values[i, c, j] = hadamard_dsl.sub_exact(values[i, c, j],
+                                                                         mean[j])
         if cutlass.const_expr(not is_v and self.rotate_qk):
             self._rotate(values, first, seq_len_kv)
         m = cutlass.Float32(0.0)

@@ -61,6 +61,9 @@ TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fe
 # value), not log2(head_dim / 8), and each load instruction still reads whole 32-byte sectors.
 ROTATED_LANES = 2
 EXPAND_THREADS = 256
+# e4m3 codes: (element type, fl32 descale per amax, code of amax); v's always, q's and k's unless
+# qk_int8.
+E4M3_CODES = (cutlass.Float8E4M3FN, DESCALE_PER_AMAX, E4M3_MAX)
 
 LAUNCHERS = LauncherCache("block quantize kernel")
 
@@ -91,8 +94,7 @@ class BlockQuant:
         self.in_dtype = in_dtype
         self.qk_int8 = qk_int8
         # q's and k's codes: (element type, fl32 descale per amax, code of amax)
-        self.qk_codes = (cutlass.Int8, DESCALE_PER_AMAX_INT8, INT8_MAX) if qk_int8 else \
-            (cutlass.Float8E4M3FN, DESCALE_PER_AMAX, E4M3_MAX)
+        self.qk_codes = (cutlass.Int8, DESCALE_PER_AMAX_INT8, INT8_MAX) if qk_int8 else E4M3_CODES
         self.quantize_q = quantize_q
         self.quantize_v = quantize_v
         self.head_dim = head_dim
@@ -369,8 +371,7 @@ class BlockQuant:
         for w in cutlass.range_constexpr(warps):
             m = cute.arch.fmax(m, warp_max[w], nan=True)
         amax = cute.arch.fmax(m, TINY_AMAX, nan=True)
-        _, per_amax, top = (cutlass.Float8E4M3FN, DESCALE_PER_AMAX, E4M3_MAX) if is_v \
-            else self.qk_codes
+        _, per_amax, top = E4M3_CODES if is_v else self.qk_codes
         scale = (1.0 / amax) * top
         if cutlass.const_expr(is_v and self.v_feature_major):
             self._store_feature_major(out_ptr, storage, values, scale, bh, first, padded_kv)

@@ -392,17 +392,33 @@ def test_the_plan_launches_what_prepare_and_run_launch(device, case, want_lse, m
     assert torch.equal(lse, want_lse_tensor)
 
 
-def test_strided_inputs_take_prepare_and_run(device):
+def test_a_view_of_sdpa_layout_is_quantized_in_place_and_other_views_take_prepare(device):
+    """A (batch, seq_len, heads, head_dim) view of a (batch, heads, seq_len, head_dim) tensor,
+    what the SDPA drop-in hands on: the plan's quantization reads it through its strides (no
+    copy, no torch formula). A view whose rows are not contiguous: the torch formula."""
     _, seen = device
     q, k, v = qkv(seq=128)
     tuner.attention(q, k, v)
     tuner.attention(q, k, v)
-    strided = k.transpose(1, 2).contiguous().transpose(1, 2)  # (b, s, h, d) view of (b, h, s, d)
+    sdpa = k.transpose(1, 2).contiguous().transpose(1, 2)
     seen.clear()
-    out = tuner.attention(q, strided, v)
-    # The torch formula quantized it (no quantization launch), the kernel ran on its codes.
-    assert [fn.name.split()[0] for fn, _ in seen] == ["attention"]
+    out = tuner.attention(q, sdpa, v)
+    # The default here quantizes Q in the kernel: the quantization is quant_kv.
+    assert [fn.name.split()[:2] for fn, _ in seen] == [["prepare", "mean"],
+                                                        ["prepare", "quant_kv"], ["attention",
+                                                                                  "wgmma"]]
+    (_, mean), (_, quant) = seen[:2]
+    batch, seq, heads, head_dim = sdpa.shape
+    # (batch, token, head) element strides: q's and v's contiguous, k's head-major; a batch of
+    # one gets stride 0.
+    assert batch == 1 and quant[16:25] == (0, heads * head_dim, head_dim, 0, head_dim,
+                                           seq * head_dim, 0, heads * head_dim, head_dim)
+    assert mean[7:10] == quant[19:22]
     assert out.shape == q.shape
+    rows_strided = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # head_dim not contiguous
+    seen.clear()
+    tuner.attention(q, rows_strided, v)
+    assert [fn.name.split()[0] for fn, _ in seen] == ["attention"]
 
 
 def test_a_capture_records_a_planned_call(device, tmp_path):

@@ -61,6 +61,7 @@ TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fe
 # value), not log2(head_dim / 8), and each load instruction still reads whole 32-byte sectors.
 ROTATED_LANES = 2
 EXPAND_THREADS = 256
+STRIDES = 9  # the launch's (batch, token, head) element strides of q, k and v
 # e4m3 codes: (element type, fl32 descale per amax, code of amax); v's always, q's and k's unless
 # qk_int8.
 E4M3_CODES = (cutlass.Float8E4M3FN, DESCALE_PER_AMAX, E4M3_MAX)
@@ -117,7 +118,7 @@ class BlockQuant:
         x = pointer(self.in_dtype.__name__, VEC * self.in_dtype.width // 8)
         out, qk = pointer("Float8E4M3FN", VEC), pointer(self.qk_codes[0].__name__, VEC)
         return (x, x, x, qk, qk, out, pointer("Float32", 4), pointer("Float32", MEAN_ALIGN),
-                pointer("Float32", 4), *(scalar("Int32"),) * 7, STREAM)
+                pointer("Float32", 4), *(scalar("Int32"),) * (7 + STRIDES), STREAM)
 
     def compile_args(self):
         """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
@@ -129,7 +130,7 @@ class BlockQuant:
         qk = make_ptr(self.qk_codes[0], 0, gmem, assumed_align=VEC)
         f32 = make_ptr(cutlass.Float32, 0, gmem, assumed_align=4)
         mean = make_ptr(cutlass.Float32, 0, gmem, assumed_align=MEAN_ALIGN)
-        return (x, x, x, qk, qk, out, f32, mean, f32, *(cutlass.Int32(1),) * 7,
+        return (x, x, x, qk, qk, out, f32, mean, f32, *(cutlass.Int32(1),) * (7 + STRIDES),
                 make_fake_stream())
 
     @cute.jit
@@ -138,7 +139,10 @@ class BlockQuant:
                  scales_ptr: cute.Pointer, mean_ptr: cute.Pointer, shift_ptr: cute.Pointer,
                  batch: cutlass.Int32, heads: cutlass.Int32, kv_heads: cutlass.Int32,
                  seq_len: cutlass.Int32, padded: cutlass.Int32, seq_len_kv: cutlass.Int32,
-                 padded_kv: cutlass.Int32, stream: cuda.CUstream):
+                 padded_kv: cutlass.Int32, q_sb: cutlass.Int32, q_ss: cutlass.Int32,
+                 q_sh: cutlass.Int32, k_sb: cutlass.Int32, k_ss: cutlass.Int32,
+                 k_sh: cutlass.Int32, v_sb: cutlass.Int32, v_ss: cutlass.Int32,
+                 v_sh: cutlass.Int32, stream: cuda.CUstream):
         tile_bytes = self.head_dim * TILE_PITCH if cutlass.const_expr(self.v_feature_major) \
             else 16
         mean_floats = self.head_dim if cutlass.const_expr(self.smooth_k) else 4
@@ -158,7 +162,8 @@ class BlockQuant:
             grid = q_ctas + kv_ctas
         self.kernel(q_ptr, k_ptr, v_ptr, q8_ptr, k8_ptr, v8_ptr, scales_ptr, mean_ptr, shift_ptr,
                     batch, heads, kv_heads, seq_len, padded, seq_len_kv, padded_kv, q_ctas,
-                    kv_ctas, SharedStorage).launch(
+                    kv_ctas, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh,
+                    SharedStorage).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1],
             smem=SharedStorage.size_in_bytes(), stream=stream)
 
@@ -169,6 +174,9 @@ class BlockQuant:
                batch: cutlass.Int32, heads: cutlass.Int32, kv_heads: cutlass.Int32,
                seq_len: cutlass.Int32, padded: cutlass.Int32, seq_len_kv: cutlass.Int32,
                padded_kv: cutlass.Int32, q_ctas: cutlass.Int32, kv_ctas: cutlass.Int32,
+               q_sb: cutlass.Int32, q_ss: cutlass.Int32, q_sh: cutlass.Int32,
+               k_sb: cutlass.Int32, k_ss: cutlass.Int32, k_sh: cutlass.Int32,
+               v_sb: cutlass.Int32, v_ss: cutlass.Int32, v_sh: cutlass.Int32,
                SharedStorage: cutlass.Constexpr):
         cta, _, _ = cute.arch.block_idx()
         smem = cutlass.memory.SmemAllocator()
@@ -176,36 +184,41 @@ class BlockQuant:
         blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
         kv_size = batch * kv_heads * blocks
         k_scales = scales_ptr + batch * heads * padded
-        kv_args = (k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
-                   batch * kv_heads, seq_len_kv, padded_kv, kv_heads, blocks, kv_size)
+        kv_args = (k_ptr, v_ptr, (k_sb, k_ss, k_sh), (v_sb, v_ss, v_sh), k8_ptr, v8_ptr,
+                   k_scales, mean_ptr, storage, kv_ctas, batch * kv_heads, seq_len_kv, padded_kv,
+                   kv_heads, blocks, kv_size)
         if cutlass.const_expr(self.quantize_q):  # quant_kv: no q code at all
             if cta < q_ctas:
-                self._q_cta(q_ptr, q8_ptr, scales_ptr, mean_ptr, shift_ptr, storage, cta,
-                            batch * heads, seq_len, padded, heads, kv_heads)
+                self._q_cta(q_ptr, (q_sb, q_ss, q_sh), q8_ptr, scales_ptr, mean_ptr,
+                            shift_ptr, storage, cta, batch * heads, seq_len, padded, heads,
+                            kv_heads)
             else:
                 self._k_or_v(cta - q_ctas, *kv_args)
         else:
             self._k_or_v(cta, *kv_args)
 
     @cute.jit
-    def _k_or_v(self, cta, k_ptr, v_ptr, k8_ptr, v8_ptr, k_scales, mean_ptr, storage, kv_ctas,
-                bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size):
+    def _k_or_v(self, cta, k_ptr, v_ptr, k_strides, v_strides, k8_ptr, v8_ptr, k_scales,
+                mean_ptr, storage, kv_ctas, bh_count, seq_len_kv, padded_kv, kv_heads, blocks,
+                kv_size):
         if cutlass.const_expr(self.quantize_v):
             if cta < kv_ctas:
-                self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count,
-                             seq_len_kv, padded_kv, kv_heads, blocks, kv_size, False)
+                self._kv_cta(k_ptr, k_strides, k8_ptr, k_scales, mean_ptr, storage, cta,
+                             bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size, False)
             else:
-                self._kv_cta(v_ptr, v8_ptr, k_scales, mean_ptr, storage, cta - kv_ctas,
-                             bh_count, seq_len_kv, padded_kv, kv_heads, blocks, kv_size, True)
+                self._kv_cta(v_ptr, v_strides, v8_ptr, k_scales, mean_ptr, storage,
+                             cta - kv_ctas, bh_count, seq_len_kv, padded_kv, kv_heads, blocks,
+                             kv_size, True)
         else:  # no v CTAs
-            self._kv_cta(k_ptr, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count, seq_len_kv,
-                         padded_kv, kv_heads, blocks, kv_size, False)
+            self._kv_cta(k_ptr, k_strides, k8_ptr, k_scales, mean_ptr, storage, cta, bh_count,
+                         seq_len_kv, padded_kv, kv_heads, blocks, kv_size, False)
 
     @cute.jit
-    def _load(self, x_ptr, b, h, first, length, heads, permute: cutlass.Constexpr,
+    def _load(self, x_ptr, strides, b, h, first, length, permute: cutlass.Constexpr,
               is_v: cutlass.Constexpr):
         """The thread's rows (stored slots first .., each the key at that slot when permuted) of
-        its features as fp32 (rows, chunks, 8); rows at or past `length` are zero."""
+        its features as fp32 (rows, chunks, 8); rows at or past `length` are zero. strides:
+        the input's (batch, token, head) strides in elements (its head_dim is contiguous)."""
         rows, chunks, lanes = self.mapping(is_v)
         tidx, _, _ = cute.arch.thread_idx()
         col = (tidx % lanes) * VEC
@@ -218,7 +231,9 @@ class BlockQuant:
             if cutlass.const_expr(permute):
                 row = key_at_slot(first + i)
             if row < length:
-                at = x_ptr + ((b * length + row) * heads + h) * self.head_dim + col
+                # The host passes strides of whole 16-byte pieces (input_checks): vector loads.
+                at = x_ptr + cute.assume(b * strides[0] + row * strides[1] + h * strides[2]
+                                         + col, divby=VEC)
                 for c in cutlass.range_constexpr(chunks):
                     src = cute.make_tensor(at + c * (self.head_dim // chunks),
                                            cute.make_layout(VEC))
@@ -278,8 +293,8 @@ class BlockQuant:
                     dst.store(scaled.to(cutlass.Float8E4M3FN))
 
     @cute.jit
-    def _q_cta(self, x_ptr, out_ptr, scales_ptr, mean_ptr, shift_ptr, storage, cta, bh_count,
-               seq_len, padded, heads, kv_heads):
+    def _q_cta(self, x_ptr, strides, out_ptr, scales_ptr, mean_ptr, shift_ptr, storage, cta,
+               bh_count, seq_len, padded, heads, kv_heads):
         """64 rows of one (batch, head) of q: a scale per row, from the row's lanes; with
         smooth_k each row's q . m first (from the caller's q), with rotate_qk rotated rows."""
         rows, chunks, lanes = self.mapping(False)
@@ -287,7 +302,7 @@ class BlockQuant:
         bh = cta % bh_count
         b, h = bh // heads, bh % heads
         first = (cta // bh_count) * KV_BLOCK + (tidx // lanes) * rows
-        values = self._load(x_ptr, b, h, first, seq_len, heads, False, False)
+        values = self._load(x_ptr, strides, b, h, first, seq_len, False, False)
         if cutlass.const_expr(self.smooth_k):
             shared = self._stage_mean(mean_ptr, b * kv_heads + h // (heads // kv_heads), storage)
             dots = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Float32)
@@ -325,8 +340,8 @@ class BlockQuant:
                 _put(scales_ptr + (bh * padded + row), descale)
 
     @cute.jit
-    def _kv_cta(self, x_ptr, out_ptr, scales_ptr, mean_ptr, storage, cta, bh_count, seq_len_kv,
-                padded_kv, kv_heads, blocks, kv_size, is_v: cutlass.Constexpr):
+    def _kv_cta(self, x_ptr, strides, out_ptr, scales_ptr, mean_ptr, storage, cta, bh_count,
+                seq_len_kv, padded_kv, kv_heads, blocks, kv_size, is_v: cutlass.Constexpr):
         """One 64-key block of one (batch, KV head) of k or v: one scale for the block; k's rows
         less m with smooth_k, then rotated with rotate_qk."""
         rows, chunks, lanes = self.mapping(is_v)
@@ -336,7 +351,7 @@ class BlockQuant:
         b, h = bh // kv_heads, bh % kv_heads
         first = block * KV_BLOCK + (tidx // lanes) * rows
         permute = is_v and self.permute_keys
-        values = self._load(x_ptr, b, h, first, seq_len_kv, kv_heads, permute, is_v)
+        values = self._load(x_ptr, strides, b, h, first, seq_len_kv, permute, is_v)
         if cutlass.const_expr(not is_v and self.smooth_k):
             shared = self._stage_mean(mean_ptr, bh, storage)
             if cutlass.const_expr(chunks == 1):  # unrotated rows: m's chunk read once

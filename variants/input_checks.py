@@ -175,6 +175,44 @@ def gpu_kernels_apply(q, k, v, padded: int, padded_kv: int, v_feature_major: boo
     return all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k, v))
 
 
+def row_strides(x) -> tuple[int, int, int] | None:
+    """The (batch, token, head) element strides of a (batch, seq_len, heads, head_dim) input as
+    the one-pass quantization reads it, or None where it cannot: head_dim contiguous, every row
+    16-byte aligned (the base and each stride), every offset within 32 bits. A dimension of size
+    1 gets stride 0 (its stride is never used). SDPA's layout viewed back, (batch, heads,
+    seq_len, head_dim) contiguous, is such an input: no copy is needed to quantize it."""
+    if x.stride(-1) != 1 or x.data_ptr() % 16:
+        return None
+    piece = 16 // x.element_size()
+    last, found = x.shape[-1] - 1, []
+    for size, stride in zip(x.shape[:3], x.stride()[:3], strict=True):
+        if size == 1:
+            found.append(0)
+            continue
+        if stride % piece:
+            return None
+        found.append(stride)
+        last += (size - 1) * stride
+    return tuple(found) if last < 2**31 else None
+
+
+def contiguous_row_strides(shape) -> tuple[int, int, int]:
+    """row_strides of a contiguous tensor of this shape."""
+    _, seq_len, heads, head_dim = shape
+    strides = (seq_len * heads * head_dim, heads * head_dim, head_dim)
+    return tuple(0 if size == 1 else stride
+                 for size, stride in zip(shape[:3], strides, strict=True))
+
+
+def gpu_quantization_applies(q, k, v, padded: int, padded_kv: int,
+                             v_feature_major: bool) -> bool:
+    """Whether the one-pass quantization takes these inputs: CUDA tensors of shapes
+    gpu_kernels_take takes, each with row_strides (contiguous or not)."""
+    return q.is_cuda and gpu_kernels_take(q.shape, k.shape, padded, padded_kv,
+                                          v_feature_major) \
+        and all(row_strides(x) is not None for x in (q, k, v))
+
+
 def gpu_kernels_take(q_shape, k_shape, padded: int, padded_kv: int,
                      v_feature_major: bool) -> bool:
     """Whether prepare's GPU kernels take inputs of these shapes (v has k's): padded outputs with

@@ -27,7 +27,8 @@ MEAN_ALIGN = 16  # bytes: the quantization reads m 16 bytes at a time
 
 class KeyMean:
     """The launch for one input dtype and head_dim. Arguments: k, m, batch * kv_heads,
-    seq_len_kv, kv_heads, the sample's stride and size, stream."""
+    seq_len_kv, kv_heads, the sample's stride and size, k's (batch, token, head) element strides
+    (input_checks.row_strides), stream."""
 
     def __init__(self, in_dtype, head_dim: int) -> None:
         self.in_dtype = in_dtype
@@ -37,7 +38,7 @@ class KeyMean:
 
     def slots(self):
         return (pointer(self.in_dtype.__name__, VEC * self.in_dtype.width // 8),
-                pointer("Float32", MEAN_ALIGN), *(scalar("Int32"),) * 5, STREAM)
+                pointer("Float32", MEAN_ALIGN), *(scalar("Int32"),) * 8, STREAM)
 
     def compile_args(self):
         """Stand-ins for the launch arguments (only types and alignments reach codegen)."""
@@ -46,24 +47,27 @@ class KeyMean:
         gmem = cute.AddressSpace.gmem
         k = make_ptr(self.in_dtype, 0, gmem, assumed_align=VEC * self.in_dtype.width // 8)
         mean = make_ptr(cutlass.Float32, 0, gmem, assumed_align=MEAN_ALIGN)
-        return (k, mean, *(cutlass.Int32(1),) * 5, make_fake_stream())
+        return (k, mean, *(cutlass.Int32(1),) * 8, make_fake_stream())
 
     @cute.jit
     def __call__(self, k_ptr: cute.Pointer, mean_ptr: cute.Pointer, bh_count: cutlass.Int32,
                  seq_len_kv: cutlass.Int32, kv_heads: cutlass.Int32, stride: cutlass.Int32,
-                 count: cutlass.Int32, stream: cuda.CUstream):
+                 count: cutlass.Int32, k_sb: cutlass.Int32, k_ss: cutlass.Int32,
+                 k_sh: cutlass.Int32, stream: cuda.CUstream):
         @cute.struct
         class SharedStorage:
             partial: cute.struct.Align[
                 cute.struct.MemRange[cutlass.Float32, self.groups * self.head_dim], 16]
 
-        self.kernel(k_ptr, mean_ptr, seq_len_kv, kv_heads, stride, count, SharedStorage).launch(
+        self.kernel(k_ptr, mean_ptr, seq_len_kv, kv_heads, stride, count, k_sb, k_ss, k_sh,
+                    SharedStorage).launch(
             grid=[bh_count, 1, 1], block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(),
             stream=stream)
 
     @cute.kernel
     def kernel(self, k_ptr: cute.Pointer, mean_ptr: cute.Pointer, seq_len_kv: cutlass.Int32,
                kv_heads: cutlass.Int32, stride: cutlass.Int32, count: cutlass.Int32,
+               k_sb: cutlass.Int32, k_ss: cutlass.Int32, k_sh: cutlass.Int32,
                SharedStorage: cutlass.Constexpr):
         bh, _, _ = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
@@ -74,7 +78,8 @@ class KeyMean:
         acc = cute.make_rmem_tensor(cute.make_layout(VEC), cutlass.Float32)
         acc.fill(0.0)
         for j in cutlass.range(group, count, self.groups, unroll=8):  # 8 loads in flight
-            at = k_ptr + ((b * seq_len_kv + j * stride) * kv_heads + h) * self.head_dim + col
+            # Strides of whole 16-byte pieces (input_checks.row_strides): vector loads.
+            at = k_ptr + cute.assume(b * k_sb + j * stride * k_ss + h * k_sh + col, divby=VEC)
             src = cute.make_tensor(at, cute.make_layout(VEC))
             acc.store(acc.load() + src.load().to(cutlass.Float32))
         partial = storage.partial.get_tensor(
@@ -90,11 +95,12 @@ class KeyMean:
             dst[0] = total / count.to(cutlass.Float32)
 
 
-def launch_scalars(k_shape) -> tuple[int, ...]:
-    """The launch's scalars for a contiguous k of this shape (batch, seq_len_kv, kv_heads,
-    head_dim): batch * kv_heads, seq_len_kv, kv_heads, stride and size of the sample."""
+def launch_scalars(k_shape, k_strides) -> tuple[int, ...]:
+    """The launch's scalars for a k of this shape (batch, seq_len_kv, kv_heads, head_dim) and
+    (batch, token, head) strides (input_checks.row_strides): batch * kv_heads, seq_len_kv,
+    kv_heads, stride and size of the sample, the strides."""
     from variants.transforms import sample_stride
 
     batch, seq_len_kv, kv_heads, _ = k_shape
     stride = sample_stride(seq_len_kv)
-    return batch * kv_heads, seq_len_kv, kv_heads, stride, -(-seq_len_kv // stride)
+    return batch * kv_heads, seq_len_kv, kv_heads, stride, -(-seq_len_kv // stride), *k_strides

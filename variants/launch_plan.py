@@ -9,11 +9,14 @@ one scratch block (codes, packed scales, K smoothing's m and q . m, split_tail's
 the LSE when the caller drops it) and the outputs, and makes the launches prepare and run make,
 with the same arguments: K smoothing's mean kernel, the quantization and the kernel;
 split_tail's counters zeroed where it splits; K smoothing's LSE shift where the caller reads
-the LSE. A call whose inputs the
-quantization kernel cannot read (strided, misaligned) gets None: the caller takes prepare + run,
-which quantize those with torch ops. A pv_dtype=bf16 kernel reads the caller's bf16 V: its
-plan quantizes q and k only and hands the kernel v's own pointer (prepare + run pass it on
-likewise); fp16 inputs, whose V prepare casts to bf16 first, take prepare + run. A
+the LSE. The quantization reads views in place where their rows allow it
+(input_checks.row_strides: SDPA's (batch, heads, seq_len, head_dim) layout viewed back, say);
+a q or v the attention kernel reads raw is copied contiguous first. A call whose inputs the
+quantization cannot read (misaligned, rows not contiguous) gets None: the caller takes
+prepare + run. A
+pv_dtype=bf16 kernel reads the caller's bf16 V: its plan quantizes q and k only and hands the
+kernel v's own pointer (prepare + run pass it on likewise); fp16 inputs, whose V prepare casts
+to bf16 first, take prepare + run. A
 qk_dtype=int8 kernel's plan has the quantization write int8 q and k codes (as many bytes).
 
 tests/test_call_plans.py compares the launches' arguments with prepare + run's on the CPU
@@ -26,6 +29,7 @@ import torch
 
 from variants.common.abi import SCALE_AT, launch_scalars
 from variants.fp8_inputs import q_dot, round_up
+from variants.input_checks import contiguous_row_strides, row_strides
 from variants.key_mean_kernel import launch_scalars as mean_scalars
 from variants.launch import stream_query
 from variants.prepare import mean_launcher, quant_launcher, quant_scalars
@@ -42,8 +46,9 @@ class LaunchPlan:
 
     __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape", "_mean",
                  "_mean_launch", "_mean_scalars", "_mean_shape", "_out_shape", "_packed", "_q8",
-                 "_quant", "_quant_scalars", "_shift", "_stream", "_tail", "_v8", "_workspace",
-                 "default_scale", "scratch_bytes", "zero")
+                 "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_shift", "_stream",
+                 "_strides", "_tail", "_v8", "_workspace", "default_scale", "scratch_bytes",
+                 "zero")
 
     @classmethod
     def make(cls, kernel, prepared, q, k) -> LaunchPlan | None:
@@ -95,7 +100,11 @@ class LaunchPlan:
         plan._head, plan._tail = scalars[:SCALE_AT], (*scalars[SCALE_AT + 1:], *extra)
         plan._quant, plan._attend = quant, attend
         plan._quant_scalars = quant_scalars(q.shape, k.shape, layout)
-        plan._mean_launch, plan._mean_scalars = mean, mean_scalars(k.shape) if smooth else ()
+        plan._strides = (*contiguous_row_strides(q.shape), *contiguous_row_strides(k.shape),
+                         *contiguous_row_strides(k.shape))
+        # The attention kernel reads these inputs' rows itself, contiguous only.
+        plan._raw_q, plan._raw_v = not with_q, v16
+        plan._mean_launch, plan._mean_scalars = mean, mean_scalars(k.shape, ()) if smooth else ()
         plan._mean_shape = (batch, k.shape[2], head_dim)
         plan._device, plan._index, plan._stream = device, device.index, stream_query()
         plan._out_shape, plan._lse_shape = tuple(q.shape), (batch, heads, seq_len)
@@ -108,9 +117,22 @@ class LaunchPlan:
 
     def __call__(self, q, k, v, softmax_scale, want_lse: bool, keep_lse: bool):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-        if (qp | kp | vp) & 15 or not (q.is_contiguous() and k.is_contiguous()
-                                       and v.is_contiguous()):
-            return None
+        if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
+            if (qp | kp | vp) & 15:
+                return None
+            strides = self._strides
+        else:  # views: the quantization reads them in place (SDPA's layout, say)
+            # What the attention kernel reads raw (q it quantizes, a bf16 v) it reads contiguous.
+            if self._raw_q and not q.is_contiguous():
+                q = q.contiguous()
+                qp = q.data_ptr()
+            if self._raw_v and not v.is_contiguous():
+                v = v.contiguous()
+                vp = v.data_ptr()
+            found = (row_strides(q), row_strides(k), row_strides(v))
+            if None in found:  # rows the quantization cannot read: prepare's torch path
+                return None
+            strides = (*found[0], *found[1], *found[2])
         if softmax_scale is None:
             scale = self.default_scale
         else:
@@ -132,10 +154,10 @@ class LaunchPlan:
         v8 = vp if self._v8 is None else base + self._v8  # bf16 P.V reads the caller's v
         mean = 0 if self._mean is None else base + self._mean
         if self._mean is not None:  # K smoothing's vector, as prepare's GPU path computes it
-            self._mean_launch(kp, mean, *self._mean_scalars, stream)
+            self._mean_launch(kp, mean, *self._mean_scalars, *strides[3:6], stream)
         self._quant(qp, kp, vp, q8, k8, 0 if self._v8 is None else v8, packed, mean,
                     0 if self._shift is None else base + self._shift, *self._quant_scalars,
-                    stream)
+                    *strides, stream)
         if self.zero is not None:
             scratch[self.zero[0]:self.zero[1]].zero_()
         self._attend(q8, k8, v8, packed, out.data_ptr(), lse_ptr,

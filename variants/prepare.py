@@ -38,8 +38,9 @@ from variants.input_checks import (
     check_finite_inputs,
     check_fp8_qkv,
     check_qkv,
-    gpu_kernels_apply,
     gpu_kernels_take,
+    gpu_quantization_applies,
+    row_strides,
 )
 from variants.key_order import inverse_key_order, key_slot, register_p_key_order
 from variants.prepare_fp8 import fp8_inputs
@@ -55,11 +56,12 @@ def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
                    smooth_k: bool, rotate_qk: bool, with_v: bool = True,
                    check_inputs: bool = True, qk_int8: bool = False):
     """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
-    where it does not apply (gpu_kernels_apply; check_inputs=False: the shapes alone,
+    where it does not apply (gpu_quantization_applies; check_inputs=False: the shapes alone,
     gpu_kernels_take, for a caller that checks each call's layout itself). Inside a CUDA-graph
     capture only if compiled already (compiling loads a module, which a capture must not see);
     the torch formula gives the same codes."""
-    if not (gpu_kernels_apply(q, k, v, padded, padded_kv, v_feature_major) if check_inputs else
+    if not (gpu_quantization_applies(q, k, v, padded, padded_kv, v_feature_major)
+            if check_inputs else
             q.is_cuda and gpu_kernels_take(q.shape, k.shape, padded, padded_kv, v_feature_major)):
         return None
     try:
@@ -76,7 +78,7 @@ def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
 
 def mean_launcher(k: torch.Tensor):
     """The launcher of K smoothing's mean kernel (variants/key_mean_kernel.py) for a k the
-    quantization's launch reads (contiguous, 16-byte aligned), or None (compiled only outside
+    quantization's launch reads (input_checks.row_strides), or None (compiled only outside
     a CUDA-graph capture, as quant_launcher's)."""
     from variants import block_quantize_kernel
 
@@ -90,7 +92,7 @@ def smoothing_vector_on_gpu(launch, k: torch.Tensor, out: torch.Tensor) -> torch
     from variants.key_mean_kernel import launch_scalars
     from variants.launch import current_stream_handle
 
-    launch(k.data_ptr(), out.data_ptr(), *launch_scalars(k.shape),
+    launch(k.data_ptr(), out.data_ptr(), *launch_scalars(k.shape, row_strides(k)),
            current_stream_handle(k.device))
     return out
 
@@ -129,17 +131,20 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
     launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(),
            v8.data_ptr() if with_v else 0,
            packed.data_ptr(), 0 if k_mean is None else k_mean.data_ptr(),
-           0 if shift is None else shift.data_ptr(), *quant_scalars(q.shape, k.shape, layout),
+           0 if shift is None else shift.data_ptr(),
+           *quant_scalars(q.shape, k.shape, layout, row_strides(q), row_strides(k),
+                          row_strides(v)),
            current_stream_handle(device))
     return q8, k8, v8, packed, shift
 
 
-def quant_scalars(q_shape, k_shape, layout: PackedLayout) -> tuple[int, ...]:
+def quant_scalars(q_shape, k_shape, layout: PackedLayout, *strides) -> tuple[int, ...]:
     """The scalars of a quantization launch, between its pointers and its stream: batch, heads,
-    kv_heads, seq_len, padded, seq_len_kv, padded_kv."""
+    kv_heads, seq_len, padded, seq_len_kv, padded_kv, then q's, k's and v's (batch, token, head)
+    strides (input_checks.row_strides: three triples)."""
     batch, seq_len, heads, _ = q_shape
     return (batch, heads, k_shape[2], seq_len, layout.padded_len, k_shape[1],
-            layout.padded_len_kv)
+            layout.padded_len_kv, *(x for triple in strides for x in triple))
 
 
 def _transformed(q: torch.Tensor, k: torch.Tensor, k_mean: torch.Tensor | None, rotate: bool):

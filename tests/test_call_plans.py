@@ -421,6 +421,24 @@ def test_a_view_of_sdpa_layout_is_quantized_in_place_and_other_views_take_prepar
     assert [fn.name.split()[0] for fn, _ in seen] == ["attention"]
 
 
+def test_the_sdpa_drop_in_quantizes_a_rope_layout_in_place(device):
+    """SDPA inputs (batch, heads, seq_len, head_dim) contiguous, as a RoPE applied in that
+    layout writes them: k and v reach the quantization as views (their strides in its
+    arguments, no copy); only q, which this config's attention kernel reads raw, is copied."""
+    from benchmarks.host_stub import device_work
+
+    launches, seen = device
+    q, k, v = (x.transpose(1, 2).contiguous() for x in qkv(seq=128))
+    tuner.scaled_dot_product_attention(q, k, v)
+    tuner.scaled_dot_product_attention(q, k, v)
+    work = device_work(lambda: tuner.scaled_dot_product_attention(q, k, v), launches)
+    assert work["ops"].get("compute clone", 0) == 1  # q's, for the kernel's own quantization
+    quant = [values for fn, values in seen if fn.name.startswith("prepare quant")][-1]
+    _, heads, seq, head_dim = k.shape
+    assert quant[19:25] == (0, head_dim, seq * head_dim) * 2  # k's and v's head-major rows
+    assert quant[1] == k.data_ptr() and quant[2] == v.data_ptr()
+
+
 def test_a_capture_records_a_planned_call(device, tmp_path):
     q, k, v = qkv()
     tuner.attention(q, k, v)

@@ -9,8 +9,11 @@ is ours (bottom right) only at equal lengths, so is_causal with different length
 
 from __future__ import annotations
 
+import torch
+
 from tuner.api import attention
 from tuner.errors import TunerError
+from variants.input_checks import row_strides
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -59,11 +62,18 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 
 def kernel_layout(t):
-    """(batch, seq_len, heads, head_dim) of an SDPA-layout tensor: a view where `t` permutes a
-    contiguous one (a model's projection viewed as heads), else a contiguous copy. One copy costs
-    less than quantizing a strided view: the one-launch quantization reads contiguous tensors
-    only, a strided one takes the torch ops (about 3x the prepare time on the H200, README)."""
-    return t.transpose(1, 2).contiguous()
+    """(batch, seq_len, heads, head_dim) of an SDPA-layout tensor: a view where the one-launch
+    quantization reads its rows in place (variants.input_checks.row_strides: a model's
+    projection viewed as heads, or a (batch, heads, seq_len, head_dim) tensor such as RoPE
+    writes), else a contiguous copy: rows it cannot read would take the torch ops, about 3x
+    the prepare time on the H200 (README), where one copy costs less."""
+    x = t.transpose(1, 2)
+    if x.is_contiguous():
+        return x
+    # Traced (torch.compile), a tensor has no address to check: the custom op gets a copy.
+    if not torch.compiler.is_compiling() and row_strides(x) is not None:
+        return x
+    return x.contiguous()
 
 
 def sdpa_layout(out, dtype):

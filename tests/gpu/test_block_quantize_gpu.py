@@ -14,6 +14,7 @@ from tuner.activations import activations
 from tuner.problem import Problem
 from variants import block_quantize_kernel, block_scales, transforms
 from variants.block_scales import PackedLayout
+from variants.input_checks import row_strides
 from variants.key_order import register_p_key_order
 from variants.launch import current_stream_handle
 
@@ -52,7 +53,8 @@ def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys, qk_
     shift = torch.full((batch * heads * seq + 1024,), math.nan, device=dev)  # + a guard
     launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(), v8.data_ptr(),
            packed.data_ptr(), m.data_ptr() if smooth else 0, shift.data_ptr() if smooth else 0,
-           batch, heads, kv_heads, seq, padded, seq_kv, padded_kv, current_stream_handle(dev))
+           batch, heads, kv_heads, seq, padded, seq_kv, padded_kv,
+           *(x for t in (q, k, v) for x in row_strides(t)), current_stream_handle(dev))
     torch.cuda.synchronize()
     return q8, k8, v8, packed, shift, layout
 
@@ -177,3 +179,23 @@ def test_int8_q_and_k_codes_are_the_torch_statement(head_dim, flags, v_layout):
         for name, g, w in zip("qkv", got[:3], want[:3], strict=True):
             assert torch.equal(g, w), f"{msg}: {name} codes differ"
         _assert_packed_equal(got[3], want[3], got[5], True, msg)
+
+
+@pytest.mark.parametrize("flags", list(FLAGS))
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_views_in_sdpa_layout_quantize_as_their_contiguous_copies(head_dim, flags):
+    """q, k, v as (batch, seq, heads, head_dim) views of (batch, heads, seq, head_dim) tensors
+    (the SDPA drop-in's RoPE layout), read through their strides: every code, scale and shift
+    bit for bit those of the same values laid out contiguously."""
+    smooth, rotate = FLAGS[flags]
+    problem = Problem(2, 4, 77, head_dim, seq_len_kv=300, kv_heads=2)
+    seed = secrets.randbits(31)
+    q, k, v = activations("realistic", problem, torch.device("cuda"), seed)
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    assert not any(x.is_contiguous() for x in views) and all(map(row_strides, views))
+    m = transforms.smoothing_vector(k).contiguous()
+    want = _launch("quant", q, k, v, m, smooth, rotate, True, True)
+    got = _launch("quant", *views, m, smooth, rotate, True, True)
+    for name, a, b in zip(("q", "k", "v", "scales", "shift"), got[:5], want[:5], strict=True):
+        assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype != torch.float32 \
+            else torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0)), f"{name} (seed {seed})"

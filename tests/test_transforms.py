@@ -54,10 +54,15 @@ def test_sample_stride_covers_at_least_the_sample():
 def test_the_mean_kernel_averages_the_keys_of_smoothing_vectors_slice(seq_len_kv):
     """variants/key_mean_kernel.py's launch: keys j * stride for j < count, each (batch, KV
     head) its own CTA; the same keys as smoothing_vector's slice k[:, ::stride]."""
+    from variants.input_checks import contiguous_row_strides
     from variants.key_mean_kernel import launch_scalars
 
-    ctas, length, kv_heads, stride, count = launch_scalars((2, seq_len_kv, 3, 64))
+    shape = (2, seq_len_kv, 3, 64)
+    ctas, length, kv_heads, stride, count, *strides = launch_scalars(
+        shape, contiguous_row_strides(shape))
     assert (ctas, length, kv_heads) == (6, seq_len_kv, 3)
+    assert strides == [seq_len_kv * 3 * 64 if seq_len_kv > 1 else 3 * 64, 3 * 64 if
+                       seq_len_kv > 1 else 0, 64]
     assert [j * stride for j in range(count)] == \
         list(range(seq_len_kv))[::transforms.sample_stride(seq_len_kv)]
 

@@ -375,7 +375,7 @@ class CompiledKernel:
                 got, want = ("bf16", "e4m3 codes") if got_16 else ("e4m3 codes", "bf16")
                 raise ValueError(f"prepared {name} is {got}, this kernel reads {want}: use "
                                  "this kernel's prepare()")
-        got_int8 = prepared.qk_int8
+        got_int8 = prepared.k.dtype == torch.int8  # Fp8Inputs.qk_int8
         if got_int8 != self.config.qk_int8:
             got, want = ("int8", "e4m3") if got_int8 else ("e4m3", "int8")
             raise ValueError(f"prepared k is {got} codes, this kernel reads {want} codes: use "

@@ -115,14 +115,19 @@ def test_k_smoothing_adds_one_launch_and_no_torch_op_to_a_call_that_drops_the_ls
 
 def test_split_tail_zeroes_its_counters_in_the_scratch_block(device):
     """B=9 S=2048 H=1: 144 tiles on 132 SMs, a tail of 12 that split_tail splits; its
-    workspace is part of the scratch block, its counters zeroed by one fill per call."""
+    workspace is part of the scratch block, its counters zeroed by one driver memset per call
+    (no torch op), inside the workspace's bytes."""
     launches, _ = device
     q, k, v = qkv(batch=9, seq=2048, heads=1)
     work = device_work(lambda: tuner.attention(q, k, v), launches)
-    assert len(work["stub"]) == 3  # K smoothing's mean, the quantization, the kernel
-    assert work["ops"] == {"factory empty": 2, "inplace zero_": 1}
+    # K smoothing's mean, the quantization, the kernel, and the memset
+    assert len(work["stub"]) == 4 and work["stub"]["memset"] == 1
+    assert work["ops"] == {"factory empty": 2}
     plan = plans.CALLS[api.signature(q, k, v, False, None, "auto", None, None)]
-    assert plan.launch.parts()["workspace"] is not None and plan.launch.zero is not None
+    at, words = plan.launch.zero
+    workspace = plan.launch.parts()["workspace"]
+    assert workspace is not None and workspace < at
+    assert at + 4 * words <= plan.launch.scratch_bytes
 
 
 # ---- the signature: a call of another signature never runs another's plan ----------------------

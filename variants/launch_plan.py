@@ -31,6 +31,7 @@ from variants.common.abi import SCALE_AT, launch_scalars
 from variants.fp8_inputs import q_dot, round_up
 from variants.input_checks import contiguous_row_strides, row_strides
 from variants.key_mean_kernel import launch_scalars as mean_scalars
+from variants import launch as launches
 from variants.launch import stream_query
 from variants.prepare import mean_launcher, quant_launcher, quant_scalars
 
@@ -47,8 +48,8 @@ class LaunchPlan:
     __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape", "_mean",
                  "_mean_launch", "_mean_scalars", "_mean_shape", "_out_shape", "_packed", "_q8",
                  "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_shift", "_stream",
-                 "_strides", "_tail", "_v8", "_workspace", "default_scale", "scratch_bytes",
-                 "zero")
+                 "_strides", "_tail", "_v8", "_workspace", "_zero_words", "default_scale",
+                 "scratch_bytes", "zero")
 
     @classmethod
     def make(cls, kernel, prepared, q, k) -> LaunchPlan | None:
@@ -92,8 +93,10 @@ class LaunchPlan:
         plan._q8, plan._k8, plan._v8, plan._packed = at["q8"], at["k8"], at["v8"], at["packed"]
         plan._mean, plan._shift = at["mean"], at["shift"]
         plan._workspace, plan._lse = at["workspace"], at["lse"]
-        plan.zero = (at["workspace"] + 4 * zero_from, at["workspace"] + 4 * words) \
+        # (byte offset, 4-byte words) of split_tail's counters, zeroed on every call.
+        plan.zero = (at["workspace"] + 4 * zero_from, words - zero_from) \
             if words > zero_from else None
+        plan._zero_words = launches.zero_words
         scalars = launch_scalars(prepared)
         # The scale a call without softmax_scale gets (quantize_inputs' default).
         plan.default_scale = float(head_dim**-0.5)
@@ -159,7 +162,7 @@ class LaunchPlan:
                     0 if self._shift is None else base + self._shift, *self._quant_scalars,
                     *strides, stream)
         if self.zero is not None:
-            scratch[self.zero[0]:self.zero[1]].zero_()
+            self._zero_words(base + self.zero[0], self.zero[1], stream)
         self._attend(q8, k8, v8, packed, out.data_ptr(), lse_ptr,
                      0 if self._workspace is None else base + self._workspace, *self._head,
                      scale, *self._tail, stream)

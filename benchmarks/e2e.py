@@ -4,7 +4,9 @@ installed (benchmarks/systems.py), with our kernel alone and our quantization (p
 measured in the same run, and tuner.attention with the same config's P.V in bf16 (wgmma
 pv_dtype="bf16", the accuracy rung beside SageAttention's) and that with QK^T in int8 too
 (qk_dtype="int8", Q quantized in prepare: SageAttention's QK^T precision) where the family has
-the knobs.
+the knobs, and the SDPA drop-in (tuner.scaled_dot_product_attention) on the tensors the SDPA
+peer takes: (batch, heads, seq_len, head_dim) contiguous, the layout a model that applies RoPE
+after its head transpose hands to attention.
 
 GPU time: CUDA events around each call, the calls queued behind a GPU spin so that a sample is
 the GPU's work for the call (benchmarks.common.time_calls), inputs rotated past 2x L2, median of
@@ -39,6 +41,7 @@ DEFAULT_SHAPES = common.MODEL_SHAPES
 QUICK_SHAPES = common.QUICK_SHAPES
 PV16 = "ours bf16 P.V e2e"
 QK8 = "ours int8 QK bf16 P.V e2e"
+DROPIN = "ours SDPA drop-in e2e"
 
 
 def add_arguments(parser) -> None:
@@ -145,6 +148,22 @@ def _ours_pv16(problem, gpu, qk_int8: bool = False):
     return lambda q, k, v: tuner.attention(q, k, v, causal=causal, config=cfg)
 
 
+def _ours_dropin(problem):
+    """The SDPA drop-in's call on SDPA's layout (the SDPA peer's inputs), its output viewed back
+    to (batch, seq_len, heads, head_dim) like the peer's; or why it cannot run the problem."""
+    import tuner
+
+    if problem.causal and not problem.self_attention:
+        return "its causal mask is aligned to the top left (Sq != Skv)"
+    causal, gqa = problem.causal, problem.group != 1
+
+    def call(q, k, v):
+        out = tuner.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+        return out.transpose(1, 2)
+
+    return call
+
+
 def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
     import torch
 
@@ -152,7 +171,8 @@ def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
                              common.output_bytes(problem))
     ours_call, source, timing = _ours(problem, gpu, args)
     systems = {"ours e2e": ours_call, PV16: _ours_pv16(problem, gpu),
-               QK8: _ours_pv16(problem, gpu, qk_int8=True), **bf16_peers(problem)}
+               QK8: _ours_pv16(problem, gpu, qk_int8=True), DROPIN: _ours_dropin(problem),
+               **bf16_peers(problem)}
     res = {"problem": problem, "source": source, "kernel_ms": timing.median_ms,
            "prepare_ms": timing.prepare_ms, "ms": {}, "host": {}, "notes": []}
     for name, call in systems.items():
@@ -160,7 +180,8 @@ def measure(problem, gpu, args, *, warm_host: bool = False) -> dict:
             res["notes"].append(f"{name}: {call}")
             continue
         try:
-            inputs = sets if name in ("ours e2e", PV16, QK8) else [native(name, s) for s in sets]
+            layout = "SDPA bf16" if name == DROPIN else name  # the drop-in takes SDPA's layout
+            inputs = sets if name in ("ours e2e", PV16, QK8) else [native(layout, s) for s in sets]
             stat = common.time_calls(lambda i, c=call, s=inputs: c(*s[i % len(s)]), len(inputs),
                                      args.repeats)
             n = loop_calls(stat.median_ms, args.loop_ms)
@@ -191,7 +212,7 @@ def run(args, gpu) -> str:
 def format_tables(results: list[dict], own: dict) -> str:
     headers = ["shape", "source", "ours e2e ms", "TFLOP/s", "kernel ms", "prepare ms",
                "kernel + prepare", *[f"{p} ms" for p in BF16_PEERS], f"{PV16} ms", f"{QK8} ms",
-               "faster peer / ours e2e"]
+               f"{DROPIN} ms", "faster peer / ours e2e"]
     rows, host_rows, notes = [], [], []
     for r in results:
         p, t = r["problem"], r["ms"]
@@ -202,7 +223,7 @@ def format_tables(results: list[dict], own: dict) -> str:
         rows.append([shape_text(p), r["source"], cell(ours),
                      cell(p.tflops(ours) if ours else None, ".0f"), cell(r["kernel_ms"]),
                      cell(r["prepare_ms"]), cell(parts), *[cell(t.get(n)) for n in BF16_PEERS],
-                     cell(t.get(PV16)), cell(t.get(QK8)),
+                     cell(t.get(PV16)), cell(t.get(QK8)), cell(t.get(DROPIN)),
                      ratio(min(peers) if peers else None, ours)])
         for name, h in r["host"].items():
             host_rows.append([shape_text(p), name, cell(h["gpu_us"], ".0f"),

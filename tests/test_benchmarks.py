@@ -339,16 +339,26 @@ def test_the_int8_qk_column_adds_qk_dtype_and_q_in_prepare_to_the_bf16_pv_config
     assert "no k_smoothing" in with_qk8(_WithoutKnobs())
 
 
-def test_e2e_has_columns_for_the_bf16_pv_and_int8_qk_rungs_beside_the_peers():
-    from benchmarks.e2e import PV16, QK8, format_tables
+def test_e2e_has_columns_for_the_rungs_and_the_drop_in_beside_the_peers():
+    from benchmarks.e2e import DROPIN, PV16, QK8, format_tables
 
-    result = _e2e_result(Problem(1, 56, 4096), 0.5, {"SDPA bf16": 0.7, PV16: 0.65, QK8: 0.6})
+    result = _e2e_result(Problem(1, 56, 4096), 0.5,
+                         {"SDPA bf16": 0.7, PV16: 0.65, QK8: 0.6, DROPIN: 0.55})
     header, _, row = format_tables([result], {"sync_us": 8.0, "event_pair_us": 3.0}
                                    ).splitlines()[:3]
     cells = row.split(" | ")
     assert cells[header.split(" | ").index(f"{PV16} ms")] == "0.650"
     assert cells[header.split(" | ").index(f"{QK8} ms")] == "0.600"
-    assert cells[-1] == "1.40x |"
+    assert cells[header.split(" | ").index(f"{DROPIN} ms")] == "0.550"
+    assert cells[-1] == "1.40x |"  # the peers against tuner.attention, not the drop-in
+
+
+def test_the_drop_in_column_runs_where_sdpa_masks_like_tuner_attention():
+    from benchmarks.e2e import _ours_dropin
+
+    assert "top left" in _ours_dropin(Problem(1, 8, 1024, 128, seq_len_kv=512, causal=True))
+    for problem in (Problem(1, 8, 1024, 128, seq_len_kv=512), Problem(1, 8, 1024, causal=True)):
+        assert callable(_ours_dropin(problem))
 
 
 # ---- results pages ---------------------------------------------------------------------------

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import torch
 
+from variants import launch as launches
 from variants.common.abi import SCALE_AT, launch_scalars
 from variants.fp8_inputs import q_dot, round_up
 from variants.input_checks import contiguous_row_strides, row_strides
 from variants.key_mean_kernel import launch_scalars as mean_scalars
-from variants import launch as launches
 from variants.launch import stream_query
 from variants.prepare import mean_launcher, quant_launcher, quant_scalars
 

@@ -21,8 +21,13 @@ q's CTAs, then k's, then v's, heads fastest. A thread loads its rows' features (
 rows of c chunks, the row on 2 lanes), keeps them in registers, reduces the amax (q: across the
 row's lanes; k, v: the CTA, through shared memory) and casts from the registers. V's feature-major
 codes go through a shared tile (a thread's 8 x 8 codes transposed in registers). With smooth_k
-the CTA copies m of its head to shared memory first, and threads read it a chunk at a time, so
-that it holds no registers beside the rows.
+the CTA copies m of its head to shared memory after its rows' loads, and threads read it a chunk
+at a time, so that it holds no registers beside the rows. On sm_90 and later the smoothed launch
+is the mean kernel's programmatic dependent (use_pdl): it starts while the mean kernel runs, and
+a CTA that reads m waits for the mean grid (griddepcontrol.wait) just before copying it; v's
+CTAs never wait. Its inputs are complete: the mean kernel, launched in stream order, began only
+after whatever wrote them had finished. So a caller launches it right after the mean kernel
+(prepare, the launch plans), with no kernel between the two.
 
 The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views): q's descale
 (batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of
@@ -30,7 +35,8 @@ V's, 1 / V's and V's; padding rows and blocks get the neutral 1 (log2: 0). Block
 False) ("quant_kv") has no q CTAs, for a kernel that quantizes Q itself: q's part is unwritten.
 BlockQuant(quantize_v=False) has no v CTAs, for a kernel that reads V unquantized (P.V in 16
 bits): its k CTAs write V's neutral scales (log2 0, 1 / V's and V's 1) beside K's.
-ExpandScales writes the buffer from the FP8 entry point's descales, one thread per value.
+ExpandScales (variants/expand_scales_kernel.py) writes the buffer from the FP8 entry point's
+descales, one thread per value.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from variants.block_scales import (
     KV_BLOCK,
     TINY_AMAX,
 )
+from variants.expand_scales_kernel import ExpandScales, put
 from variants.key_mean_kernel import MEAN_ALIGN, KeyMean
 from variants.key_order import key_at_slot
 from variants.launch import STREAM, FastLaunch, LauncherCache, device_arch, pointer, scalar
@@ -60,7 +67,6 @@ TILE_PITCH = KV_BLOCK + ROWS  # bytes per feature row of V's shared tile (+8: fe
 # A rotated q or k row on 2 lanes: one butterfly stage crosses lanes (a shuffle and an fma per
 # value), not log2(head_dim / 8), and each load instruction still reads whole 32-byte sectors.
 ROTATED_LANES = 2
-EXPAND_THREADS = 256
 STRIDES = 9  # the launch's (batch, token, head) element strides of q, k and v
 # e4m3 codes: (element type, fl32 descale per amax, code of amax); v's always, q's and k's unless
 # qk_int8.
@@ -91,8 +97,11 @@ class BlockQuant:
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
                  permute_keys: bool = False, quantize_q: bool = True, smooth_k: bool = False,
-                 rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False) -> None:
+                 rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False,
+                 pdl: bool = False) -> None:
         self.in_dtype = in_dtype
+        # Launched as the mean kernel's programmatic dependent: m is read after a grid wait.
+        self.after_mean = smooth_k and pdl
         self.qk_int8 = qk_int8
         # q's and k's codes: (element type, fl32 descale per amax, code of amax)
         self.qk_codes = (cutlass.Int8, DESCALE_PER_AMAX_INT8, INT8_MAX) if qk_int8 else E4M3_CODES
@@ -165,7 +174,7 @@ class BlockQuant:
                     kv_ctas, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh,
                     SharedStorage).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(), stream=stream)
+            smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.after_mean)
 
     @cute.kernel
     def kernel(self, q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
@@ -246,6 +255,8 @@ class BlockQuant:
         a thread: read there per chunk, it holds no registers while the rows do."""
         tidx, _, _ = cute.arch.thread_idx()
         shared = storage.mean.get_tensor(cute.make_layout(self.head_dim))
+        if cutlass.const_expr(self.after_mean):  # the mean kernel done, its m visible
+            cute.arch.griddepcontrol_wait()
         if tidx < self.head_dim // 4:
             src = cute.make_tensor(mean_ptr + (bh * self.head_dim + tidx * 4),
                                    cute.make_layout(4))
@@ -316,7 +327,7 @@ class BlockQuant:
                 dot = cute.arch.warp_reduction(dots[i], hadamard_dsl.add_exact,
                                                threads_in_group=lanes)
                 if tidx % lanes == 0 and first + i < seq_len:
-                    _put(shift_ptr + (bh * seq_len + first + i), dot)
+                    put(shift_ptr + (bh * seq_len + first + i), dot)
         if cutlass.const_expr(self.rotate_qk):
             self._rotate(values, first, seq_len)
         for i in cutlass.range_constexpr(rows):
@@ -337,7 +348,7 @@ class BlockQuant:
                 descale = cutlass.Float32(1.0)  # padding rows: neutral
                 if row < seq_len:
                     descale = amax * per_amax
-                _put(scales_ptr + (bh * padded + row), descale)
+                put(scales_ptr + (bh * padded + row), descale)
 
     @cute.jit
     def _kv_cta(self, x_ptr, strides, out_ptr, scales_ptr, mean_ptr, storage, cta, bh_count,
@@ -401,15 +412,15 @@ class BlockQuant:
             at = bh * blocks + block
             if cutlass.const_expr(is_v):
                 # log2 of V's descale and its inverse for the softmax, and V's own for readers.
-                _put(scales_ptr + (kv_size + at), cute.math.log2(descale, fastmath=False))
-                _put(scales_ptr + (2 * kv_size + at), 1.0 / descale)
-                _put(scales_ptr + (3 * kv_size + at), descale)
+                put(scales_ptr + (kv_size + at), cute.math.log2(descale, fastmath=False))
+                put(scales_ptr + (2 * kv_size + at), 1.0 / descale)
+                put(scales_ptr + (3 * kv_size + at), descale)
             else:
-                _put(scales_ptr + at, descale)
+                put(scales_ptr + at, descale)
                 if cutlass.const_expr(not self.quantize_v):  # no v CTA: V's scales neutral
-                    _put(scales_ptr + (kv_size + at), cutlass.Float32(0.0))
-                    _put(scales_ptr + (2 * kv_size + at), cutlass.Float32(1.0))
-                    _put(scales_ptr + (3 * kv_size + at), cutlass.Float32(1.0))
+                    put(scales_ptr + (kv_size + at), cutlass.Float32(0.0))
+                    put(scales_ptr + (2 * kv_size + at), cutlass.Float32(1.0))
+                    put(scales_ptr + (3 * kv_size + at), cutlass.Float32(1.0))
 
     @cute.jit
     def _store_feature_major(self, out_ptr, storage, values, scale, bh, first, padded_kv):
@@ -446,112 +457,24 @@ class BlockQuant:
                 cute.make_tensor(out_ptr + at, cute.make_layout(ROWS)).store(src.load())
 
 
-class ExpandScales:
-    """The packed block scales from a caller's descales (the FP8 entry point's), one thread per
-    value: q's descale of every row below seq_len (1 past it); per 64-key block below
-    seq_len_kv k's, log2 of v's, 1 / v's and v's (1, 0, 1, 1 past it). Each descale tensor is
-    read through its own (batch, row or block, head) strides, so one kernel serves per-head
-    descales (row and block stride 0: a broadcast costs no copy) and per-token / per-block
-    ones alike. A descale below an all-zero block's (TINY_AMAX / 448, 0 included) is raised to
-    it, as the quantization's own amax clamp does."""
-
-    def slots(self):
-        f32 = pointer("Float32", 4)
-        return (f32, f32, f32, f32, *(scalar("Int32"),) * 16, STREAM)
-
-    def compile_args(self):
-        from cutlass.cute.runtime import make_fake_stream, make_ptr
-
-        f32 = make_ptr(cutlass.Float32, 0, cute.AddressSpace.gmem, assumed_align=4)
-        return (f32, f32, f32, f32, *(cutlass.Int32(1),) * 16, make_fake_stream())
-
-    @cute.jit
-    def __call__(self, dq_ptr: cute.Pointer, dk_ptr: cute.Pointer, dv_ptr: cute.Pointer,
-                 scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
-                 kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
-                 seq_len_kv: cutlass.Int32, padded_kv: cutlass.Int32, q_sb: cutlass.Int32,
-                 q_sr: cutlass.Int32, q_sh: cutlass.Int32, k_sb: cutlass.Int32,
-                 k_sr: cutlass.Int32, k_sh: cutlass.Int32, v_sb: cutlass.Int32,
-                 v_sr: cutlass.Int32, v_sh: cutlass.Int32, stream: cuda.CUstream):
-        blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
-        total = batch * heads * padded + 4 * batch * kv_heads * blocks
-        self.kernel(dq_ptr, dk_ptr, dv_ptr, scales_ptr, batch, heads, kv_heads, seq_len, padded,
-                    seq_len_kv, blocks, q_sb, q_sr, q_sh, k_sb, k_sr, k_sh, v_sb, v_sr, v_sh,
-                    total).launch(
-            grid=[(total + EXPAND_THREADS - 1) // EXPAND_THREADS, 1, 1],
-            block=[EXPAND_THREADS, 1, 1], stream=stream)
-
-    @cute.kernel
-    def kernel(self, dq_ptr: cute.Pointer, dk_ptr: cute.Pointer, dv_ptr: cute.Pointer,
-               scales_ptr: cute.Pointer, batch: cutlass.Int32, heads: cutlass.Int32,
-               kv_heads: cutlass.Int32, seq_len: cutlass.Int32, padded: cutlass.Int32,
-               seq_len_kv: cutlass.Int32, blocks: cutlass.Int32, q_sb: cutlass.Int32,
-               q_sr: cutlass.Int32, q_sh: cutlass.Int32, k_sb: cutlass.Int32,
-               k_sr: cutlass.Int32, k_sh: cutlass.Int32, v_sb: cutlass.Int32,
-               v_sr: cutlass.Int32, v_sh: cutlass.Int32, total: cutlass.Int32):
-        bidx, _, _ = cute.arch.block_idx()
-        tidx, _, _ = cute.arch.thread_idx()
-        index = bidx * EXPAND_THREADS + tidx
-        q_size = batch * heads * padded
-        kv_size = batch * kv_heads * blocks
-        if index < q_size:
-            bh = index // padded
-            row = index % padded
-            value = cutlass.Float32(1.0)
-            if row < seq_len:
-                value = _at_least_tiny(
-                    dq_ptr[(bh // heads) * q_sb + row * q_sr + (bh % heads) * q_sh])
-            _put(scales_ptr + index, value)
-        elif index < total:
-            rest = index - q_size
-            part = rest // kv_size  # 0: k, 1: log2 v, 2: 1 / v, 3: v
-            at = rest % kv_size
-            bh = at // blocks
-            block = at % blocks
-            b, h = bh // kv_heads, bh % kv_heads
-            value = cutlass.Float32(1.0)
-            if block * KV_BLOCK < seq_len_kv:
-                if part == 0:
-                    value = _at_least_tiny(dk_ptr[b * k_sb + block * k_sr + h * k_sh])
-                else:
-                    value = _at_least_tiny(dv_ptr[b * v_sb + block * v_sr + h * v_sh])
-                    if part == 1:
-                        value = cute.math.log2(value, fastmath=False)
-                    elif part == 2:
-                        value = 1.0 / value
-            elif part == 1:
-                value = cutlass.Float32(0.0)
-            _put(scales_ptr + index, value)
-
-
-@cute.jit
-def _at_least_tiny(descale):
-    """A caller's descale, at least the one of an all-zero block (TINY_AMAX / 448), NaN kept:
-    a descale of 0 would put 0 * inf (1 / sv) or -inf * 0 (a masked score times a zero
-    coefficient) into the softmax, NaN where all-zero inputs mean an output of 0."""
-    return cute.arch.fmax(descale, TINY_AMAX * DESCALE_PER_AMAX, nan=True)
-
-
-@cute.jit
-def _put(ptr, value):
-    """One fp32 store at a global address."""
-    dst = cute.make_tensor(ptr, cute.make_layout(1))
-    dst[0] = value
-
 
 KERNELS = ("quant", "quant_kv", "expand", "mean")
 
 
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
           smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
-          qk_int8: bool = False):
+          qk_int8: bool = False, pdl: bool = False):
+    """The kernel object `name` builds; pdl: its arch has programmatic dependent launch (the
+    mean kernel lets the quantization start early, which waits for m where it reads it)."""
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
     if name in ("expand", "mean"):
         if smooth_k or rotate_qk or not quantize_v or qk_int8:
             raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk or "
                              "quantize_v=False (nor qk_int8); quantize with 'quant' for those")
-        return ExpandScales() if name == "expand" else KeyMean(_dsl_dtype(in_dtype), head_dim)
+        if name == "expand":
+            return ExpandScales()
+        return KeyMean(_dsl_dtype(in_dtype), head_dim, pdl=pdl)
     if rotate_qk and name == "quant_kv":
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
                          "attention kernel: quantize q here ('quant') or leave rotate_qk off")
@@ -559,7 +482,12 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
         hadamard_dsl.check_head_dim(head_dim)  # a power of two up to 128, or a ValueError
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
                       quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk,
-                      quantize_v=quantize_v, qk_int8=qk_int8)
+                      quantize_v=quantize_v, qk_int8=qk_int8, pdl=pdl)
+
+
+def has_pdl(arch: str) -> bool:
+    """Whether `arch` ("sm_90a", "sm_89", ...) has programmatic dependent launch (sm_90 on)."""
+    return int(arch.removeprefix("sm_").rstrip("af")[:-1]) >= 9
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
@@ -574,7 +502,7 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
     from variants.dsl_compile import compile_for_arch
 
     kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk,
-                   quantize_v, qk_int8)
+                   quantize_v, qk_int8, pdl=has_pdl(arch))
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
                                 keep="--keep-ptx --keep-cubin" if keep_ptx_in else "",
                                 dump_dir=keep_ptx_in)

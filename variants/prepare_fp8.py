@@ -1,7 +1,7 @@
 """The FP8 entry point's path of prepare (tuner.attention_fp8): e4m3 codes the caller quantized,
 with their descales per head or per token / 64-key block (variants/input_checks.check_fp8_qkv),
 put in the layouts a kernel reads without quantizing anything. The descales become the packed
-block scales (one GPU launch, block_quantize_kernel.ExpandScales, or torch ops), and q, k, v are
+block scales (one GPU launch, expand_scales_kernel.ExpandScales, or torch ops), and q, k, v are
 used in place where they already have the kernel's layout, else copied once (layout_kernel).
 prepare's exact transforms (K smoothing, the Q/K rotation) do not apply to codes: the caller
 quantized them already.
@@ -124,7 +124,7 @@ def _descale_views(descales, batch: int, heads: int, kv_heads: int, seq_len: int
 
 def _expand_scales(views, layout: PackedLayout, seq_len: int, seq_len_kv: int):
     """The packed block scales of the caller's descales by one GPU launch
-    (block_quantize_kernel.ExpandScales: each read through its strides), or None where it does
+    (expand_scales_kernel.ExpandScales: each read through its strides), or None where it does
     not apply (descales off the GPU, no CuTe DSL, inside a CUDA-graph capture before it
     compiled)."""
     if not all(d.is_cuda for d in views):

@@ -25,7 +25,7 @@ the CTA copies m of its head to shared memory after its rows' loads, and threads
 at a time, so that it holds no registers beside the rows. On sm_90 and later the smoothed launch
 is the mean kernel's programmatic dependent (use_pdl): it starts while the mean kernel runs, and
 a CTA that reads m waits for the mean grid (griddepcontrol.wait) just before copying it; v's
-CTAs never wait. Its inputs are complete: the mean kernel, launched in stream order, began only
+CTAs, which never wait, are dispatched first there (the grid's first blocks). Its inputs are complete: the mean kernel, launched in stream order, began only
 after whatever wrote them had finished. So a caller launches it right after the mean kernel
 (prepare, the launch plans), with no kernel between the two.
 
@@ -188,6 +188,10 @@ class BlockQuant:
                v_sb: cutlass.Int32, v_ss: cutlass.Int32, v_sh: cutlass.Int32,
                SharedStorage: cutlass.Constexpr):
         cta, _, _ = cute.arch.block_idx()
+        if cutlass.const_expr(self.after_mean and self.quantize_v):
+            # v's CTAs dispatched first: they read no m, and run while the mean kernel ends.
+            slots_before_v = (q_ctas if cutlass.const_expr(self.quantize_q) else 0) + kv_ctas
+            cta = cutlass.select_(cta < kv_ctas, cta + slots_before_v, cta - kv_ctas)
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK

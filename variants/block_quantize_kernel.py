@@ -25,9 +25,10 @@ the CTA copies m of its head to shared memory after its rows' loads, and threads
 at a time, so that it holds no registers beside the rows. On sm_90 and later the smoothed launch
 is the mean kernel's programmatic dependent (use_pdl): it starts while the mean kernel runs, and
 a CTA that reads m waits for the mean grid (griddepcontrol.wait) just before copying it; v's
-CTAs, which never wait, are dispatched first there (the grid's first blocks). Its inputs are complete: the mean kernel, launched in stream order, began only
-after whatever wrote them had finished. So a caller launches it right after the mean kernel
-(prepare, the launch plans), with no kernel between the two.
+CTAs, which never wait, are dispatched first there (the grid's first blocks). Its inputs are
+complete: the mean kernel, launched in stream order, began only after whatever wrote them had
+finished. So a caller launches it right after the mean kernel (prepare, the launch plans), with
+no kernel between the two.
 
 The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views): q's descale
 (batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of

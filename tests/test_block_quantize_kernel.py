@@ -270,24 +270,3 @@ def test_transforms_the_launch_cannot_do_are_refused():
     with pytest.raises(ValueError, match="power-of-two head_dim"):
         compile_kernel("quant", torch.bfloat16, 96, "sm_90a", rotate_qk=True)
 
-
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_89"])
-def test_the_smoothed_quantization_waits_for_the_mean_grid_only_where_it_reads_m(arch, tmp_path):
-    """On sm_90 and later the mean kernel lets its dependent launch at once, and the smoothed
-    quantization (launched as that dependent) waits for the mean grid once per CTA path that
-    reads m (q's and k's), after its rows' loads; sm_89 has no such launch; a launch without
-    smoothing never waits."""
-    pdl = arch != "sm_89"
-    for sub in ("mean", "smooth", "plain"):
-        (tmp_path / sub).mkdir()
-    compile_kernel("mean", torch.bfloat16, 128, arch, keep_ptx_in=str(tmp_path / "mean"))
-    mean_ptx = "".join(p.read_text() for p in (tmp_path / "mean").glob("*.ptx"))
-    assert mean_ptx.count("griddepcontrol.launch_dependents") == (1 if pdl else 0)
-    assert "griddepcontrol.wait" not in mean_ptx
-    smooth, _ = _build(tmp_path / "smooth", "quant", torch.bfloat16, 128, arch, True, False,
-                       smooth_k=True)
-    assert smooth.count("griddepcontrol.wait") == (2 if pdl else 0)
-    if pdl:
-        assert smooth.index("ld.global.v4") < smooth.index("griddepcontrol.wait")
-    plain, _ = _build(tmp_path / "plain", "quant", torch.bfloat16, 128, arch, True, False)
-    assert "griddepcontrol" not in plain

@@ -22,13 +22,7 @@ rows of c chunks, the row on 2 lanes), keeps them in registers, reduces the amax
 row's lanes; k, v: the CTA, through shared memory) and casts from the registers. V's feature-major
 codes go through a shared tile (a thread's 8 x 8 codes transposed in registers). With smooth_k
 the CTA copies m of its head to shared memory after its rows' loads, and threads read it a chunk
-at a time, so that it holds no registers beside the rows. On sm_90 and later the smoothed launch
-is the mean kernel's programmatic dependent (use_pdl): it starts while the mean kernel runs, and
-a CTA that reads m waits for the mean grid (griddepcontrol.wait) just before copying it; v's
-CTAs, which never wait, are dispatched first there (the grid's first blocks). Its inputs are
-complete: the mean kernel, launched in stream order, began only after whatever wrote them had
-finished. So a caller launches it right after the mean kernel (prepare, the launch plans), with
-no kernel between the two.
+at a time, so that it holds no registers beside the rows.
 
 The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views): q's descale
 (batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of
@@ -98,11 +92,8 @@ class BlockQuant:
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
                  permute_keys: bool = False, quantize_q: bool = True, smooth_k: bool = False,
-                 rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False,
-                 pdl: bool = False) -> None:
+                 rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False) -> None:
         self.in_dtype = in_dtype
-        # Launched as the mean kernel's programmatic dependent: m is read after a grid wait.
-        self.after_mean = smooth_k and pdl
         self.qk_int8 = qk_int8
         # q's and k's codes: (element type, fl32 descale per amax, code of amax)
         self.qk_codes = (cutlass.Int8, DESCALE_PER_AMAX_INT8, INT8_MAX) if qk_int8 else E4M3_CODES
@@ -175,7 +166,7 @@ class BlockQuant:
                     kv_ctas, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh,
                     SharedStorage).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.after_mean)
+            smem=SharedStorage.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(self, q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
@@ -189,10 +180,6 @@ class BlockQuant:
                v_sb: cutlass.Int32, v_ss: cutlass.Int32, v_sh: cutlass.Int32,
                SharedStorage: cutlass.Constexpr):
         cta, _, _ = cute.arch.block_idx()
-        if cutlass.const_expr(self.after_mean and self.quantize_v):
-            # v's CTAs dispatched first: they read no m, and run while the mean kernel ends.
-            slots_before_v = (q_ctas if cutlass.const_expr(self.quantize_q) else 0) + kv_ctas
-            cta = cutlass.select_(cta < kv_ctas, cta + slots_before_v, cta - kv_ctas)
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         blocks = (padded_kv + KV_BLOCK - 1) // KV_BLOCK
@@ -260,8 +247,6 @@ class BlockQuant:
         a thread: read there per chunk, it holds no registers while the rows do."""
         tidx, _, _ = cute.arch.thread_idx()
         shared = storage.mean.get_tensor(cute.make_layout(self.head_dim))
-        if cutlass.const_expr(self.after_mean):  # the mean kernel done, its m visible
-            cute.arch.griddepcontrol_wait()
         if tidx < self.head_dim // 4:
             src = cute.make_tensor(mean_ptr + (bh * self.head_dim + tidx * 4),
                                    cute.make_layout(4))
@@ -468,18 +453,14 @@ KERNELS = ("quant", "quant_kv", "expand", "mean")
 
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
           smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
-          qk_int8: bool = False, pdl: bool = False):
-    """The kernel object `name` builds; pdl: its arch has programmatic dependent launch (the
-    mean kernel lets the quantization start early, which waits for m where it reads it)."""
+          qk_int8: bool = False):
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
     if name in ("expand", "mean"):
         if smooth_k or rotate_qk or not quantize_v or qk_int8:
             raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk or "
                              "quantize_v=False (nor qk_int8); quantize with 'quant' for those")
-        if name == "expand":
-            return ExpandScales()
-        return KeyMean(_dsl_dtype(in_dtype), head_dim, pdl=pdl)
+        return ExpandScales() if name == "expand" else KeyMean(_dsl_dtype(in_dtype), head_dim)
     if rotate_qk and name == "quant_kv":
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
                          "attention kernel: quantize q here ('quant') or leave rotate_qk off")
@@ -487,12 +468,7 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
         hadamard_dsl.check_head_dim(head_dim)  # a power of two up to 128, or a ValueError
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
                       quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk,
-                      quantize_v=quantize_v, qk_int8=qk_int8, pdl=pdl)
-
-
-def has_pdl(arch: str) -> bool:
-    """Whether `arch` ("sm_90a", "sm_89", ...) has programmatic dependent launch (sm_90 on)."""
-    return int(arch.removeprefix("sm_").rstrip("af")[:-1]) >= 9
+                      quantize_v=quantize_v, qk_int8=qk_int8)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
@@ -507,7 +483,7 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
     from variants.dsl_compile import compile_for_arch
 
     kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk,
-                   quantize_v, qk_int8, pdl=has_pdl(arch))
+                   quantize_v, qk_int8)
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
                                 keep="--keep-ptx --keep-cubin" if keep_ptx_in else "",
                                 dump_dir=keep_ptx_in)

@@ -7,10 +7,6 @@ vector keeps smoothing exact, so m need not match torch's rounding: prepare's GP
 launch plans both use this kernel (their codes agree bit for bit), the torch path torch.mean,
 and the gate bounds the difference (docs/gate.md, "smoothing vector").
 
-On sm_90 and later each CTA first lets its programmatic dependent launch
-(griddepcontrol.launch_dependents): the smoothed quantization, which waits for this grid only
-where it reads m (variants/block_quantize_kernel.py), so the two launches overlap.
-
 One CTA per (batch, KV head). A thread owns 8 features (one 16-byte load) of every
 `groups`-th sampled key, summed in fp32 in key order; the CTA then adds its groups' partial sums
 in group order through shared memory and divides by the sample's size, as torch.mean does.
@@ -34,9 +30,8 @@ class KeyMean:
     seq_len_kv, kv_heads, the sample's stride and size, k's (batch, token, head) element strides
     (input_checks.row_strides), stream."""
 
-    def __init__(self, in_dtype, head_dim: int, pdl: bool = False) -> None:
+    def __init__(self, in_dtype, head_dim: int) -> None:
         self.in_dtype = in_dtype
-        self.pdl = pdl  # let the quantization launch now: its q, v and loads need no m
         self.head_dim = head_dim
         self.lanes = head_dim // VEC  # threads per key
         self.groups = THREADS // self.lanes  # keys summed side by side
@@ -74,8 +69,6 @@ class KeyMean:
                kv_heads: cutlass.Int32, stride: cutlass.Int32, count: cutlass.Int32,
                k_sb: cutlass.Int32, k_ss: cutlass.Int32, k_sh: cutlass.Int32,
                SharedStorage: cutlass.Constexpr):
-        if cutlass.const_expr(self.pdl):
-            cute.arch.griddepcontrol_launch_dependents()
         bh, _, _ = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)

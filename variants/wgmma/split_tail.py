@@ -17,8 +17,8 @@ log2 domain) in a workspace slot of its own, then adds its strip count to a coun
 tile, consumer warp). The warp whose addition completes the tile's strip count merges every
 piece's slot, in CTA order (so the output bits do not depend on which piece finished last),
 and stores O and LSE: with m* = max m_i, O = sum 2^(m_i - m*) O_i / sum 2^(m_i - m*) l_i.
-The counters are zeroed before every launch (variants.build.CompiledKernel.run), so launches
-never share state.
+The counters are zeroed before every launch (variants.build.CompiledKernel.run; a launch plan by
+one driver memset, variants.launch.zero_words), so launches never share state.
 
 These are plain integer functions of Python ints or CuTe DSL integers (traced inline where the
 kernel calls them), so tests/test_wgmma_split_tail.py checks the decomposition on the CPU. The

@@ -34,7 +34,7 @@ from functools import partial
 
 from benchmarks import common
 from benchmarks.common import cell, markdown_table, ratio, shape_text
-from benchmarks.systems import BF16_PEERS, bf16_peers, native
+from benchmarks.systems import BF16_PEERS, bf16_peers, native, top_left_refusal
 
 HELP = "tuner.attention from bf16 beside FA3 bf16, SDPA bf16, SageAttention; host cost per call"
 DEFAULT_SHAPES = common.MODEL_SHAPES
@@ -153,8 +153,9 @@ def _ours_dropin(problem):
     to (batch, seq_len, heads, head_dim) like the peer's; or why it cannot run the problem."""
     import tuner
 
-    if problem.causal and not problem.self_attention:
-        return "its causal mask is aligned to the top left (Sq != Skv)"
+    why = top_left_refusal(problem)
+    if why is not None:
+        return why
     causal, gqa = problem.causal, problem.group != 1
 
     def call(q, k, v):

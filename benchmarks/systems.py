@@ -20,6 +20,14 @@ from collections.abc import Callable
 BF16_PEERS = ("FA3 bf16", "SDPA bf16", "Sage")
 
 
+def top_left_refusal(problem) -> str | None:
+    """Why a system whose is_causal aligns to the top left (torch's SDPA, SageAttention, our SDPA
+    drop-in) cannot run the problem with our bottom-right mask: causal at unequal lengths."""
+    if problem.causal and not problem.self_attention:
+        return "its causal mask is aligned to the top left (Sq != Skv)"
+    return None
+
+
 def _fa3_bf16(problem):
     from tuner.errors import peer_module
 
@@ -39,8 +47,9 @@ def _sdpa_cudnn(problem):
 
     from tuner.errors import PeerUnavailable
 
-    if problem.causal and not problem.self_attention:
-        raise PeerUnavailable("its causal mask is aligned to the top left (Sq != Skv)")
+    why = top_left_refusal(problem)
+    if why is not None:
+        raise PeerUnavailable(why)
     causal, gqa = problem.causal, problem.group != 1
 
     def call(q, k, v):
@@ -56,8 +65,9 @@ def _sage(problem):
 
     sage = peer_module("sageattention", "SageAttention not installed (pip install "
                        "sageattention)")
-    if problem.causal and not problem.self_attention:
-        raise PeerUnavailable("its causal mask is aligned to the top left (Sq != Skv)")
+    why = top_left_refusal(problem)
+    if why is not None:
+        raise PeerUnavailable(why)
     causal = problem.causal
 
     def call(q, k, v):

@@ -355,8 +355,11 @@ def test_e2e_has_columns_for_the_rungs_and_the_drop_in_beside_the_peers():
 
 def test_the_drop_in_column_runs_where_sdpa_masks_like_tuner_attention():
     from benchmarks.e2e import _ours_dropin
+    from benchmarks.systems import bf16_peers
 
-    assert "top left" in _ours_dropin(Problem(1, 8, 1024, 128, seq_len_kv=512, causal=True))
+    cross = Problem(1, 8, 1024, 128, seq_len_kv=512, causal=True)
+    assert "top left" in _ours_dropin(cross)
+    assert bf16_peers(cross, ("SDPA bf16",))["SDPA bf16"] == _ours_dropin(cross)  # one reason
     for problem in (Problem(1, 8, 1024, 128, seq_len_kv=512), Problem(1, 8, 1024, causal=True)):
         assert callable(_ours_dropin(problem))
 

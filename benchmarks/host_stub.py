@@ -39,10 +39,11 @@ FACTORIES = {"empty", "empty_strided", "new_empty", "new_empty_strided"}
 
 class StubFunction:
     """A compiled function's stand-in: the DSL's checked first call and the executor's host stub
-    each count one launch under `name`."""
+    each count one launch under `name`. `built`: the kernel object it stands in for, where the
+    quantization's (its flags tell the builds of one name apart)."""
 
-    def __init__(self, name: str, launches: Counter) -> None:
-        self.name, self.launches = name, launches
+    def __init__(self, name: str, launches: Counter, built=None) -> None:
+        self.name, self.launches, self.built = name, launches, built
         self._default_executor = SimpleNamespace(
             _get_invoke_packed_args=list, capi_func=self._stub, _num_extra_args=0,
             _has_cuda_result=False)
@@ -73,11 +74,11 @@ def stood_in(gpu: str = "h100"):
     launches: Counter = Counter()
 
     def quant_kernel(name, in_dtype, head_dim, arch, v_feature_major=True, permute_keys=False,
-                     *, smooth_k=False, rotate_qk=False, qk_int8=False, **_):
+                     *, smooth_k=False, rotate_qk=False, qk_int8=False, write_shift=True, **_):
         kernel = block_quantize_kernel._make(name, in_dtype, head_dim, v_feature_major,
                                              permute_keys, smooth_k, rotate_qk,
-                                             qk_int8=qk_int8)
-        return StubFunction(f"prepare {name}", launches), kernel.slots()
+                                             qk_int8=qk_int8, write_shift=write_shift)
+        return StubFunction(f"prepare {name}", launches, kernel), kernel.slots()
 
 
     def zero_words(address, count, stream):  # the driver's memset: one launch, no data here

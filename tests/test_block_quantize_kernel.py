@@ -178,27 +178,29 @@ def plain_ptx(tmp_path_factory):
     return get
 
 
-def _expected(head_dim: int, with_q: bool, smooth_k: bool = False, rotate_qk: bool = False):
+def _expected(head_dim: int, with_q: bool, smooth_k: bool = False, rotate_qk: bool = False,
+              write_shift: bool = True):
     """Per-thread instruction counts the transforms must give: a rotated row on ROTATED_LANES
     lanes, log2(head_dim) butterfly stages of 64 exact adds each per rotated input, of which
     log2(lanes) cross lanes (64 shuffles and 64 fmas by +-1 each); m read once per CTA from
-    global memory (16 bytes a thread) and per chunk from shared memory."""
+    global memory (16 bytes a thread) and per chunk from shared memory; q . m only with
+    write_shift (q's CTAs then read m too)."""
     lanes = head_dim // VEC // (head_dim // VEC // ROTATED_LANES if rotate_qk else 1)
     rows = ROWS * lanes // (head_dim // VEC)
     chunks = ROWS // rows
     steps = lanes.bit_length() - 1  # a row's lane butterflies
     rotated = (1 + with_q) * rotate_qk
-    dot = with_q * smooth_k  # q . m: 64 fmas a thread, then the row's lanes summed
+    dot = with_q * smooth_k * write_shift  # q . m: 64 fmas a thread, then the row's lanes summed
     return {
-        "shfl": with_q * rows * steps * (1 + smooth_k) + 2 * 5 + rotated * ROWS * VEC * steps,
+        "shfl": with_q * rows * steps * (1 + dot) + 2 * 5 + rotated * ROWS * VEC * steps,
         "exact": rotated * ROWS * VEC * (head_dim.bit_length() - 1 - steps)
         + smooth_k * ROWS * VEC + dot * rows * steps,
         "fma": dot * ROWS * VEC + rotated * ROWS * VEC * steps, "mul_rn": rotated * ROWS * VEC,
-        "loads": (2 + with_q) * ROWS + smooth_k * (1 + with_q),
+        "loads": (2 + with_q) * ROWS + smooth_k + dot,
         # 16-byte reads of m: q's chunks once for all its rows; k's unrotated chunk once, a
         # rotated row's chunks per row.
-        "mean_reads": smooth_k * 2 * (with_q * chunks + (rows * chunks if rotate_qk else 1)),
-        "scalar_stores": with_q * rows * (1 + smooth_k) + 4,  # q's descales, shifts; k's, v's
+        "mean_reads": 2 * (dot * chunks + smooth_k * (rows * chunks if rotate_qk else 1)),
+        "scalar_stores": with_q * rows + dot * rows + 4,  # q's descales, shifts; k's, v's
         "row_stores": (1 + with_q) * ROWS + ROWS,  # q's and k's codes 8 bytes a chunk, V's
     }
 
@@ -251,6 +253,18 @@ def test_transforms_compile_on_sm120(flags, dtype, head_dim, v_feature_major, pl
     assert usage.spill_bytes == 0, usage
     _check_transform_ptx(ptx, plain_ptx("sm_120a", head_dim, v_feature_major, dtype), head_dim,
                          True, FLAGS[flags])
+
+
+@pytest.mark.parametrize("flags", ["smooth", "both"])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])
+def test_a_build_without_the_shift_smooths_k_and_computes_no_q_dot_m(flags, arch, plain_ptx,
+                                                                      tmp_path):
+    """write_shift=False (a call that drops the LSE): k smoothed as before; q's CTAs read no m,
+    make no dot and store no shift."""
+    ptx, usage = _build(tmp_path, "quant", torch.bfloat16, 128, arch, True, True,
+                        **FLAGS[flags], write_shift=False)
+    assert usage.spill_bytes == 0, usage
+    _check_transform_ptx(ptx, plain_ptx(arch), 128, True, {**FLAGS[flags], "write_shift": False})
 
 
 def test_smoothing_without_q_writes_no_shift(plain_ptx, tmp_path):

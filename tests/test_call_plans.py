@@ -113,6 +113,44 @@ def test_k_smoothing_adds_one_launch_and_no_torch_op_to_a_call_that_drops_the_ls
     assert work["ops"] == {"factory empty": 2}
 
 
+@pytest.mark.parametrize("capture_first", [False, True])
+def test_only_a_call_that_returns_the_lse_has_the_quantization_compute_q_dot_m(
+        device, capture_first, monkeypatch):
+    """K smoothing's q . m is for the LSE alone: a call that drops the LSE runs the quantization
+    build without it (no shift buffer); one that returns it, the build that writes it into the
+    scratch block (prepare's, compiled by the first call). Inside a CUDA-graph capture where
+    that build does not exist, the call adds q_dot's shift instead (a capture must not compile)."""
+    from variants import block_quantize_kernel, launch_plan
+    from variants.launch import LauncherCache
+
+    _, seen = device
+    q, k, v = qkv()
+    config = dataclasses.replace(wgmma.default(ARCH, Problem(1, 2, 256)), q_quant="prepare")
+    assert config.k_smoothing == "mean"
+    tuner.attention(q, k, v, config=config)  # prepare + run, which make the plan
+    seen.clear()
+    tuner.attention(q, k, v, config=config)
+    (fn, values), = [(fn, values) for fn, values in seen if fn.name == "prepare quant"]
+    assert fn.built.write_shift is False and values[8] == 0
+    dots = []
+    real_q_dot = launch_plan.q_dot
+    monkeypatch.setattr(launch_plan, "q_dot", lambda *a: dots.append(a) or real_q_dot(*a))
+    monkeypatch.setattr(launch_plan, "capturing", lambda: capture_first)
+    if capture_first:  # no build of the quantization with q . m yet (prepare's came first)
+        monkeypatch.setattr(block_quantize_kernel, "LAUNCHERS", LauncherCache("empty"))
+    seen.clear()
+    out, lse = tuner.attention(q, k, v, return_lse=True, config=config)
+    (fn, values), = [(fn, values) for fn, values in seen if fn.name == "prepare quant"]
+    plan = plans.CALLS[api.signature(q, k, v, False, config, "auto", None, None)].launch
+    if capture_first:
+        assert fn.built.write_shift is False and values[8] == 0 and len(dots) == 1
+    else:
+        scratch = values[4] - plan.parts()["k8"]  # the scratch block's base
+        assert fn.built.write_shift is True and not dots
+        assert values[8] == scratch + plan.parts()["shift"]
+    assert lse.shape == (1, 2, 256)
+
+
 def test_split_tail_zeroes_its_counters_in_the_scratch_block(device):
     """B=9 S=2048 H=1: 144 tiles on 132 SMs, a tail of 12 that split_tail splits; its
     workspace is part of the scratch block, its counters zeroed by one driver memset per call
@@ -365,8 +403,17 @@ def test_the_plan_launches_what_prepare_and_run_launch(device, case, want_lse, m
     prepared = kernel.prepare(q, k, v, 0.07, validate=False)
     want_out, want_lse_tensor = kernel.run(prepared, want_lse=want_lse)
     general = list(seen)
-    assert [fn for fn, _ in hot] == [fn for fn, _ in general]
     smooth = kernel.config.k_smoothing == "mean"
+    # prepare's quantization writes q . m wherever it quantizes q with smoothing; the call's
+    # only where it returns the LSE (a build of its own, the same launch less the dot).
+    writes_shift = smooth and not kernel.config.q_in_kernel
+    hot_fns, general_fns = [fn for fn, _ in hot], [fn for fn, _ in general]
+    if writes_shift and not want_lse:
+        hot_quant, general_quant = hot_fns.pop(1), general_fns.pop(1)
+        assert hot_quant.built.write_shift is False and general_quant.built.write_shift is True
+        assert {k: v for k, v in vars(hot_quant.built).items() if k != "write_shift"} == \
+            {k: v for k, v in vars(general_quant.built).items() if k != "write_shift"}
+    assert hot_fns == general_fns
     assert len(hot) == 2 + smooth
     if smooth:  # the mean kernel on the caller's k, into the vector the quantization reads
         (_, mean), (_, mean_ref) = hot.pop(0), general.pop(0)
@@ -378,9 +425,11 @@ def test_the_plan_launches_what_prepare_and_run_launch(device, case, want_lse, m
     (_, quant_ref), (_, attend_ref) = general
     assert quant[:3] == quant_ref[:3] and quant[9:-1] == quant_ref[9:-1]
     assert attend[7:-1] == attend_ref[7:-1]  # scalars, the family's extra ints
-    # Present or absent alike: k_mean and shift of the quantization, the kernel's workspace.
-    assert [bool(x) for x in (quant[7], quant[8], attend[6])] == \
-        [bool(x) for x in (quant_ref[7], quant_ref[8], attend_ref[6])]
+    # Present or absent alike: k_mean of the quantization, the kernel's workspace; q . m's
+    # buffer where the call returns the LSE.
+    assert [bool(x) for x in (quant[7], attend[6])] == \
+        [bool(x) for x in (quant_ref[7], attend_ref[6])]
+    assert bool(quant[8]) == (writes_shift and want_lse) and bool(quant_ref[8]) == writes_shift
     # The kernel reads what the quantization wrote: q codes (or the caller's q), k, v, scales;
     # a bf16 P.V kernel the caller's v, which the quantization does not write.
     v16 = kernel.config.v_unquantized

@@ -12,8 +12,10 @@ a NaN kept: block_scales.quantize's arithmetic, so the codes are bit for bit the
 With qk_int8 q's and k's codes are int8: round-half-even(x * fl(fl(1 / amax) * 127)) (within
 +-127, so no clamp acts), descale = amax * fl32(1 / 127); v's stay e4m3.
 Optional exact transforms first (variants/transforms.py, bit for bit): smooth_k, k's real rows
-less m (fp32 (batch, kv_heads, head_dim)) and q . m of each real q row to `shift` (batch, heads,
-seq_len); rotate_qk, q's and k's rows rotated (variants/hadamard_dsl.py). V is never transformed.
+less m (fp32 (batch, kv_heads, head_dim)) and, with write_shift, q . m of each real q row to
+`shift` (batch, heads, seq_len), which only a caller of the LSE reads (the dot is about a third
+of both transforms' cost in this launch); rotate_qk, q's and k's rows rotated
+(variants/hadamard_dsl.py). V is never transformed.
 
 A CTA owns 64 rows (tokens, or stored key slots) of one (batch, head) of one input: the grid holds
 q's CTAs, then k's, then v's, heads fastest. A thread loads its rows' features (16-byte loads, all
@@ -87,12 +89,14 @@ def packed_size(batch: int, heads: int, padded: int, kv_heads: int, padded_kv: i
 class BlockQuant:
     """The one launch for one input dtype, head_dim, V layout and transform set; shapes are
     runtime. Arguments: q, k, v, their codes, the packed scales, m (16-byte aligned) and shift
-    (both read and written only with smooth_k: pass 0 otherwise), batch, heads, kv_heads,
-    seq_len, padded, seq_len_kv, padded_kv, stream. qk_int8: q's and k's codes int8."""
+    (m read only with smooth_k, shift written only with write_shift: pass 0 otherwise), batch,
+    heads, kv_heads, seq_len, padded, seq_len_kv, padded_kv, stream. qk_int8: q's and k's codes
+    int8."""
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
                  permute_keys: bool = False, quantize_q: bool = True, smooth_k: bool = False,
-                 rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False) -> None:
+                 rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False,
+                 write_shift: bool = True) -> None:
         self.in_dtype = in_dtype
         self.qk_int8 = qk_int8
         # q's and k's codes: (element type, fl32 descale per amax, code of amax)
@@ -105,6 +109,7 @@ class BlockQuant:
         self.v_feature_major = v_feature_major
         self.permute_keys = permute_keys
         self.smooth_k = smooth_k
+        self.write_shift = smooth_k and quantize_q and write_shift
         self.rotate_qk = rotate_qk
         # q's and k's rows: `chunks` pieces of 8 features a thread (head_dim / 8 / chunks lanes).
         self.chunks = max(1, self.lanes // ROTATED_LANES) if rotate_qk else 1
@@ -297,14 +302,14 @@ class BlockQuant:
     def _q_cta(self, x_ptr, strides, out_ptr, scales_ptr, mean_ptr, shift_ptr, storage, cta,
                bh_count, seq_len, padded, heads, kv_heads):
         """64 rows of one (batch, head) of q: a scale per row, from the row's lanes; with
-        smooth_k each row's q . m first (from the caller's q), with rotate_qk rotated rows."""
+        write_shift each row's q . m first (from the caller's q), with rotate_qk rotated rows."""
         rows, chunks, lanes = self.mapping(False)
         tidx, _, _ = cute.arch.thread_idx()
         bh = cta % bh_count
         b, h = bh // heads, bh % heads
         first = (cta // bh_count) * KV_BLOCK + (tidx // lanes) * rows
         values = self._load(x_ptr, strides, b, h, first, seq_len, False, False)
-        if cutlass.const_expr(self.smooth_k):
+        if cutlass.const_expr(self.write_shift):
             shared = self._stage_mean(mean_ptr, b * kv_heads + h // (heads // kv_heads), storage)
             dots = cute.make_rmem_tensor(cute.make_layout(rows), cutlass.Float32)
             dots.fill(0.0)
@@ -453,7 +458,7 @@ KERNELS = ("quant", "quant_kv", "expand", "mean")
 
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
           smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
-          qk_int8: bool = False):
+          qk_int8: bool = False, write_shift: bool = True):
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
     if name in ("expand", "mean"):
@@ -468,22 +473,24 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
         hadamard_dsl.check_head_dim(head_dim)  # a power of two up to 128, or a ValueError
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
                       quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk,
-                      quantize_v=quantize_v, qk_int8=qk_int8)
+                      quantize_v=quantize_v, qk_int8=qk_int8, write_shift=write_shift)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
                    v_feature_major: bool = True, permute_keys: bool = False, *,
                    smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
-                   qk_int8: bool = False, keep_ptx_in: str | None = None):
+                   qk_int8: bool = False, write_shift: bool = True,
+                   keep_ptx_in: str | None = None):
     """(compiled function, its launch slots) of "quant" (BlockQuant), "quant_kv" (BlockQuant
     without q's CTAs), "expand" (ExpandScales; dtype and head_dim unused) or "mean"
     (variants/key_mean_kernel.KeyMean; the V layout unused) for `arch`, without
     a GPU; quantize_v=False: no v CTAs (V's scales neutral); qk_int8: int8 q and k codes;
-    keep_ptx_in: a directory to leave the PTX and the cubin in (the CPU tests read them)."""
+    write_shift=False: with smooth_k, no q . m (for a call that drops the LSE); keep_ptx_in: a
+    directory to leave the PTX and the cubin in (the CPU tests read them)."""
     from variants.dsl_compile import compile_for_arch
 
     kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk,
-                   quantize_v, qk_int8)
+                   quantize_v, qk_int8, write_shift)
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
                                 keep="--keep-ptx --keep-cubin" if keep_ptx_in else "",
                                 dump_dir=keep_ptx_in)
@@ -493,14 +500,15 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
 def compiled(name: str, in_dtype: torch.dtype, head_dim: int, device: torch.device, *,
              v_feature_major: bool = True, permute_keys: bool = False, smooth_k: bool = False,
              rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False,
-             compile_now: bool = True) -> FastLaunch | None:
+             write_shift: bool = True, compile_now: bool = True) -> FastLaunch | None:
     """The launcher of one of KERNELS for this GPU, or None where there is none
     (variants/launch.LauncherCache: compiled on first use, a failure logged once)."""
+    write_shift = write_shift and smooth_k and name == "quant"  # one build where it is moot
     key = (name, in_dtype, head_dim, device_arch(device), v_feature_major, permute_keys,
-           smooth_k, rotate_qk, quantize_v, qk_int8)
+           smooth_k, rotate_qk, quantize_v, qk_int8, write_shift)
 
     def build():
         return compile_kernel(*key[:6], smooth_k=smooth_k, rotate_qk=rotate_qk,
-                              quantize_v=quantize_v, qk_int8=qk_int8)
+                              quantize_v=quantize_v, qk_int8=qk_int8, write_shift=write_shift)
 
     return LAUNCHERS.get(key, build, compile_now=compile_now)

@@ -9,7 +9,8 @@ one scratch block (codes, packed scales, K smoothing's m and q . m, split_tail's
 the LSE when the caller drops it) and the outputs, and makes the launches prepare and run make,
 with the same arguments: K smoothing's mean kernel, the quantization and the kernel;
 split_tail's counters zeroed where it splits; K smoothing's LSE shift where the caller reads
-the LSE. The quantization reads views in place where their rows allow it
+the LSE (only then does the quantization compute q . m: its build that does is fetched on the
+first such call). The quantization reads views in place where their rows allow it
 (input_checks.row_strides: SDPA's (batch, heads, seq_len, head_dim) layout viewed back, say);
 a q or v the attention kernel reads raw is copied contiguous first. A call whose inputs the
 quantization cannot read (misaligned, rows not contiguous) gets None: the caller takes
@@ -30,7 +31,7 @@ import torch
 from variants import launch as launches
 from variants.common.abi import SCALE_AT, launch_scalars
 from variants.fp8_inputs import q_dot, round_up
-from variants.input_checks import contiguous_row_strides, row_strides
+from variants.input_checks import capturing, contiguous_row_strides, row_strides
 from variants.key_mean_kernel import launch_scalars as mean_scalars
 from variants.launch import stream_query
 from variants.prepare import mean_launcher, quant_launcher, quant_scalars
@@ -47,7 +48,8 @@ class LaunchPlan:
 
     __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape", "_mean",
                  "_mean_launch", "_mean_scalars", "_mean_shape", "_out_shape", "_packed", "_q8",
-                 "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_shift", "_stream",
+                 "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_shift", "_shift_build",
+                 "_shift_quant", "_stream",
                  "_strides", "_tail", "_v8", "_workspace", "_zero_words", "default_scale",
                  "scratch_bytes", "zero")
 
@@ -64,11 +66,11 @@ class LaunchPlan:
         with_q = not config.q_in_kernel
         smooth = config.k_smoothing == "mean"
         layout = prepared.scale_layout
+        rotate = config.qk_rotation == "hadamard"
         quant = quant_launcher(q, k, k, layout.padded_len, layout.padded_len_kv,
                                v_feature_major=feature_major, permute_keys=permuted,
-                               with_q=with_q, smooth_k=smooth,
-                               rotate_qk=config.qk_rotation == "hadamard", with_v=not v16,
-                               check_inputs=False, qk_int8=config.qk_int8)
+                               with_q=with_q, smooth_k=smooth, rotate_qk=rotate, with_v=not v16,
+                               check_inputs=False, qk_int8=config.qk_int8, write_shift=False)
         mean = mean_launcher(k) if smooth and quant is not None else None
         if quant is None or (smooth and mean is None):
             return None
@@ -102,6 +104,12 @@ class LaunchPlan:
         plan.default_scale = float(head_dim**-0.5)
         plan._head, plan._tail = scalars[:SCALE_AT], (*scalars[SCALE_AT + 1:], *extra)
         plan._quant, plan._attend = quant, attend
+        # The same quantization writing q . m as well (block_quantize_kernel.compiled's key).
+        plan._shift_quant = None
+        plan._shift_build = dict(name="quant", in_dtype=k.dtype, head_dim=head_dim,
+                                 device=device, v_feature_major=feature_major,
+                                 permute_keys=permuted, smooth_k=True, rotate_qk=rotate,
+                                 quantize_v=not v16, qk_int8=config.qk_int8)
         plan._quant_scalars = quant_scalars(q.shape, k.shape, layout)
         plan._strides = (*contiguous_row_strides(q.shape), *contiguous_row_strides(k.shape),
                          *contiguous_row_strides(k.shape))
@@ -117,6 +125,15 @@ class LaunchPlan:
         """Byte offset of each part of the scratch block (None: not in it)."""
         return {name: getattr(self, f"_{name}") for name in
                 ("q8", "k8", "v8", "packed", "mean", "shift", "workspace", "lse")}
+
+    def _quant_writing_shift(self):
+        """The quantization that also writes q . m, built on the first call that reads the LSE;
+        None inside a CUDA-graph capture before that (the call then takes q_dot)."""
+        from variants import block_quantize_kernel
+
+        self._shift_quant = block_quantize_kernel.compiled(**self._shift_build,
+                                                           compile_now=not capturing())
+        return self._shift_quant
 
     def __call__(self, q, k, v, softmax_scale, want_lse: bool, keep_lse: bool):
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -156,22 +173,26 @@ class LaunchPlan:
         k8, packed = base + self._k8, base + self._packed
         v8 = vp if self._v8 is None else base + self._v8  # bf16 P.V reads the caller's v
         mean = 0 if self._mean is None else base + self._mean
+        quant, shift = self._quant, 0
+        if keep_lse and want_lse and self._shift is not None:  # the LSE needs q . m
+            with_shift = self._shift_quant or self._quant_writing_shift()
+            if with_shift is not None:
+                quant, shift = with_shift, base + self._shift
         if self._mean is not None:  # K smoothing's vector, as prepare's GPU path computes it
             self._mean_launch(kp, mean, *self._mean_scalars, *strides[3:6], stream)
-        self._quant(qp, kp, vp, q8, k8, 0 if self._v8 is None else v8, packed, mean,
-                    0 if self._shift is None else base + self._shift, *self._quant_scalars,
-                    *strides, stream)
+        quant(qp, kp, vp, q8, k8, 0 if self._v8 is None else v8, packed, mean, shift,
+              *self._quant_scalars, *strides, stream)
         if self.zero is not None:
             self._zero_words(base + self.zero[0], self.zero[1], stream)
         self._attend(q8, k8, v8, packed, out.data_ptr(), lse_ptr,
                      0 if self._workspace is None else base + self._workspace, *self._head,
                      scale, *self._tail, stream)
         if want_lse and lse is not None and self._mean is not None:
-            if self._shift is not None:
-                shift = _part(scratch, self._shift, self._lse_shape)
+            if shift:
+                q_dot_m = _part(scratch, self._shift, self._lse_shape)
             else:  # the quantization did not read q (CompiledKernel.run's restore_lse)
-                shift = q_dot(q, _part(scratch, self._mean, self._mean_shape))
-            lse.add_(shift, alpha=scale)
+                q_dot_m = q_dot(q, _part(scratch, self._mean, self._mean_shape))
+            lse.add_(q_dot_m, alpha=scale)
         return out, lse
 
 

@@ -54,10 +54,12 @@ __all__ = ["Fp8Inputs", "check_finite_inputs", "check_fp8_qkv", "check_qkv", "fp
 def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: int,
                    padded_kv: int, *, v_feature_major: bool, permute_keys: bool, with_q: bool,
                    smooth_k: bool, rotate_qk: bool, with_v: bool = True,
-                   check_inputs: bool = True, qk_int8: bool = False):
+                   check_inputs: bool = True, qk_int8: bool = False,
+                   write_shift: bool = True):
     """The one-pass launcher of variants/block_quantize_kernel.py for these inputs, or None
     where it does not apply (gpu_quantization_applies; check_inputs=False: the shapes alone,
-    gpu_kernels_take, for a caller that checks each call's layout itself). Inside a CUDA-graph
+    gpu_kernels_take, for a caller that checks each call's layout itself). write_shift=False:
+    with smooth_k, no q . m, for a call that drops the LSE. Inside a CUDA-graph
     capture only if compiled already (compiling loads a module, which a capture must not see);
     the torch formula gives the same codes."""
     if not (gpu_quantization_applies(q, k, v, padded, padded_kv, v_feature_major)
@@ -73,7 +75,8 @@ def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
                                           v_feature_major=v_feature_major,
                                           permute_keys=permute_keys, smooth_k=smooth_k,
                                           rotate_qk=rotate_qk, quantize_v=with_v,
-                                          qk_int8=qk_int8, compile_now=not capturing())
+                                          qk_int8=qk_int8, write_shift=write_shift,
+                                          compile_now=not capturing())
 
 
 def mean_launcher(k: torch.Tensor):

@@ -32,7 +32,8 @@ def _round_up(n: int) -> int:
     return -(-n // PAD) * PAD
 
 
-def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys, qk_int8=False):
+def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys, qk_int8=False,
+            write_shift=True):
     """(q codes, k codes, v codes, packed scales, shift buffer with a NaN guard after it) from one
     launch into poisoned outputs."""
     batch, seq, heads, dim = q.shape
@@ -41,7 +42,8 @@ def _launch(name, q, k, v, m, smooth, rotate, v_feature_major, permute_keys, qk_
     launch = block_quantize_kernel.compiled(name, q.dtype, dim, q.device,
                                             v_feature_major=v_feature_major,
                                             permute_keys=permute_keys, smooth_k=smooth,
-                                            rotate_qk=rotate, qk_int8=qk_int8)
+                                            rotate_qk=rotate, qk_int8=qk_int8,
+                                            write_shift=write_shift)
     assert launch is not None, "the launcher did not compile (see the log)"
     dev = q.device
     q8 = torch.full((batch, padded, heads, dim), POISON, dtype=torch.uint8, device=dev)
@@ -158,6 +160,26 @@ def test_quant_kv_smooths_k_and_writes_no_shift(head_dim):
     assert bool((got[0] == POISON).all()), f"seed {seed}: q's codes written"
     assert bool(got[4].isnan().all()), f"seed {seed}: quant_kv wrote a shift"
     _assert_packed_equal(got[3], want[3], got[5], False, f"seed {seed}")
+
+
+@pytest.mark.parametrize("flags", ["smooth", "both"])
+@pytest.mark.parametrize("head_dim", [128, 64])
+def test_the_build_without_the_shift_writes_the_same_codes_and_no_shift(head_dim, flags):
+    """write_shift=False (a call that drops the LSE): every code and scale bit for bit the
+    build's that writes q . m, and the shift buffer untouched."""
+    smooth, rotate = FLAGS[flags]
+    problem = Problem(2, 8, 77, head_dim, seq_len_kv=300, kv_heads=2)
+    for kind in KINDS:
+        seed = secrets.randbits(31)
+        q, k, v = activations(kind, problem, "cuda", seed)
+        m = transforms.smoothing_vector(k)
+        want = _launch("quant", q, k, v, m, smooth, rotate, True, True)
+        got = _launch("quant", q, k, v, m, smooth, rotate, True, True, write_shift=False)
+        for name, a, b in zip(("q", "k", "v", "scales"), got[:4], want[:4], strict=True):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), \
+                f"{kind} seed {seed}: {name} differ"
+        assert bool(got[4].isnan().all()), f"{kind} seed {seed}: a shift was written"
+        assert not bool(want[4][:2 * 8 * 77].isnan().any()), f"{kind} seed {seed}: no shift"
 
 
 @pytest.mark.parametrize("v_layout", ["v-feature-major-permuted", "v-token-major"])

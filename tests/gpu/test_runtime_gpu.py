@@ -116,3 +116,24 @@ def test_cuda_graph_capture_and_replay_match_eager(q_in_kernel):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured, tuner_attention(q2, k2, v2, config)[0])
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["smoothed", "smoothed-rotated"])
+def test_a_planned_call_with_or_without_the_lse_gives_the_first_calls_bits(rotate):
+    """The plan runs the quantization without q . m where the caller drops the LSE, and with it
+    where the LSE is returned: both give the output, and the latter the LSE, of the first call
+    (prepare + run) bit for bit."""
+    import dataclasses
+
+    import tuner
+    from variants import wgmma
+
+    config = dataclasses.replace(wgmma.default("sm_90a"), q_quant="prepare", k_smoothing="mean",
+                                 qk_rotation="hadamard" if rotate else "none")
+    q, k, v = qkv(1000, seed=11)
+    k += 4 * torch.randn(128, device="cuda", dtype=torch.bfloat16)  # a bias smoothing removes
+    first_out, first_lse = tuner.attention(q, k, v, return_lse=True, config=config)
+    dropped = tuner.attention(q, k, v, config=config)
+    out, lse = tuner.attention(q, k, v, return_lse=True, config=config)
+    assert torch.equal(dropped, first_out) and torch.equal(out, first_out)
+    assert torch.equal(lse, first_lse)

@@ -17,7 +17,7 @@ CAUSAL_SHORT_KEYS_UP_TO = 8192
 # won; the crossover between 4608 and 8192 keys was not measured).
 HEAD_DIM_64_SHORT_UP_TO = 4608
 # Queries and keys from which the default rotates Q and K: prepare's share of the call, and with
-# it the rotation's cost, falls with the length (both transforms: 1.059x end to end at S=4096,
+# it the rotation's cost, falls with the length (both transforms: 1.032x end to end at S=4096,
 # 1.023x at 8192, 1.006x at 30272 on the H100, docs/accuracy.md); 16384 stays under 8192's.
 ROTATE_FROM = 16384
 

@@ -446,11 +446,12 @@ def test_the_plan_launches_what_prepare_and_run_launch(device, case, want_lse, m
     assert torch.equal(lse, want_lse_tensor)
 
 
-def test_a_view_of_sdpa_layout_is_quantized_in_place_and_other_views_take_prepare(device):
+def test_a_view_of_sdpa_layout_is_quantized_in_place_and_other_views_are_copied(device):
     """A (batch, seq_len, heads, head_dim) view of a (batch, heads, seq_len, head_dim) tensor,
     what the SDPA drop-in hands on: the plan's quantization reads it through its strides (no
-    copy, no torch formula). A view whose rows are not contiguous: the torch formula."""
-    _, seen = device
+    copy, no torch formula). A view whose rows are not contiguous: the plan on a contiguous
+    copy of it (one torch copy, no torch formula)."""
+    launches, seen = device
     q, k, v = qkv(seq=128)
     tuner.attention(q, k, v)
     tuner.attention(q, k, v)
@@ -470,9 +471,15 @@ def test_a_view_of_sdpa_layout_is_quantized_in_place_and_other_views_take_prepar
     assert mean[7:10] == quant[19:22]
     assert out.shape == q.shape
     rows_strided = k.transpose(-1, -2).contiguous().transpose(-1, -2)  # head_dim not contiguous
+    work = device_work(lambda: tuner.attention(q, rows_strided, v), launches)
     seen.clear()
     tuner.attention(q, rows_strided, v)
-    assert [fn.name.split()[0] for fn, _ in seen] == ["attention"]
+    assert [fn.name.split()[:2] for fn, _ in seen] == [["prepare", "mean"],
+                                                        ["prepare", "quant_kv"], ["attention",
+                                                                                  "wgmma"]]
+    quant = seen[1][1]
+    assert quant[1] != rows_strided.data_ptr() and quant[19:22] == (0, heads * head_dim, head_dim)
+    assert work["ops"] == {"compute clone": 1, "factory empty": 2}  # k's copy; scratch, out
 
 
 def test_the_sdpa_drop_in_quantizes_a_rope_layout_in_place(device):

@@ -13,7 +13,6 @@ import torch
 
 from tuner.api import attention
 from tuner.errors import TunerError
-from variants.input_checks import row_strides
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -56,24 +55,21 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     why = unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         raise TunerError(why)
-    out = attention(kernel_layout(query), kernel_layout(key), kernel_layout(value),
-                    softmax_scale=scale, causal=bool(is_causal))
+    compiling = torch.compiler.is_compiling()
+    out = attention(kernel_layout(query, compiling), kernel_layout(key, compiling),
+                    kernel_layout(value, compiling), softmax_scale=scale, causal=bool(is_causal))
     return sdpa_layout(out, query.dtype)
 
 
-def kernel_layout(t):
-    """(batch, seq_len, heads, head_dim) of an SDPA-layout tensor: a view where the one-launch
-    quantization reads its rows in place (variants.input_checks.row_strides: a model's
-    projection viewed as heads, or a (batch, heads, seq_len, head_dim) tensor such as RoPE
-    writes), else a contiguous copy: rows it cannot read would take the torch ops, about 3x
-    the prepare time on the H200 (README), where one copy costs less."""
+def kernel_layout(t, compiling: bool):
+    """(batch, seq_len, heads, head_dim) of an SDPA-layout tensor, as a view: a repeated call's
+    quantization reads its rows in place where it can (variants.input_checks.row_strides: a
+    model's projection viewed as heads, or a (batch, heads, seq_len, head_dim) tensor such as
+    RoPE writes) and copies it contiguous where not (tuner/plans.py), so the view is checked
+    once, there. Traced (compiling: torch.compiler.is_compiling()), a tensor has no address to
+    check: the custom op gets a copy."""
     x = t.transpose(1, 2)
-    if x.is_contiguous():
-        return x
-    # Traced (torch.compile), a tensor has no address to check: the custom op gets a copy.
-    if not torch.compiler.is_compiling() and row_strides(x) is not None:
-        return x
-    return x.contiguous()
+    return x.contiguous() if compiling and not x.is_contiguous() else x
 
 
 def sdpa_layout(out, dtype):

@@ -123,8 +123,10 @@ def _on_kernels(query, key, value, is_causal, scale, max_error):
     # diffusers' native backend hands SDPA a permuted view of the kernels' layout, so the
     # transpose back is usually a view. tuner.attention is looked up on the package at call
     # time: what tuner.capture records.
-    out = tuner.attention(kernel_layout(query), kernel_layout(key), kernel_layout(value),
-                          causal=bool(is_causal), softmax_scale=scale, max_error=max_error)
+    compiling = torch.compiler.is_compiling()
+    out = tuner.attention(kernel_layout(query, compiling), kernel_layout(key, compiling),
+                          kernel_layout(value, compiling), causal=bool(is_causal),
+                          softmax_scale=scale, max_error=max_error)
     return sdpa_layout(out, query.dtype)
 
 

@@ -9,8 +9,7 @@ one scratch block (codes, packed scales, K smoothing's m and q . m, split_tail's
 the LSE when the caller drops it) and the outputs, and makes the launches prepare and run make,
 with the same arguments: K smoothing's mean kernel, the quantization and the kernel;
 split_tail's counters zeroed where it splits; K smoothing's LSE shift where the caller reads
-the LSE (only then does the quantization compute q . m: its build that does is fetched on the
-first such call). The quantization reads views in place where their rows allow it
+the LSE (only then does the quantization compute q . m, in a build of its own). The quantization reads views in place where their rows allow it
 (input_checks.row_strides: SDPA's (batch, heads, seq_len, head_dim) layout viewed back, say);
 a q or v the attention kernel reads raw is copied contiguous first. A call whose inputs the
 quantization cannot read (misaligned, rows not contiguous) gets None: the caller takes
@@ -127,8 +126,9 @@ class LaunchPlan:
                 ("q8", "k8", "v8", "packed", "mean", "shift", "workspace", "lse")}
 
     def _quant_writing_shift(self):
-        """The quantization that also writes q . m, built on the first call that reads the LSE;
-        None inside a CUDA-graph capture before that (the call then takes q_dot)."""
+        """The quantization that also writes q . m, looked up on the first call that reads the
+        LSE (the first call's prepare built it); None inside a CUDA-graph capture where it was
+        never built (the call then takes q_dot)."""
         from variants import block_quantize_kernel
 
         self._shift_quant = block_quantize_kernel.compiled(**self._shift_build,

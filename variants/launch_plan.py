@@ -9,8 +9,9 @@ one scratch block (codes, packed scales, K smoothing's m and q . m, split_tail's
 the LSE when the caller drops it) and the outputs, and makes the launches prepare and run make,
 with the same arguments: K smoothing's mean kernel, the quantization and the kernel;
 split_tail's counters zeroed where it splits; K smoothing's LSE shift where the caller reads
-the LSE (only then does the quantization compute q . m, in a build of its own). The quantization reads views in place where their rows allow it
-(input_checks.row_strides: SDPA's (batch, heads, seq_len, head_dim) layout viewed back, say);
+the LSE (only then does the quantization compute q . m, in a build of its own). The
+quantization reads views in place where their rows allow it (input_checks.row_strides: SDPA's
+(batch, heads, seq_len, head_dim) layout viewed back, say);
 a q or v the attention kernel reads raw is copied contiguous first. A call whose inputs the
 quantization cannot read (misaligned, rows not contiguous) gets None: the caller takes
 prepare + run. A

@@ -119,10 +119,16 @@ def test_cuda_graph_capture_and_replay_match_eager(q_in_kernel):
 
 
 @pytest.mark.parametrize("rotate", [False, True], ids=["smoothed", "smoothed-rotated"])
-def test_a_planned_call_with_or_without_the_lse_gives_the_first_calls_bits(rotate):
+@pytest.mark.parametrize(("heads", "kv_heads", "seq_kv", "causal"),
+                         [(56, 56, 1000, False), (8, 2, 777, True)],
+                         ids=["self", "gqa-cross-causal"])
+def test_a_planned_call_with_or_without_the_lse_gives_the_first_calls_bits(rotate, heads,
+                                                                           kv_heads, seq_kv,
+                                                                           causal):
     """The plan runs the quantization without q . m where the caller drops the LSE, and with it
     where the LSE is returned: both give the output, and the latter the LSE, of the first call
-    (prepare + run) bit for bit."""
+    (prepare + run) bit for bit; with grouped KV heads each query head's shift is its KV
+    head's."""
     import dataclasses
 
     import tuner
@@ -130,10 +136,18 @@ def test_a_planned_call_with_or_without_the_lse_gives_the_first_calls_bits(rotat
 
     config = dataclasses.replace(wgmma.default("sm_90a"), q_quant="prepare", k_smoothing="mean",
                                  qk_rotation="hadamard" if rotate else "none")
-    q, k, v = qkv(1000, seed=11)
-    k += 4 * torch.randn(128, device="cuda", dtype=torch.bfloat16)  # a bias smoothing removes
-    first_out, first_lse = tuner.attention(q, k, v, return_lse=True, config=config)
-    dropped = tuner.attention(q, k, v, config=config)
-    out, lse = tuner.attention(q, k, v, return_lse=True, config=config)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    q = torch.randn(1, 1000, heads, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, seq_kv, kv_heads, 128, device="cuda", generator=g,
+                        dtype=torch.bfloat16) for _ in range(2))
+    k += 4 * torch.randn(kv_heads, 128, device="cuda", generator=g,
+                         dtype=torch.bfloat16)  # a bias per KV head, which smoothing removes
+    first_out, first_lse = tuner.attention(q, k, v, causal=causal, return_lse=True,
+                                           config=config)
+    dropped = tuner.attention(q, k, v, causal=causal, config=config)
+    out, lse = tuner.attention(q, k, v, causal=causal, return_lse=True, config=config)
     assert torch.equal(dropped, first_out) and torch.equal(out, first_out)
     assert torch.equal(lse, first_lse)
+    metrics = validate(q, k, v, out, lse, causal=causal, k_smoothing="mean",
+                       qk_rotation=config.qk_rotation)
+    assert metrics.passed, metrics.reason

@@ -134,8 +134,10 @@ def test_a_planned_call_with_or_without_the_lse_gives_the_first_calls_bits(rotat
     import tuner
     from variants import wgmma
 
-    config = dataclasses.replace(wgmma.default("sm_90a"), q_quant="prepare", k_smoothing="mean",
-                                 qk_rotation="hadamard" if rotate else "none")
+    problem = runtime.Problem(1, heads, 1000, 128, seq_len_kv=seq_kv, kv_heads=kv_heads,
+                              causal=causal)
+    config = dataclasses.replace(wgmma.default("sm_90a", problem), q_quant="prepare",
+                                 k_smoothing="mean", qk_rotation="hadamard" if rotate else "none")
     g = torch.Generator(device="cuda").manual_seed(11)
     q = torch.randn(1, 1000, heads, 128, device="cuda", generator=g, dtype=torch.bfloat16)
     k, v = (torch.randn(1, seq_kv, kv_heads, 128, device="cuda", generator=g,

@@ -13,8 +13,9 @@ descales, SDPA bf16 (cuDNN) and SageAttention 1 (fp16 in) where installed. Rows:
 causal and "k_bias_8" on 32 query heads over 8 KV heads).
 
 Then the transforms' cost: tuner.attention end to end from bf16 (GPU time, as the e2e suite
-times it) with each setting at --cost-shapes, against plain in interleaved rounds (ratios
-taken within a round, since clocks drift between runs by more than a transform costs); and
+times it) with each setting at --cost-shapes, against plain in rounds that take the settings
+in turn call by call (ratios taken within a round, since clocks drift within a run by more
+than a transform costs); and
 the smoothing vector from the full mean (torch) and from the sampled mean (prepare's: the mean
 kernel, variants/key_mean_kernel.py).
 """
@@ -161,9 +162,10 @@ def _errors(kind_name: str, problem, seed: int) -> tuple[dict, str]:
 def _cost(problem, gpu, args) -> list:
     """ms of tuner.attention per setting, and of the two smoothing vectors, at one shape.
 
-    The settings are timed in --cost-rounds interleaved rounds (the order rotating each round),
-    and each ratio is taken within its round: clocks drift by a few percent between runs, more
-    than a transform costs, so only same-round ratios compare. Cells: median ms over rounds,
+    The settings are timed in --cost-rounds rounds (the order rotating each round), each round
+    one queued sequence that takes the settings in turn call by call (common.time_interleaved),
+    and each ratio is taken within its round: clocks drift by a few percent within a run, more
+    than a transform costs, so only calls side by side compare. Cells: median ms over rounds,
     then the median ratio against plain and its range over rounds."""
     import statistics
 
@@ -183,11 +185,11 @@ def _cost(problem, gpu, args) -> list:
     ms = {s: [] for s in runnable}
     for r in range(rounds):
         order = runnable[r % len(runnable):] + runnable[:r % len(runnable)]
-        for setting in order:
-            ms[setting].append(common.time_calls(
-                lambda i, c=configs[setting]: tuner.attention(
-                    *sets[i % len(sets)], causal=problem.causal, config=c),
-                len(sets), args.repeats).median_ms)
+        medians = common.time_interleaved(
+            [lambda i, c=configs[s]: tuner.attention(*sets[i], causal=problem.causal, config=c)
+             for s in order], len(sets), args.repeats)
+        for setting, median in zip(order, medians, strict=True):
+            ms[setting].append(median)
     full = common.time_calls(lambda i: smoothing_vector(sets[i % len(sets)][1], sample_keys=None),
                              len(sets), args.repeats).median_ms
     k = sets[0][1]  # the sampled mean as prepare takes it: the mean kernel, torch.mean without

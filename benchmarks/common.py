@@ -177,6 +177,39 @@ def time_calls(call: Callable[[int], Any], n_sets: int, repeats: int, warmup: in
     return Stat(med, q3 - q1)
 
 
+def time_interleaved(calls: list[Callable[[int], Any]], n_sets: int, repeats: int,
+                     warmup: int = 3) -> list[float]:
+    """GPU ms of each of `calls` (call(i): i cycles over n_sets rotated input sets), the calls
+    taken in turn within one queued sequence: call number c is calls[c % len(calls)](c %
+    n_sets), so a clock that drifts over the sequence reaches every one of them alike (timed in
+    blocks, one after another, each sees its own clocks). One untimed call of each, warm-up,
+    then `repeats` samples of each (tuner.measure.queued_event_samples); the median of each."""
+    import statistics
+
+    import torch
+
+    from tuner.measure import queued_event_samples
+
+    n = len(calls)
+
+    def call(c):
+        return calls[c % n](c % n_sets)
+
+    for c in range(n):
+        call(c)
+    torch.cuda.synchronize()
+    n_warm = n * max(warmup, n_sets)
+    t0 = time.perf_counter()
+    for c in range(n_warm):
+        call(c)
+    host_ms = (time.perf_counter() - t0) * 1e3 / n_warm
+    torch.cuda.synchronize()
+    device = torch.device("cuda", torch.cuda.current_device())
+    samples = queued_event_samples(call, repeats * n, host_ms, device,
+                                   sync=torch.cuda.synchronize)
+    return [statistics.median(samples[j::n]) for j in range(n)]
+
+
 def input_sets(problem: Problem, l2_bytes: int, seed: int, extra_bytes: int = 0) -> list:
     """Seeded bf16 (q, k, v) sets of the problem, as many as make their total (with
     `extra_bytes` a set: the outputs, say) exceed 2x L2 when one set fits in it

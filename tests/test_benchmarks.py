@@ -436,3 +436,36 @@ def test_the_commit_is_dirty_for_changes_outside_the_results_pages(tmp_path, mon
     # A tree copied without .git (a lent GPU machine) is told its commit.
     monkeypatch.setenv("BENCHMARKS_COMMIT", COMMIT)
     assert results.commit_id(tmp_path / "benchmarks" / "results" / "missing") == COMMIT
+
+
+# ---- timing settings side by side ---------------------------------------------------------------
+
+def test_interleaved_timing_takes_the_settings_in_turn_and_gives_each_its_own_median(
+        monkeypatch):
+    """common.time_interleaved: the timed sequence alternates the settings call by call with
+    the input sets rotating, and each setting's median is over its own calls only (a setting
+    whose calls the fake GPU makes slower comes out slower by that much)."""
+    import torch
+
+    from tuner import measure
+
+    ran = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def samples(fn, repeats, host_ms, device, sync):
+        start = len(ran)
+        for c in range(repeats):
+            fn(c)
+        # a drifting clock (each call 1% slower than the one before) times every call
+        return [(1.0 + 0.01 * c) * (2.0 if ran[start + c][0] == "slow" else 1.0)
+                for c in range(repeats)]
+
+    monkeypatch.setattr(measure, "queued_event_samples", samples)
+    calls = [lambda i, s=s: ran.append((s, i)) for s in ("plain", "slow", "other")]
+    medians = common.time_interleaved(calls, n_sets=2, repeats=5)
+    timed = ran[-15:]
+    assert [s for s, _ in timed] == ["plain", "slow", "other"] * 5
+    assert [i for _, i in timed] == [c % 2 for c in range(15)]
+    # each setting's five calls: plain 0, 3, ..., 12; slow 1, 4, ...; other 2, 5, ...
+    assert medians == pytest.approx([1.06, 2 * 1.07, 1.08])

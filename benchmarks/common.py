@@ -158,34 +158,27 @@ def time_calls(call: Callable[[int], Any], n_sets: int, repeats: int, warmup: in
     call may compile), warm-up, then `repeats` calls queued behind a GPU spin long enough for
     the host to queue them all (tuner.measure.queued_event_samples), so that each CUDA-event
     sample is the GPU's work, not the host's launch cost; median and IQR."""
-    import torch
+    from tuner.measure import summarize
 
-    from tuner.measure import queued_event_samples, summarize
-
-    call(0)
-    torch.cuda.synchronize()
-    n_warm = max(warmup, n_sets)
-    t0 = time.perf_counter()
-    for i in range(n_warm):
-        call(i % n_sets)
-    host_ms = (time.perf_counter() - t0) * 1e3 / n_warm  # queueing alone, before the sync
-    torch.cuda.synchronize()
-    device = torch.device("cuda", torch.cuda.current_device())
-    samples = queued_event_samples(lambda i: call(i % n_sets), repeats, host_ms, device,
-                                   sync=torch.cuda.synchronize)
-    med, q1, q3, _ = summarize(samples)
+    med, q1, q3, _ = summarize(_queued_in_turn([call], n_sets, repeats, warmup)[0])
     return Stat(med, q3 - q1)
 
 
 def time_interleaved(calls: list[Callable[[int], Any]], n_sets: int, repeats: int,
                      warmup: int = 3) -> list[float]:
-    """GPU ms of each of `calls` (call(i): i cycles over n_sets rotated input sets), the calls
-    taken in turn within one queued sequence: call number c is calls[c % len(calls)](c %
-    n_sets), so a clock that drifts over the sequence reaches every one of them alike (timed in
-    blocks, one after another, each sees its own clocks). One untimed call of each, warm-up,
-    then `repeats` samples of each (tuner.measure.queued_event_samples); the median of each."""
+    """GPU ms of each of `calls` (as time_calls' call), the calls taken in turn within one
+    queued sequence, so that a clock that drifts over the sequence reaches every one of them
+    alike (timed in blocks, one after another, each sees its own clocks); the median of each."""
     import statistics
 
+    return [statistics.median(s) for s in _queued_in_turn(calls, n_sets, repeats, warmup)]
+
+
+def _queued_in_turn(calls: list[Callable[[int], Any]], n_sets: int, repeats: int,
+                    warmup: int) -> list[list[float]]:
+    """`repeats` GPU-ms samples of each of `calls`, taken in turn: call number c is
+    calls[c % len(calls)](c % n_sets). One untimed call of each (a first call may compile),
+    warm-up, then the samples queued behind a GPU spin (tuner.measure.queued_event_samples)."""
     import torch
 
     from tuner.measure import queued_event_samples
@@ -202,12 +195,12 @@ def time_interleaved(calls: list[Callable[[int], Any]], n_sets: int, repeats: in
     t0 = time.perf_counter()
     for c in range(n_warm):
         call(c)
-    host_ms = (time.perf_counter() - t0) * 1e3 / n_warm
+    host_ms = (time.perf_counter() - t0) * 1e3 / n_warm  # queueing alone, before the sync
     torch.cuda.synchronize()
     device = torch.device("cuda", torch.cuda.current_device())
     samples = queued_event_samples(call, repeats * n, host_ms, device,
                                    sync=torch.cuda.synchronize)
-    return [statistics.median(samples[j::n]) for j in range(n)]
+    return [samples[j::n] for j in range(n)]
 
 
 def input_sets(problem: Problem, l2_bytes: int, seed: int, extra_bytes: int = 0) -> list:

@@ -20,6 +20,7 @@ from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.store import Store, TrialRecord
 from variants import mma_sync, wgmma
+from variants.build import CompiledKernel
 from variants.launch import FastLaunch
 
 ARCH = "sm_90a"
@@ -482,7 +483,7 @@ def test_a_view_of_sdpa_layout_is_quantized_in_place_and_other_views_are_copied(
     assert work["ops"] == {"compute clone": 1, "factory empty": 2}  # k's copy; scratch, out
 
 
-def test_the_sdpa_drop_in_quantizes_a_rope_layout_in_place(device):
+def test_the_sdpa_drop_in_quantizes_a_rope_layout_in_place(device, monkeypatch):
     """SDPA inputs (batch, heads, seq_len, head_dim) contiguous, as a RoPE applied in that
     layout writes them: k and v reach the quantization as views (their strides in its
     arguments, no copy); only q, which this config's attention kernel reads raw, is copied."""
@@ -492,7 +493,13 @@ def test_the_sdpa_drop_in_quantizes_a_rope_layout_in_place(device):
     q, k, v = (x.transpose(1, 2).contiguous() for x in qkv(seq=128))
     tuner.scaled_dot_product_attention(q, k, v)
     tuner.scaled_dot_product_attention(q, k, v)
+    prepared = []
+    real = CompiledKernel.prepare
+    monkeypatch.setattr(CompiledKernel, "prepare",
+                        lambda self, *a, **kw: prepared.append(1) or real(self, *a, **kw))
+    seen.clear()
     work = device_work(lambda: tuner.scaled_dot_product_attention(q, k, v), launches)
+    assert not prepared  # the plan's launches, not prepare + run
     assert work["ops"].get("compute clone", 0) == 1  # q's, for the kernel's own quantization
     quant = [values for fn, values in seen if fn.name.startswith("prepare quant")][-1]
     _, heads, seq, head_dim = k.shape

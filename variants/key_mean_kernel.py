@@ -95,12 +95,12 @@ class KeyMean:
             dst[0] = total / count.to(cutlass.Float32)
 
 
-def launch_scalars(k_shape, k_strides) -> tuple[int, ...]:
-    """The launch's scalars for a k of this shape (batch, seq_len_kv, kv_heads, head_dim) and
-    (batch, token, head) strides (input_checks.row_strides): batch * kv_heads, seq_len_kv,
-    kv_heads, stride and size of the sample, the strides."""
+def launch_scalars(k_shape) -> tuple[int, ...]:
+    """The launch's scalars that k's shape (batch, seq_len_kv, kv_heads, head_dim) decides:
+    batch * kv_heads, seq_len_kv, kv_heads, stride and size of the sample. The caller appends
+    k's (batch, token, head) strides (input_checks.row_strides), which each call's k decides."""
     from variants.transforms import sample_stride
 
     batch, seq_len_kv, kv_heads, _ = k_shape
     stride = sample_stride(seq_len_kv)
-    return batch * kv_heads, seq_len_kv, kv_heads, stride, -(-seq_len_kv // stride), *k_strides
+    return batch * kv_heads, seq_len_kv, kv_heads, stride, -(-seq_len_kv // stride)

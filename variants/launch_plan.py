@@ -115,7 +115,7 @@ class LaunchPlan:
                          *contiguous_row_strides(k.shape))
         # The attention kernel reads these inputs' rows itself, contiguous only.
         plan._raw_q, plan._raw_v = not with_q, v16
-        plan._mean_launch, plan._mean_scalars = mean, mean_scalars(k.shape, ()) if smooth else ()
+        plan._mean_launch, plan._mean_scalars = mean, mean_scalars(k.shape) if smooth else ()
         plan._mean_shape = (batch, k.shape[2], head_dim)
         plan._device, plan._index, plan._stream = device, device.index, stream_query()
         plan._out_shape, plan._lse_shape = tuple(q.shape), (batch, heads, seq_len)

@@ -95,7 +95,7 @@ def smoothing_vector_on_gpu(launch, k: torch.Tensor, out: torch.Tensor) -> torch
     from variants.key_mean_kernel import launch_scalars
     from variants.launch import current_stream_handle
 
-    launch(k.data_ptr(), out.data_ptr(), *launch_scalars(k.shape, row_strides(k)),
+    launch(k.data_ptr(), out.data_ptr(), *launch_scalars(k.shape), *row_strides(k),
            current_stream_handle(k.device))
     return out
 
@@ -135,19 +135,18 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
            v8.data_ptr() if with_v else 0,
            packed.data_ptr(), 0 if k_mean is None else k_mean.data_ptr(),
            0 if shift is None else shift.data_ptr(),
-           *quant_scalars(q.shape, k.shape, layout, row_strides(q), row_strides(k),
-                          row_strides(v)),
-           current_stream_handle(device))
+           *quant_scalars(q.shape, k.shape, layout), *row_strides(q), *row_strides(k),
+           *row_strides(v), current_stream_handle(device))
     return q8, k8, v8, packed, shift
 
 
-def quant_scalars(q_shape, k_shape, layout: PackedLayout, *strides) -> tuple[int, ...]:
-    """The scalars of a quantization launch, between its pointers and its stream: batch, heads,
-    kv_heads, seq_len, padded, seq_len_kv, padded_kv, then q's, k's and v's (batch, token, head)
-    strides (input_checks.row_strides: three triples)."""
+def quant_scalars(q_shape, k_shape, layout: PackedLayout) -> tuple[int, ...]:
+    """The scalars of a quantization launch that the shapes decide, after its pointers: batch,
+    heads, kv_heads, seq_len, padded, seq_len_kv, padded_kv. The caller appends q's, k's and v's
+    (batch, token, head) strides (input_checks.row_strides), which each call's inputs decide."""
     batch, seq_len, heads, _ = q_shape
     return (batch, heads, k_shape[2], seq_len, layout.padded_len, k_shape[1],
-            layout.padded_len_kv, *(x for triple in strides for x in triple))
+            layout.padded_len_kv)
 
 
 def _transformed(q: torch.Tensor, k: torch.Tensor, k_mean: torch.Tensor | None, rotate: bool):

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from variants import transforms
-from variants.input_checks import row_strides
 from variants.key_mean_kernel import THREADS, VEC, launch_scalars
 from variants.prepare import mean_launcher, smoothing_vector_on_gpu
 
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.gpu
 def _emulated(k: torch.Tensor) -> torch.Tensor:
     """The kernel's arithmetic: `groups` fp32 partial sums per feature, group g adding keys
     g, g + groups, ... of the sample in order; then the partials in group order; / count."""
-    _, _, _, stride, count, *_ = launch_scalars(k.shape, row_strides(k))
+    _, _, _, stride, count = launch_scalars(k.shape)
     groups = THREADS // (k.shape[-1] // VEC)
     sample = k[:, ::stride].float()  # (batch, count, kv_heads, head_dim)
     partial = torch.zeros((groups, *sample[:, 0].shape), device=k.device)

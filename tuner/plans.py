@@ -49,14 +49,7 @@ class CallPlan:
         launch = self.launch
         if launch is None or _monotonic() >= self.fresh_until:
             return None
-        result = launch(q, k, v, softmax_scale, want_lse, keep_lse)
-        if result is None and not (q.is_contiguous() and k.is_contiguous()
-                                   and v.is_contiguous()):
-            # Views whose rows the quantization cannot read in place: a contiguous copy each
-            # costs less than prepare's torch formula (about 3x the quantization's time).
-            result = launch(q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale,
-                            want_lse, keep_lse)
-        return result
+        return launch(q, k, v, softmax_scale, want_lse, keep_lse)
 
     def fresh(self) -> bool:
         """Whether the plan may run without re-reading its database's stamp."""

@@ -65,9 +65,9 @@ def kernel_layout(t, compiling: bool):
     """(batch, seq_len, heads, head_dim) of an SDPA-layout tensor, as a view: a repeated call's
     quantization reads its rows in place where it can (variants.input_checks.row_strides: a
     model's projection viewed as heads, or a (batch, heads, seq_len, head_dim) tensor such as
-    RoPE writes) and copies it contiguous where not (tuner/plans.py), so the view is checked
-    once, there. Traced (compiling: torch.compiler.is_compiling()), a tensor has no address to
-    check: the custom op gets a copy."""
+    RoPE writes) and copies it contiguous where not (variants/launch_plan.py), so the view is
+    checked once, there. Traced (compiling: torch.compiler.is_compiling()), a tensor has no
+    address to check: the custom op gets a copy."""
     x = t.transpose(1, 2)
     return x.contiguous() if compiling and not x.is_contiguous() else x
 

@@ -11,9 +11,9 @@ with the same arguments: K smoothing's mean kernel, the quantization and the ker
 split_tail's counters zeroed where it splits; K smoothing's LSE shift where the caller reads
 the LSE (only then does the quantization compute q . m, in a build of its own). The
 quantization reads views in place where their rows allow it (input_checks.row_strides: SDPA's
-(batch, heads, seq_len, head_dim) layout viewed back, say);
-a q or v the attention kernel reads raw is copied contiguous first. A call whose inputs the
-quantization cannot read (misaligned, rows not contiguous) gets None: the caller takes
+(batch, heads, seq_len, head_dim) layout viewed back, say); a view it cannot read (rows not
+contiguous), or a q or v the attention kernel reads raw, is copied contiguous first. A call
+whose inputs are misaligned gets None: the caller takes
 prepare + run. A
 pv_dtype=bf16 kernel reads the caller's bf16 V: its plan quantizes q and k only and hands the
 kernel v's own pointer (prepare + run pass it on likewise); fp16 inputs, whose V prepare casts
@@ -143,17 +143,12 @@ class LaunchPlan:
                 return None
             strides = self._strides
         else:  # views: the quantization reads them in place (SDPA's layout, say)
-            # What the attention kernel reads raw (q it quantizes, a bf16 v) it reads contiguous.
-            if self._raw_q and not q.is_contiguous():
-                q = q.contiguous()
-                qp = q.data_ptr()
-            if self._raw_v and not v.is_contiguous():
-                v = v.contiguous()
-                vp = v.data_ptr()
-            found = (row_strides(q), row_strides(k), row_strides(v))
-            if None in found:  # rows the quantization cannot read: prepare's torch path
-                return None
-            strides = (*found[0], *found[1], *found[2])
+            (q, q_rows), (k, k_rows), (v, v_rows) = (
+                _as_read(q, self._raw_q), _as_read(k, False), _as_read(v, self._raw_v))
+            if q_rows is None or k_rows is None or v_rows is None:
+                return None  # misaligned, or offsets past 32 bits: prepare's torch path
+            qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+            strides = (*q_rows, *k_rows, *v_rows)
         if softmax_scale is None:
             scale = self.default_scale
         else:
@@ -195,6 +190,19 @@ class LaunchPlan:
                 q_dot_m = q_dot(q, _part(scratch, self._mean, self._mean_shape))
             lse.add_(q_dot_m, alpha=scale)
         return out, lse
+
+
+def _as_read(x: torch.Tensor, raw: bool):
+    """(x as the launches read it, its row_strides or None): a view in place where the
+    quantization can read its rows and the attention kernel does not read it raw (q it
+    quantizes, a bf16 v); else a contiguous copy, which costs less than prepare's torch formula
+    (about 3x the quantization's time)."""
+    if not x.is_contiguous():
+        rows = None if raw else row_strides(x)
+        if rows is not None:
+            return x, rows
+        x = x.contiguous()
+    return x, row_strides(x)
 
 
 def _part(scratch: torch.Tensor, at: int, shape: tuple[int, ...]) -> torch.Tensor:

@@ -483,6 +483,33 @@ def test_a_view_of_sdpa_layout_is_quantized_in_place_and_other_views_are_copied(
     assert work["ops"] == {"compute clone": 1, "factory empty": 2}  # k's copy; scratch, out
 
 
+def test_each_view_is_read_with_its_own_strides_and_a_misaligned_one_is_copied(device):
+    """The plan keeps the row strides of the last views it read in place: views of another
+    layout of the same shape get theirs, and a view of the same strides whose base is not
+    16-byte aligned is copied (its rows cannot be read as 16-byte pieces)."""
+    from variants.input_checks import row_strides
+
+    _, seen = device
+    q, k, v = qkv(seq=128)
+    tuner.attention(q, k, v)
+    tuner.attention(q, k, v)
+    batch, seq, heads, head_dim = k.shape
+    sdpa = k.transpose(1, 2).contiguous().transpose(1, 2)
+    fused = torch.randn(batch, seq, 3, heads, head_dim, dtype=k.dtype)[:, :, 1]  # a QKV slice
+    flat = torch.randn(k.numel() + 8, dtype=k.dtype)
+    misaligned = flat[1:1 + k.numel()].view(batch, heads, seq, head_dim).transpose(1, 2)
+    assert misaligned.stride() == sdpa.stride() and misaligned.data_ptr() % 16
+    for view in (sdpa, fused, sdpa, misaligned, fused, sdpa):  # misaligned after its layout
+        seen.clear()
+        tuner.attention(q, view, v)
+        quant = [values for fn, values in seen if fn.name.startswith("prepare quant")][-1]
+        if view is misaligned:
+            assert quant[1] != view.data_ptr() and quant[1] % 16 == 0
+            assert quant[19:22] == row_strides(view.contiguous())
+        else:
+            assert quant[1] == view.data_ptr() and quant[19:22] == row_strides(view)
+
+
 def test_the_sdpa_drop_in_quantizes_a_rope_layout_in_place(device, monkeypatch):
     """SDPA inputs (batch, heads, seq_len, head_dim) contiguous, as a RoPE applied in that
     layout writes them: k and v reach the quantization as views (their strides in its

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.compile
 INPUTS = 3  # q, k and v in one launch
 
 
-def _ptx(tmp_path, *args, **kwargs) -> str:
-    compile_kernel("quant", *args, keep_ptx_in=str(tmp_path), **kwargs)
+def _ptx(tmp_path, *args, name="quant", **kwargs) -> str:
+    compile_kernel(name, *args, keep_ptx_in=str(tmp_path), **kwargs)
     return "".join(p.read_text() for p in Path(tmp_path).glob("*.ptx"))
 
 
@@ -117,6 +117,38 @@ def test_the_smoothing_mean_gives_every_thread_a_group_at_every_head_dim():
 
     for head_dim in HEAD_DIMS:
         assert THREADS % (head_dim // VEC) == 0 and THREADS >= head_dim
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_120a", "sm_89"])
+def test_the_mean_launch_lets_the_quantization_start_and_only_m_readers_wait(arch, tmp_path):
+    """Programmatic dependent launch (sm_90 on): the mean launch's CTAs first let the launch
+    after them start, and in the quantization only the code that reads m waits for the mean
+    launch: k's CTAs, after issuing their rows' loads, before m's one load (q's and v's CTAs
+    never wait; with write_shift q's wait before their m). sm_89 has neither instruction."""
+    pdl = arch != "sm_89"
+    (tmp_path / "mean").mkdir()
+    compile_kernel("mean", torch.bfloat16, 128, arch, keep_ptx_in=str(tmp_path / "mean"))
+    mean = "".join(p.read_text() for p in (tmp_path / "mean").glob("*.ptx"))
+    first_load = mean.index("ld.global")
+    assert ("griddepcontrol.launch_dependents" in mean[:first_load]) == pdl
+    assert "griddepcontrol.wait" not in mean
+    for i, (flags, waits) in enumerate(((dict(smooth_k=True, write_shift=False), 1),
+                                        (dict(smooth_k=True), 2), ({}, 0),
+                                        (dict(rotate_qk=True), 0))):
+        if arch == "sm_89" and flags.get("rotate_qk"):
+            continue
+        path = tmp_path / f"quant{i}"
+        path.mkdir()
+        ptx = _ptx(path, torch.bfloat16, 128, arch, True, True, **flags)
+        assert ptx.count("griddepcontrol.wait") == (waits if pdl else 0), flags
+        assert "launch_dependents" not in ptx
+    (tmp_path / "kv").mkdir()
+    kv = _ptx(tmp_path / "kv", torch.bfloat16, 128, arch, True, True, name="quant_kv",
+              smooth_k=True)
+    if pdl:  # k's 8 row loads, the wait, m's load, then the CTA's barrier
+        before, after = kv.split("griddepcontrol.wait", 1)
+        assert before.count("ld.global.v4.b32") == ROWS
+        assert after[:after.index("bar.sync")].count("ld.global") == 1
 
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_120a"])

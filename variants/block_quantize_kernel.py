@@ -24,7 +24,10 @@ rows of c chunks, the row on 2 lanes), keeps them in registers, reduces the amax
 row's lanes; k, v: the CTA, through shared memory) and casts from the registers. V's feature-major
 codes go through a shared tile (a thread's 8 x 8 codes transposed in registers). With smooth_k
 the CTA copies m of its head to shared memory after its rows' loads, and threads read it a chunk
-at a time, so that it holds no registers beside the rows.
+at a time, so that it holds no registers beside the rows. On sm_90 and later (pdl) the launch is
+the programmatic dependent of K smoothing's mean launch (variants/key_mean_kernel.py): q's and
+v's CTAs run beside it, and a CTA that reads m waits for it (griddepcontrol.wait) after issuing
+its rows' loads.
 
 The scales go to one fp32 buffer in the kernels' layout (abi.block_scale_views): q's descale
 (batch, heads, padded), then per (batch, kv_heads, ceil(padded_kv / 64)) K's descale, log2 of
@@ -91,12 +94,13 @@ class BlockQuant:
     runtime. Arguments: q, k, v, their codes, the packed scales, m (16-byte aligned) and shift
     (m read only with smooth_k, shift written only with write_shift: pass 0 otherwise), batch,
     heads, kv_heads, seq_len, padded, seq_len_kv, padded_kv, stream. qk_int8: q's and k's codes
-    int8."""
+    int8. pdl (with smooth_k): launched as the programmatic dependent of the mean launch before
+    it, sm_90 on."""
 
     def __init__(self, in_dtype, head_dim: int, v_feature_major: bool = True,
                  permute_keys: bool = False, quantize_q: bool = True, smooth_k: bool = False,
                  rotate_qk: bool = False, quantize_v: bool = True, qk_int8: bool = False,
-                 write_shift: bool = True) -> None:
+                 write_shift: bool = True, pdl: bool = False) -> None:
         self.in_dtype = in_dtype
         self.qk_int8 = qk_int8
         # q's and k's codes: (element type, fl32 descale per amax, code of amax)
@@ -111,6 +115,9 @@ class BlockQuant:
         self.smooth_k = smooth_k
         self.write_shift = smooth_k and quantize_q and write_shift
         self.rotate_qk = rotate_qk
+        # After K smoothing's mean launch (sm_90 on): launched as its programmatic dependent, so
+        # that q's and v's CTAs run beside it; the CTAs that read m wait for it first.
+        self.pdl = pdl and smooth_k
         # q's and k's rows: `chunks` pieces of 8 features a thread (head_dim / 8 / chunks lanes).
         self.chunks = max(1, self.lanes // ROTATED_LANES) if rotate_qk else 1
 
@@ -171,7 +178,7 @@ class BlockQuant:
                     kv_ctas, q_sb, q_ss, q_sh, k_sb, k_ss, k_sh, v_sb, v_ss, v_sh,
                     SharedStorage).launch(
             grid=[grid, 1, 1], block=[self.threads, 1, 1],
-            smem=SharedStorage.size_in_bytes(), stream=stream)
+            smem=SharedStorage.size_in_bytes(), stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, q_ptr: cute.Pointer, k_ptr: cute.Pointer, v_ptr: cute.Pointer,
@@ -252,6 +259,8 @@ class BlockQuant:
         a thread: read there per chunk, it holds no registers while the rows do."""
         tidx, _, _ = cute.arch.thread_idx()
         shared = storage.mean.get_tensor(cute.make_layout(self.head_dim))
+        if cutlass.const_expr(self.pdl):  # the mean launch before this one has written m
+            cute.arch.griddepcontrol_wait()
         if tidx < self.head_dim // 4:
             src = cute.make_tensor(mean_ptr + (bh * self.head_dim + tidx * 4),
                                    cute.make_layout(4))
@@ -456,16 +465,23 @@ class BlockQuant:
 KERNELS = ("quant", "quant_kv", "expand", "mean")
 
 
+def pdl_arch(arch: str) -> bool:
+    """Whether `arch` (sm_89, sm_90a, sm_120a, ...) has programmatic dependent launch (sm_90
+    on): K smoothing's mean launch and the quantization after it overlap there."""
+    return int(arch.removeprefix("sm_").rstrip("af")) >= 90
+
+
 def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_keys: bool,
           smooth_k: bool = False, rotate_qk: bool = False, quantize_v: bool = True,
-          qk_int8: bool = False, write_shift: bool = True):
+          qk_int8: bool = False, write_shift: bool = True, pdl: bool = False):
     if name not in KERNELS:
         raise ValueError(f"unknown kernel {name!r}; one of {KERNELS}")
     if name in ("expand", "mean"):
         if smooth_k or rotate_qk or not quantize_v or qk_int8:
             raise ValueError(f"{name!r} quantizes nothing: it has no smooth_k, rotate_qk or "
                              "quantize_v=False (nor qk_int8); quantize with 'quant' for those")
-        return ExpandScales() if name == "expand" else KeyMean(_dsl_dtype(in_dtype), head_dim)
+        return ExpandScales() if name == "expand" else KeyMean(_dsl_dtype(in_dtype), head_dim,
+                                                               pdl)
     if rotate_qk and name == "quant_kv":
         raise ValueError("rotate_qk needs q rotated like k, and 'quant_kv' leaves q to the "
                          "attention kernel: quantize q here ('quant') or leave rotate_qk off")
@@ -473,7 +489,8 @@ def _make(name: str, in_dtype, head_dim: int, v_feature_major: bool, permute_key
         hadamard_dsl.check_head_dim(head_dim)  # a power of two up to 128, or a ValueError
     return BlockQuant(_dsl_dtype(in_dtype), head_dim, v_feature_major, permute_keys,
                       quantize_q=name == "quant", smooth_k=smooth_k, rotate_qk=rotate_qk,
-                      quantize_v=quantize_v, qk_int8=qk_int8, write_shift=write_shift)
+                      quantize_v=quantize_v, qk_int8=qk_int8, write_shift=write_shift,
+                      pdl=pdl)
 
 
 def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
@@ -486,11 +503,13 @@ def compile_kernel(name: str, in_dtype: torch.dtype, head_dim: int, arch: str,
     (variants/key_mean_kernel.KeyMean; the V layout unused) for `arch`, without
     a GPU; quantize_v=False: no v CTAs (V's scales neutral); qk_int8: int8 q and k codes;
     write_shift=False: with smooth_k, no q . m (for a call that drops the LSE); keep_ptx_in: a
-    directory to leave the PTX and the cubin in (the CPU tests read them)."""
+    directory to leave the PTX and the cubin in (the CPU tests read them). On an arch with
+    programmatic dependent launch (pdl_arch) the mean launch and a smoothing quantization after
+    it overlap."""
     from variants.dsl_compile import compile_for_arch
 
     kernel = _make(name, in_dtype, head_dim, v_feature_major, permute_keys, smooth_k, rotate_qk,
-                   quantize_v, qk_int8, write_shift)
+                   quantize_v, qk_int8, write_shift, pdl_arch(arch))
     fn, _, _ = compile_for_arch(kernel, arch, kernel.compile_args(),
                                 keep="--keep-ptx --keep-cubin" if keep_ptx_in else "",
                                 dump_dir=keep_ptx_in)

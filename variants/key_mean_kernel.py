@@ -10,6 +10,11 @@ and the gate bounds the difference (docs/gate.md, "smoothing vector").
 One CTA per (batch, KV head). A thread owns 8 features (one 16-byte load) of every
 `groups`-th sampled key, summed in fp32 in key order; the CTA then adds its groups' partial sums
 in group order through shared memory and divides by the sample's size, as torch.mean does.
+
+With pdl (sm_90 and later) each CTA first lets the launch after it start (programmatic dependent
+launch: griddepcontrol.launch_dependents), so the quantization's q and v CTAs, which need
+nothing of m, run beside this launch; its k CTAs wait for m (griddepcontrol.wait,
+block_quantize_kernel.py).
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ class KeyMean:
     seq_len_kv, kv_heads, the sample's stride and size, k's (batch, token, head) element strides
     (input_checks.row_strides), stream."""
 
-    def __init__(self, in_dtype, head_dim: int) -> None:
+    def __init__(self, in_dtype, head_dim: int, pdl: bool = False) -> None:
+        self.pdl = pdl  # let the quantization launched after it start (PDL, sm_90 on)
         self.in_dtype = in_dtype
         self.head_dim = head_dim
         self.lanes = head_dim // VEC  # threads per key
@@ -69,6 +75,8 @@ class KeyMean:
                kv_heads: cutlass.Int32, stride: cutlass.Int32, count: cutlass.Int32,
                k_sb: cutlass.Int32, k_ss: cutlass.Int32, k_sh: cutlass.Int32,
                SharedStorage: cutlass.Constexpr):
+        if cutlass.const_expr(self.pdl):  # the quantization's q and v CTAs need nothing of m
+            cute.arch.griddepcontrol_launch_dependents()
         bh, _, _ = cute.arch.block_idx()
         tidx, _, _ = cute.arch.thread_idx()
         storage = cutlass.memory.SmemAllocator().allocate(SharedStorage)

@@ -68,3 +68,50 @@ def test_a_nan_key_reaches_its_own_features_and_head_only():
     k[0, 5 * stride + 1, 0, 9] = math.nan  # not a sampled key
     got = _mean(k)
     assert got[0, 1, 7].isnan() and got.isnan().sum() == 1
+
+
+@pytest.mark.parametrize("rotate", [False, True], ids=["smooth", "both"])
+def test_the_quantization_after_the_mean_launch_reads_the_new_m(rotate):
+    """The quantization runs as the mean launch's programmatic dependent (sm_90 on): its q and v
+    CTAs start beside the mean launch, its k CTAs wait for m. m's buffer holds NaN before each
+    mean launch and the quantization is launched right after it (its outputs allocated before),
+    so a k CTA that read m early would write NaN codes: every call's codes must be those of
+    k - m with the m that launch wrote."""
+    from tests.gpu.test_block_quantize_gpu import POISON, _expected
+    from variants import block_quantize_kernel
+    from variants.block_scales import PackedLayout
+    from variants.input_checks import row_strides
+    from variants.launch import current_stream_handle
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    # Many quantization CTAs behind few mean CTAs: 2 KV heads, 16384 keys.
+    batch, seq, heads, seq_kv, kv_heads, dim = 1, 4096, 8, 16384, 2, 128
+    q = torch.randn(batch, seq, heads, dim, device="cuda", generator=g).bfloat16()
+    k = (torch.randn(batch, seq_kv, kv_heads, dim, device="cuda", generator=g)
+         + 6 * torch.randn(1, 1, kv_heads, dim, device="cuda", generator=g)).bfloat16()
+    v = torch.randn(batch, seq_kv, kv_heads, dim, device="cuda", generator=g).bfloat16()
+    mean = mean_launcher(k)
+    quant = block_quantize_kernel.compiled("quant", q.dtype, dim, q.device, smooth_k=True,
+                                           rotate_qk=rotate, permute_keys=True,
+                                           write_shift=False)
+    assert mean is not None and quant is not None
+    layout = PackedLayout(batch, heads, seq, kv_heads, seq_kv)
+    m = torch.empty(batch, kv_heads, dim, device="cuda")
+    q8 = torch.empty((batch, seq, heads, dim), dtype=torch.uint8, device="cuda")
+    k8 = torch.empty((batch, seq_kv, kv_heads, dim), dtype=torch.uint8, device="cuda")
+    v8 = torch.empty((batch, kv_heads, dim, seq_kv), dtype=torch.uint8, device="cuda")
+    packed = torch.empty(layout.size, device="cuda")
+    strides = [x for t in (q, k, v) for x in row_strides(t)]
+    for _ in range(20):
+        for out in (q8, k8, v8):
+            out.fill_(POISON)
+        m.fill_(math.nan)
+        smoothing_vector_on_gpu(mean, k, m)
+        quant(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(),
+              v8.data_ptr(), packed.data_ptr(), m.data_ptr(), 0, batch, heads, kv_heads, seq,
+              seq, seq_kv, seq_kv, *strides, current_stream_handle(q.device))
+        torch.cuda.synchronize()
+        assert not m.isnan().any()
+        want = _expected(q, k, v, m, True, rotate, True, True)
+        for name, a, b in zip("qkv", (q8, k8, v8), want[:3], strict=True):
+            assert torch.equal(a, b), f"{name} codes differ"

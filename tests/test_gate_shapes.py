@@ -80,7 +80,7 @@ class _DenseKernel:
     def __init__(self, problem, bug=None):
         self.problem, self.bug = problem, bug
 
-    def prepare(self, q, k, v, softmax_scale=None, validate=True):
+    def prepare(self, q, k, v, softmax_scale=None, validate=True, want_lse=True):
         return _Prepared(quantize_reference(q, k, v, softmax_scale))
 
     def run(self, prepared, out=None, lse=None, *, want_lse=True):

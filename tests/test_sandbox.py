@@ -105,7 +105,9 @@ def test_a_cpu_family_without_a_clock_of_its_own_is_timed_with_perf_counter():
 
 def test_prepare_is_timed_as_the_runtime_calls_it_without_the_input_checks():
     """The checks' finiteness scan syncs the device: timed per call it measured a host round
-    trip, 10x the GPU work at B=4 S=1024 on the H200, and picked a slower kernel there."""
+    trip, 10x the GPU work at B=4 S=1024 on the H200, and picked a slower kernel there. And as
+    a repeated call that drops the LSE prepares (want_lse=False: no K smoothing q . m), since
+    the timed runs drop it too."""
     import torch
 
     from tuner.measure import time_kernel
@@ -113,11 +115,12 @@ def test_prepare_is_timed_as_the_runtime_calls_it_without_the_input_checks():
 
     problem = Problem(**PROBLEM)
     inner = fake_family.compile(fake_family.Config(64, 3), problem, "sm_90a")
-    calls = []
+    calls, lse_kept = [], []
 
     class Recording:
-        def prepare(self, q, k, v, softmax_scale=None, *, validate=True):
+        def prepare(self, q, k, v, softmax_scale=None, *, validate=True, want_lse=True):
             calls.append(validate)
+            lse_kept.append(want_lse)
             return inner.prepare(q, k, v, softmax_scale)
 
         def run(self, prepared, out=None, lse=None, want_lse=True):
@@ -128,6 +131,7 @@ def test_prepare_is_timed_as_the_runtime_calls_it_without_the_input_checks():
     assert timing.prepare_ms > 0
     # The input set is made once with the checks; every timed call skips them.
     assert calls[0] is True and calls[1:] == [False] * 10
+    assert not any(lse_kept)
 
 
 def test_guarded_types_candidate_errors():

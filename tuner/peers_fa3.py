@@ -38,8 +38,8 @@ class Fa3Fp8Peer:
             ".device-fa3 and source .device-fa3/env.sh)").flash_attn_func
 
     def prepare(self, q, k, v, softmax_scale: float | None = None, *,
-                validate: bool = True) -> _Fa3Inputs:
-        # validate: the Kernel protocol's; a peer makes no input checks of its own.
+                validate: bool = True, want_lse: bool = True) -> _Fa3Inputs:
+        # validate, want_lse: the Kernel protocol's; a peer checks no inputs and has no shift.
         import torch
 
         batch, _, heads, dim = q.shape

@@ -59,9 +59,11 @@ class Kernel(Protocol):
     config: Any
     resources: ResourceUsage
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
+    def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True,
+                want_lse: bool = True):
         """bf16/fp16 (batch, seq_len, heads, head_dim) -> the FP8 inputs this config reads;
-        validate=False skips the input checks (the caller made them)."""
+        validate=False skips the input checks (the caller made them); want_lse=False prepares
+        for runs that drop the LSE (no K smoothing shift computed)."""
 
     def run(self, prepared, out=None, lse=None, *, want_lse: bool = True):
         """Launch on prepared inputs, into out/lse when given. Returns (out_bf16, lse_fp32).

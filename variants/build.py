@@ -280,8 +280,10 @@ class CompiledKernel:
     _single_launch: CompiledKernel | None = field(repr=False, default=None)
     _launchers: dict = field(repr=False, default_factory=dict)
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True):
-        """validate=False skips the input checks for a caller that has made them already."""
+    def prepare(self, q, k, v, softmax_scale: float | None = None, *, validate: bool = True,
+                want_lse: bool = True):
+        """validate=False skips the input checks for a caller that has made them already;
+        want_lse=False prepares for runs that drop the LSE (prepare.quantize_inputs)."""
         from variants.prepare import quantize_inputs
 
         feature_major, permuted = self._v_layout()
@@ -292,7 +294,8 @@ class CompiledKernel:
                                k_smoothing=self.config.k_smoothing,
                                qk_rotation=self.config.qk_rotation,
                                v_unquantized=self.config.v_unquantized,
-                               qk_dtype="int8" if self.config.qk_int8 else "e4m3")
+                               qk_dtype="int8" if self.config.qk_int8 else "e4m3",
+                               want_lse=want_lse)
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
         """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /

@@ -59,6 +59,9 @@ class Fp8Inputs:
     q_dot_mean: torch.Tensor | None = None
     # q's and k's codes are those of q R and k R (qk_rotation="hadamard"): QK^T unchanged.
     qk_rotated: bool = False
+    # Prepared for a caller that drops the LSE (prepare's want_lse=False): K smoothing's q . m
+    # was not computed, so the smoothed LSE cannot be restored.
+    lse_dropped: bool = False
 
     def __post_init__(self) -> None:
         if self.seq_len_kv is None:
@@ -113,6 +116,10 @@ class Fp8Inputs:
         a timed run on reused inputs pays it as every call does."""
         if self.k_mean is None:
             return None
+        if self.lse_dropped:
+            raise ValueError("these inputs were prepared with want_lse=False (K smoothing's "
+                             "q . m not computed): prepare them with want_lse=True to read "
+                             "the LSE")
         if self.q_dot_mean is None:
             return q_dot(self.q, self.k_mean)
         return self.q_dot_mean

@@ -102,7 +102,7 @@ def smoothing_vector_on_gpu(launch, k: torch.Tensor, out: torch.Tensor) -> torch
 
 def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_major: bool,
                            with_q: bool, k_mean: torch.Tensor | None, with_v: bool = True,
-                           qk_codes: torch.dtype = torch.float8_e4m3fn):
+                           qk_codes: torch.dtype = torch.float8_e4m3fn, write_shift: bool = True):
     """(codes of q, k, v in the kernel's layouts, packed scales, q . m or None): one launch,
     the outputs and one scale buffer allocated (each allocation costs host time). with_q=False
     (a launcher without q's CTAs): q is returned as it came, q's part of the scales is not
@@ -129,7 +129,7 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
     v8 = torch.empty(v_shape, dtype=torch.float8_e4m3fn, device=device) if with_v else v
     packed = torch.empty(layout.size, dtype=torch.float32, device=device)
     shift = None
-    if k_mean is not None and with_q:
+    if k_mean is not None and with_q and write_shift:
         shift = torch.empty((batch, heads, seq_len), dtype=torch.float32, device=device)
     launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), q8.data_ptr(), k8.data_ptr(),
            v8.data_ptr() if with_v else 0,
@@ -173,6 +173,7 @@ def quantize_inputs(
     qk_rotation: str = "none",
     v_unquantized: bool = False,
     qk_dtype: str = "e4m3",
+    want_lse: bool = True,
 ) -> Fp8Inputs:
     """Transform, quantize and lay out q, k, v for the FP8 kernels, on the device the inputs
     live on.
@@ -190,6 +191,9 @@ def quantize_inputs(
     "none" / "hadamard"); the rotation needs q quantized here (not q_in_kernel).
     v_unquantized: for a kernel with P.V in 16 bits: v is passed on in bf16, natural layout,
     unpadded (prepare_v16.unquantized_v), its packed scales neutral; only q and k are quantized.
+    want_lse=False: for a caller that drops the LSE, K smoothing's q . m is not computed (the
+    quantization's build without the dot, as a repeated call's), and the inputs refuse to
+    restore an LSE (Fp8Inputs.lse_dropped).
     """
     if validate:
         check_qkv(q, k, v)
@@ -232,7 +236,8 @@ def quantize_inputs(
     v_in = v if v16 is None else v16
     launch = quant_launcher(q, k, v_in, padded, padded_kv, v_feature_major=v_feature_major,
                             permute_keys=permute_keys, with_q=not q_in_kernel, smooth_k=smooth,
-                            rotate_qk=rotate, with_v=v16 is None, qk_int8=qk_int8)
+                            rotate_qk=rotate, with_v=v16 is None, qk_int8=qk_int8,
+                            write_shift=want_lse)
     # The mean of a strided sample of the keys: with the quantization's launch, the mean
     # kernel's (as the launch plans compute it), else one torch reduction.
     k_mean = None
@@ -243,17 +248,19 @@ def quantize_inputs(
             if mean is not None else transforms.smoothing_vector(k).contiguous()
     common = dict(seq_len=seq_len, key_permuted=permute_keys, softmax_scale=float(softmax_scale),
                   v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
-                  q_padded_len=q_padded_len, k_mean=k_mean, qk_rotated=rotate)
+                  q_padded_len=q_padded_len, k_mean=k_mean, qk_rotated=rotate,
+                  lse_dropped=smooth and not want_lse)
     if launch is not None:
         q8, k8, v8, packed, shift = _block_quantize_on_gpu(launch, q, k, v_in, layout,
                                                            v_feature_major, not q_in_kernel,
                                                            k_mean, with_v=v16 is None,
-                                                           qk_codes=codes_dtype)
+                                                           qk_codes=codes_dtype,
+                                                           write_shift=want_lse)
         return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, q_dot_mean=shift, **common)
     # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
     # (q_in_kernel: q's codes are computed too, and dropped; only its descales' place in the
     # packed buffer is used, with q's, which the kernel does not read.)
-    shift = q_dot(q, k_mean) if smooth and not q_in_kernel else None
+    shift = q_dot(q, k_mean) if smooth and not q_in_kernel and want_lse else None
     q_t, k_t = _transformed(q, k, k_mean, rotate)
     codes, scales = block_scales.quantize(q_t, k_t, v, qk_dtype)
     out = []

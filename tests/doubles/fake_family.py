@@ -119,7 +119,7 @@ class FakeKernel:
         self.resources = _Resources(registers=64 + cfg.stages * 16, spill_bytes=0,
                                     smem_bytes=cfg.tile * cfg.stages * 64)
 
-    def prepare(self, q, k, v, softmax_scale=None, validate=True):
+    def prepare(self, q, k, v, softmax_scale=None, validate=True, want_lse=True):
         from variants.prepare import quantize_inputs
 
         self.last_ms = PREPARE_MS

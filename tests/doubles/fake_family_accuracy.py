@@ -68,7 +68,7 @@ class AccuracyKernel:
         self.config = cfg
         self.last_ms: float | None = None  # the modelled cost of the latest call (time_launch)
 
-    def prepare(self, q, k, v, softmax_scale=None, validate=True):
+    def prepare(self, q, k, v, softmax_scale=None, validate=True, want_lse=True):
         from variants.prepare import quantize_inputs
 
         self.last_ms = _base.PREPARE_MS + (SMOOTH_MS if self.config.k_smoothing == "mean" else 0)

@@ -80,7 +80,7 @@ class FoldedKernel:
         self.config, self.problem = cfg, problem
         self.resources = ResourceUsage(registers=0, spill_bytes=0, smem_bytes=0)
 
-    def prepare(self, q, k, v, softmax_scale=None, validate=True):
+    def prepare(self, q, k, v, softmax_scale=None, validate=True, want_lse=True):
         return quantize_inputs(q, k, v, pad_to=PAD_TO, softmax_scale=softmax_scale,
                                validate=validate, v_feature_major=False,
                                k_smoothing=self.config.k_smoothing,

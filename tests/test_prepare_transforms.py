@@ -217,16 +217,17 @@ def test_the_runtime_passes_want_lse_to_the_kernel(monkeypatch, want_lse):
     assert seen == [want_lse]
 
 
-def test_inputs_prepared_without_the_lse_have_the_same_codes_and_refuse_to_restore_it():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_inputs_prepared_without_the_lse_have_the_same_codes_and_refuse_to_restore_it(device):
     """want_lse=False (a caller that drops the LSE, and the search's timed prepare): the same
-    codes and scales, no q . m, and an LSE restore refused by name instead of adding a shift
-    computed from q's codes."""
+    codes and scales (on a GPU the quantization's build without the dot), no q . m, and an LSE
+    restore refused by name instead of adding a shift computed from q's codes."""
     from variants.prepare import quantize_inputs
 
     g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 40, 4, 64, generator=g).bfloat16()
-    k = (torch.randn(1, 40, 2, 64, generator=g) + 5).bfloat16()
-    v = torch.randn(1, 40, 2, 64, generator=g).bfloat16()
+    q = torch.randn(1, 40, 4, 64, generator=g).bfloat16().to(device)
+    k = (torch.randn(1, 40, 2, 64, generator=g) + 5).bfloat16().to(device)
+    v = torch.randn(1, 40, 2, 64, generator=g).bfloat16().to(device)
     knobs = dict(pad_to=64, k_smoothing="mean", qk_rotation="hadamard")
     kept = quantize_inputs(q, k, v, **knobs)
     dropped = quantize_inputs(q, k, v, **knobs, want_lse=False)
@@ -235,7 +236,7 @@ def test_inputs_prepared_without_the_lse_have_the_same_codes_and_refuse_to_resto
         assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), name
     assert kept.q_dot_mean is not None and dropped.q_dot_mean is None
     assert not kept.lse_dropped and dropped.lse_dropped
-    lse = torch.zeros(1, 4, 40)
+    lse = torch.zeros(1, 4, 40, device=device)
     with pytest.raises(ValueError, match="want_lse=True"):
         dropped.restore_lse(lse)
     assert not quantize_inputs(q, k, v, pad_to=64, want_lse=False).lse_dropped  # no smoothing

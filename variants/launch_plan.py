@@ -155,8 +155,9 @@ class LaunchPlan:
                 if q_rows is None or k_rows is None or v_rows is None:
                     return None  # misaligned, or offsets past 32 bits: prepare's torch path
                 strides = (*q_rows, *k_rows, *v_rows)
-                if q2 is q and k2 is k and v2 is v:  # row_strides of these strides hold for
-                    self._view_layout, self._view_strides = layout, strides  # every such view
+                # Read in place (nothing copied): every view of these strides has these rows.
+                if q2 is q and k2 is k and v2 is v:
+                    self._view_layout, self._view_strides = layout, strides
                 q, k, v = q2, k2, v2
                 qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if softmax_scale is None:

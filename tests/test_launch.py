@@ -51,8 +51,11 @@ def _values(launcher: FastLaunch, seed: int) -> tuple:
     lambda: block_quantize_kernel.compile_kernel("quant", torch.float16, 64, "sm_90a", False),
     lambda: block_quantize_kernel.compile_kernel("expand", torch.float32, 0, "sm_90a"),
     lambda: block_quantize_kernel.compile_kernel("mean", torch.bfloat16, 128, "sm_90a"),
+    # K smoothing's build, launched as the mean launch's programmatic dependent on sm_90a.
+    lambda: block_quantize_kernel.compile_kernel("quant", torch.bfloat16, 128, "sm_90a",
+                                                 smooth_k=True, rotate_qk=True),
 ], ids=["layout", "layout-feature-major", "block-quant", "block-quant-natural-v", "expand",
-        "mean"])
+        "mean", "block-quant-pdl"])
 def test_prepare_kernel_cells_match_the_dsl(build):
     fn, kernel_slots = build()
     launcher = FastLaunch(fn, kernel_slots)

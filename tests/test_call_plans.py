@@ -524,7 +524,6 @@ def test_the_sdpa_drop_in_quantizes_a_rope_layout_in_place(device, monkeypatch):
     real = CompiledKernel.prepare
     monkeypatch.setattr(CompiledKernel, "prepare",
                         lambda self, *a, **kw: prepared.append(1) or real(self, *a, **kw))
-    seen.clear()
     work = device_work(lambda: tuner.scaled_dot_product_attention(q, k, v), launches)
     assert not prepared  # the plan's launches, not prepare + run
     assert work["ops"].get("compute clone", 0) == 1  # q's, for the kernel's own quantization

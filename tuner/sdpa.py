@@ -55,21 +55,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     why = unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         raise TunerError(why)
-    compiling = torch.compiler.is_compiling()
-    out = attention(kernel_layout(query, compiling), kernel_layout(key, compiling),
-                    kernel_layout(value, compiling), softmax_scale=scale, causal=bool(is_causal))
+    q, k, v = kernel_layouts(query, key, value)
+    out = attention(q, k, v, softmax_scale=scale, causal=bool(is_causal))
     return sdpa_layout(out, query.dtype)
 
 
-def kernel_layout(t, compiling: bool):
-    """(batch, seq_len, heads, head_dim) of an SDPA-layout tensor, as a view: a repeated call's
-    quantization reads its rows in place where it can (variants.input_checks.row_strides: a
-    model's projection viewed as heads, or a (batch, heads, seq_len, head_dim) tensor such as
+def kernel_layouts(query, key, value) -> tuple:
+    """(batch, seq_len, heads, head_dim) of SDPA-layout query, key and value, as views: a repeated
+    call's quantization reads its rows in place where it can (variants.input_checks.row_strides:
+    a model's projection viewed as heads, or a (batch, heads, seq_len, head_dim) tensor such as
     RoPE writes) and copies it contiguous where not (variants/launch_plan.py), so the view is
-    checked once, there. Traced (compiling: torch.compiler.is_compiling()), a tensor has no
-    address to check: the custom op gets a copy."""
-    x = t.transpose(1, 2)
-    return x.contiguous() if compiling and not x.is_contiguous() else x
+    checked once, there. Traced (torch.compile), a tensor has no address to check: the custom
+    op gets a copy."""
+    views = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+    if not torch.compiler.is_compiling():
+        return views
+    return tuple(x if x.is_contiguous() else x.contiguous() for x in views)
 
 
 def sdpa_layout(out, dtype):

@@ -37,7 +37,7 @@ import tuner
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.sdpa import kernel_layout, sdpa_layout, unsupported
+from tuner.sdpa import kernel_layouts, sdpa_layout, unsupported
 from variants.prepare import check_qkv
 
 log = logging.getLogger("tuner.integrations")
@@ -123,10 +123,9 @@ def _on_kernels(query, key, value, is_causal, scale, max_error):
     # diffusers' native backend hands SDPA a permuted view of the kernels' layout, so the
     # transpose back is usually a view. tuner.attention is looked up on the package at call
     # time: what tuner.capture records.
-    compiling = torch.compiler.is_compiling()
-    out = tuner.attention(kernel_layout(query, compiling), kernel_layout(key, compiling),
-                          kernel_layout(value, compiling), causal=bool(is_causal),
-                          softmax_scale=scale, max_error=max_error)
+    q, k, v = kernel_layouts(query, key, value)
+    out = tuner.attention(q, k, v, causal=bool(is_causal), softmax_scale=scale,
+                          max_error=max_error)
     return sdpa_layout(out, query.dtype)
 
 

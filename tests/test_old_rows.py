@@ -22,7 +22,7 @@ from variants.base import PREPARE_ONLY_KNOBS
 PROBLEM = Problem(1, 56, 16384, 128)
 H200 = PROFILES["h200"]
 DEFAULT = wgmma.default(H200.arch, PROBLEM)
-# The transforms the default turns on at PROBLEM (smoothing; from wgmma's ROTATE_FROM, rotation).
+# The transforms the default turns on at PROBLEM (smoothing, and the rotation at its length).
 DEFAULT_ON = [k for k, off in PREPARE_ONLY_KNOBS.items() if getattr(DEFAULT, k) != off]
 
 

@@ -554,16 +554,16 @@ def test_problems_searched_one_after_another_share_one_gpu_worker(tmp_path, monk
 def test_the_wgmma_space_seeds_the_defaults_other_q_placement():
     """Every wgmma search measures the default with Q quantized in the other place right
     after the default (which placement wins moves with the length), where that twin is
-    feasible: from ROTATE_FROM the default rotates Q and K, which Q quantized in the kernel
-    cannot, and the twin is left out."""
+    feasible: from ROTATE_FULL_128_FROM the full-mask default rotates Q and K, which Q quantized
+    in the kernel cannot, and the twin is left out."""
     import dataclasses
 
     from tuner.gpus import PROFILES
     from tuner.search.proposal import Space
     from variants import wgmma
-    from variants.wgmma.defaults import ROTATE_FROM
+    from variants.wgmma.defaults import ROTATE_FULL_128_FROM as ROTATE
 
-    for seq, want in ((1024, "prepare"), (ROTATE_FROM - 1, "kernel"), (ROTATE_FROM, None)):
+    for seq, want in ((1024, "prepare"), (ROTATE - 1, "kernel"), (ROTATE, None)):
         problem = Problem(1, 8, seq, 128)
         space = Space.build({"wgmma": wgmma}, problem, PROFILES["h200"], exhaustive_up_to=64)
         default = wgmma.default("sm_90a", problem)

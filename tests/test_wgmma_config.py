@@ -138,9 +138,11 @@ def test_the_long_causal_default_at_128_deals_per_head_tiles_to_a_hardware_sched
     full = Problem(1, 56, seq_len)
     cfg = wgmma.default("sm_90a", causal)
     assert (cfg.tile_order, cfg.persistent) == ("per_head", False)
-    # Only the grid moves with the mask there (and the tail's split, for full masks).
+    # Only the grid moves with the mask there (and the tail's split, for full masks; below
+    # ROTATE_FROM the rotation, which a full mask turns on from ROTATE_FULL_128_FROM).
     assert not cfg.split_tail
-    assert (dataclasses.replace(cfg, persistent=True, split_tail=True)
+    assert cfg.qk_rotation == ("hadamard" if seq_len >= ROTATE_FROM else "none")
+    assert (dataclasses.replace(cfg, persistent=True, split_tail=True, qk_rotation="hadamard")
             == wgmma.default("sm_90a", full))
     assert wgmma.can_implement(cfg, causal, H200) == (True, None)
 
@@ -154,11 +156,12 @@ def test_the_short_causal_default_at_128_quantizes_q_in_the_kernel_without_pingp
     full = Problem(1, 32, seq_len, seq_len_kv=seq_len_kv, kv_heads=8)
     cfg = wgmma.default("sm_90a", causal)
     assert (cfg.tile_order, cfg.pingpong, cfg.q_quant) == ("longest_first", False, "kernel")
-    # Only those three knobs move with the mask, decided by the keys (and the tail's split,
-    # for full masks).
+    # Only those three knobs move with the mask, decided by the keys (and the tail's split and,
+    # from ROTATE_FULL_128_FROM, the rotation, for full masks).
     assert not cfg.split_tail
     assert (dataclasses.replace(cfg, tile_order="per_head", pingpong=True, split_tail=True,
-                                q_quant=wgmma.default("sm_90a", full).q_quant)
+                                q_quant=wgmma.default("sm_90a", full).q_quant,
+                                qk_rotation=wgmma.default("sm_90a", full).qk_rotation)
             == wgmma.default("sm_90a", full))
     assert wgmma.can_implement(cfg, causal, H200) == (True, None)
     assert CAUSAL_SHORT_KEYS_UP_TO == 8192

@@ -81,7 +81,7 @@ def markdown_table(rules) -> str:
 def k_smoothing_rule(docs: str) -> Rule:
     """Both families' last rule: prepare's K smoothing on for every problem (docs/accuracy.md
     has its measured cost and accuracy, and the rotation's cost that keeps it off below
-    wgmma's ROTATE_FROM)."""
+    wgmma's rotation thresholds, variants/wgmma/defaults.py)."""
     return Rule(When(), dict(k_smoothing="mean"),
                 "K smoothing on: exact, and K's per-channel bias no longer costs FP8 accuracy "
                 "(docs/accuracy.md); one sampled-mean reduction beside the quantization", docs)

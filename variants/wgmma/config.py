@@ -200,8 +200,9 @@ def default(arch: str, problem=None) -> Config:
 def seeds(arch: str, problem=None) -> list[Config]:
     """Measured by every search right after the default: the default with Q quantized in the
     other place, since which placement wins moves with the length
-    (defaults.Q_IN_KERNEL_UP_TO). The search drops it where it is infeasible: from
-    defaults.ROTATE_FROM the default rotates Q and K, which Q quantized in the kernel cannot."""
+    (defaults.Q_IN_KERNEL_UP_TO). The search drops it where it is infeasible: where the default
+    rotates Q and K (defaults.ROTATE_FULL_128_FROM, ROTATE_FROM), which Q quantized in the kernel
+    cannot."""
     cfg = default(arch, problem)
     other = "prepare" if cfg.q_in_kernel else "kernel"
     return [dataclasses.replace(cfg, q_quant=other)]

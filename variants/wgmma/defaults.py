@@ -16,9 +16,13 @@ CAUSAL_SHORT_KEYS_UP_TO = 8192
 # Keys up to which head_dim 64 takes its short-key config (the longest shape measured where it
 # won; the crossover between 4608 and 8192 keys was not measured).
 HEAD_DIM_64_SHORT_UP_TO = 4608
-# Queries and keys from which the default rotates Q and K: prepare's share of the call, and with
-# it the rotation's cost, falls with the length (both transforms: 1.032x end to end at S=4096,
-# 1.023x at 8192, 1.006x at 30272 on the H100, docs/accuracy.md); 16384 stays under 8192's.
+# Queries and keys from which the head_dim-128 full-mask default rotates Q and K: prepare's share
+# of the call, and with it the rotation's cost, falls with the length (both transforms: 1.024x
+# end to end at S=4096, 1.013x at 8192 on the H100, docs/accuracy.md).
+ROTATE_FULL_128_FROM = 4096
+# Queries and keys from which the causal and the head_dim-64 defaults rotate too: their cost was
+# not measured below this length (the short causal default quantizes Q in the kernel, which the
+# rotation cannot).
 ROTATE_FROM = 16384
 
 _HEAD_DIM_128 = dict(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
@@ -54,8 +58,18 @@ RULES = (
     Rule(When(head_dim=128, max_keys=Q_IN_KERNEL_UP_TO), dict(q_quant="kernel"),
          "Q quantized in the kernel: 0.138 vs 0.142 ms at B=4 S=1024 H=32; from 4096 keys its "
          "kernel's 3.5-6% loss outweighs the saved quantization (H200)", DOCS),
-    Rule(When(min_queries=ROTATE_FROM, min_keys=ROTATE_FROM), dict(qk_rotation="hadamard"),
-         "Q/K rotation on: outlier channels 0.37 -> 0.14 rel RMS; both transforms cost 1.023x "
-         "end to end at 8192 tokens and 1.006x at 30272 (H100; docs/accuracy.md)", DOCS),
+    Rule(When(head_dim=128, causal=False, min_queries=ROTATE_FULL_128_FROM,
+              min_keys=ROTATE_FULL_128_FROM), dict(qk_rotation="hadamard"),
+         "Q/K rotation on: outlier channels 0.37 -> 0.14 rel RMS; both transforms cost 1.024x "
+         "end to end at 4096 tokens and 1.013x at 8192 (H100; docs/accuracy.md)", DOCS),
+    Rule(When(causal=True, min_queries=ROTATE_FROM, min_keys=ROTATE_FROM),
+         dict(qk_rotation="hadamard"),
+         "Q/K rotation on where prepare's share stays near a full mask's at 8192 tokens "
+         "(1.013x): a causal kernel takes about half a full one's time (docs/accuracy.md)",
+         DOCS),
+    Rule(When(head_dim=64, min_queries=ROTATE_FROM, min_keys=ROTATE_FROM),
+         dict(qk_rotation="hadamard"),
+         "Q/K rotation on from the length where head_dim 128 pays 1.013x or less (head_dim 64 "
+         "not measured; docs/accuracy.md)", DOCS),
     k_smoothing_rule(DOCS),
 )

@@ -41,7 +41,8 @@ def test_each_row_says_whether_todays_code_searched_it(tmp_path, monkeypatch, ca
     rows = {r["problem"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     new, stale = rows[PROBLEM.key()], rows[Problem(1, 8, 8192, 128).key()]
     assert (new["current"], new["code_version"], new["e2e_error"]) == (True, today, 0.06)
-    assert new["transforms"] == "k_smoothing=mean"  # the default's, as written
+    # The default's at 4096 tokens, as written.
+    assert new["transforms"] == "k_smoothing=mean qk_rotation=hadamard"
     assert (stale["current"], stale["code_version"]) == (False, "older-source")
     assert stale["transforms"] == "the default's"
     assert main(["table", "h100"]) == 0

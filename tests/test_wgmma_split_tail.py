@@ -163,7 +163,8 @@ def test_a_launch_the_rule_keeps_whole_runs_the_single_launch_build(monkeypatch)
     monkeypatch.setattr(build, "_sm_count_arg", lambda device: (132,))
     monkeypatch.setattr(launch, "current_stream_handle", lambda device: 0)
     cfg = dataclasses.replace(wgmma.default("sm_90a", Problem(2, 24, 4608)), q_quant="prepare",
-                              split_tail=True, k_smoothing="off")  # inputs below: unsmoothed
+                              split_tail=True, k_smoothing="off",
+                              qk_rotation="none")  # inputs below: untransformed
     twin_runs, own_launches = [], []
     twin = SimpleNamespace(run=lambda prepared, out=None, lse=None, want_lse=True:
                            twin_runs.append(prepared) or ("twin", None))

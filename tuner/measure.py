@@ -255,7 +255,7 @@ def _time_prepare(kernel, inputs, device, sync, repeats: int, cpu_clock=None) ->
     timing them here measured a host round trip (0.45 ms against 0.044 ms of GPU work at B=4
     S=1024 H=32 on the H200) whose noise outweighed whole kernels at small shapes. On a GPU the
     calls are also queued ahead of the GPU (queued_event_samples), as the kernel's are."""
-    def run(i: int) -> None:  # as a repeated call that drops the LSE prepares
+    def run(i: int) -> None:
         guarded("prepare", kernel.prepare, *inputs[i % len(inputs)], validate=False,
                 want_lse=False)
 

@@ -1,7 +1,8 @@
 """The accuracy budget on the GPU (run on the device: pytest -m gpu): capture through
 tuner.attention, its SDPA drop-in and torch's SDPA on CUDA tensors; a search held to a
 calibration file stores the winner's error on it, the same number the check gives the winner's
-kernel directly; the default budget on the realistic data with the families as they are."""
+kernel directly; a captured file on which the default misses the budget still gets a winner within
+it; the default budget on the realistic data with the families as they are."""
 
 from __future__ import annotations
 
@@ -84,6 +85,40 @@ def test_a_calibrated_search_stores_the_winners_error_on_the_file(tmp_path):
                                                                          rel=1e-3)
     best = Store(f"sqlite:///{db}", readonly=True).best_for(out["device"], PROBLEM)
     assert best.trial.max_error == 1.0 and best.trial.timing["accuracy_s"] > 0
+
+
+def test_a_file_the_default_misses_gets_a_winner_within_the_budget(tmp_path):
+    """Causal attention on captured K-biased, outlier-channel activations at a length where the
+    wgmma default smooths K but does not rotate Q and K: the default is too_inaccurate on the
+    file, and the search stores a candidate within the budget (its accurate twin or better)."""
+    from tuner.gpus import local_profile
+    from variants import load_family
+
+    problem = Problem(1, 8, 2048, 128, causal=True)
+    default = load_family("wgmma").default(local_profile().arch, problem)
+    assert default.qk_rotation == "none", "pick a problem whose default leaves the rotation off"
+    path = tmp_path / "calib.safetensors"
+    with tuner.capture(path):
+        for seed in range(2):
+            q, k, v = activations("realistic", problem, "cuda", seed)
+            tuner.attention(q, k, v, causal=True)
+    db = tmp_path / "db.sqlite"
+    args = [sys.executable, "-m", "tuner", "search", "--gpu", "auto", "--families", "wgmma",
+            "--seq-lens", "2048", "--heads", "8", "--causal", "--trials", "3", "--seed", "0",
+            "--no-warm-start", "--json", "--db", f"sqlite:///{db}",
+            "--calibration", str(path), "--max-error", str(budget.DEFAULT_MAX_ERROR)]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,
+                          env=dict(os.environ))
+    assert done.returncode == 0, done.stderr[-4000:]
+    (result,) = json.loads(done.stdout)["results"]
+    trials = Store(f"sqlite:///{db}", readonly=True).trials(problem)
+    (first,) = [t for t in trials if t.role == "default"]
+    assert first.config == default.to_dict()
+    assert first.outcome == "too_inaccurate" and first.e2e_error > budget.DEFAULT_MAX_ERROR
+    winner = result["winner"]
+    assert winner is not None, result["no_winner"]
+    assert winner["e2e_error"] <= budget.DEFAULT_MAX_ERROR
+    assert winner["e2e_data"] == calibration.read(path).data
 
 
 def test_the_default_budget_on_the_realistic_data(tmp_path):

@@ -52,8 +52,10 @@ def empty_db(tmp_path, monkeypatch):
 
 
 def _config(name: str, problem) -> wgmma.Config:
+    # The rotation only where a case names it ("plain" cases are compared unrotated).
     base = dataclasses.replace(wgmma.default("sm_90a", Problem(1, 2, 4096, problem.head_dim)),
-                               q_quant="prepare", split_tail=False, qk_dtype="int8")
+                               q_quant="prepare", split_tail=False, qk_dtype="int8",
+                               qk_rotation="none")
     return dataclasses.replace(base, **CONFIGS[name])
 
 

@@ -17,12 +17,12 @@ CAUSAL_SHORT_KEYS_UP_TO = 8192
 # won; the crossover between 4608 and 8192 keys was not measured).
 HEAD_DIM_64_SHORT_UP_TO = 4608
 # Queries and keys from which the head_dim-128 full-mask default rotates Q and K: prepare's share
-# of the call, and with it the rotation's cost, falls with the length (both transforms: 1.024x
-# end to end at S=4096, 1.013x at 8192 on the H100, docs/accuracy.md).
+# of the call, and with it the rotation's cost, falls with the length (both transforms: 1.023x
+# end to end at S=4096, 1.014x at 8192 on the H100, docs/accuracy.md).
 ROTATE_FULL_128_FROM = 4096
-# Queries and keys from which the causal and the head_dim-64 defaults rotate too: their cost was
-# not measured below this length (the short causal default quantizes Q in the kernel, which the
-# rotation cannot).
+# Queries and keys from which the causal and the head_dim-64 defaults rotate too: a causal call
+# pays 1.073x at 4096 and 1.047x at 8192 for both transforms (the short causal default quantizes
+# Q in the kernel, which the rotation cannot, so Q moves into prepare), over the 3% allowed.
 ROTATE_FROM = 16384
 
 _HEAD_DIM_128 = dict(consumer_wgs=2, block_n=128, kv_stages=2, p_source="registers",
@@ -60,16 +60,16 @@ RULES = (
          "kernel's 3.5-6% loss outweighs the saved quantization (H200)", DOCS),
     Rule(When(head_dim=128, causal=False, min_queries=ROTATE_FULL_128_FROM,
               min_keys=ROTATE_FULL_128_FROM), dict(qk_rotation="hadamard"),
-         "Q/K rotation on: outlier channels 0.37 -> 0.14 rel RMS; both transforms cost 1.024x "
-         "end to end at 4096 tokens and 1.013x at 8192 (H100; docs/accuracy.md)", DOCS),
+         "Q/K rotation on: outlier channels 0.37 -> 0.14 rel RMS; both transforms cost 1.023x "
+         "end to end at 4096 tokens and 1.014x at 8192 (H100; docs/accuracy.md)", DOCS),
     Rule(When(causal=True, min_queries=ROTATE_FROM, min_keys=ROTATE_FROM),
          dict(qk_rotation="hadamard"),
-         "Q/K rotation on: a causal kernel takes about half a full one's time, so prepare's "
-         "share is about a full mask's at half the length (8192: 1.013x; causal not measured, "
-         "docs/accuracy.md)", DOCS),
+         "Q/K rotation on from 16384 tokens: below, both transforms (Q moved into prepare) "
+         "cost a causal call 1.073x at 4096 and 1.047x at 8192, over 3%; 16384 itself not "
+         "measured without them (H100; docs/accuracy.md)", DOCS),
     Rule(When(head_dim=64, min_queries=ROTATE_FROM, min_keys=ROTATE_FROM),
          dict(qk_rotation="hadamard"),
-         "Q/K rotation on from the length where head_dim 128 pays 1.013x or less (head_dim 64 "
+         "Q/K rotation on from the length where head_dim 128 pays 1.014x or less (head_dim 64 "
          "not measured; docs/accuracy.md)", DOCS),
     k_smoothing_rule(DOCS),
 )

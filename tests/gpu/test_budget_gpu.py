@@ -27,9 +27,13 @@ REPO = Path(__file__).resolve().parents[2]
 PROBLEM = Problem(1, 8, 1024, 128, kv_heads=2)
 
 
-def search(db: Path, *extra: str) -> dict:
-    args = [sys.executable, "-m", "tuner", "search", "--gpu", "auto", "--families", "mma_sync",
-            "--seq-lens", "1024", "--heads", "8", "--kv-heads", "2", "--trials", "6",
+# PROBLEM's search: the family, shape and trial budget flags of `tuner search`.
+PROBLEM_SEARCH = ("--families", "mma_sync", "--seq-lens", "1024", "--heads", "8", "--kv-heads",
+                  "2", "--trials", "6")
+
+
+def search(db: Path, *extra: str, what: tuple[str, ...] = PROBLEM_SEARCH) -> dict:
+    args = [sys.executable, "-m", "tuner", "search", "--gpu", "auto", *what,
             "--seed", "0", "--json", "--db", f"sqlite:///{db}", *extra]
     done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,
                           env=dict(os.environ))
@@ -103,14 +107,10 @@ def test_a_file_the_default_misses_gets_a_winner_within_the_budget(tmp_path):
             q, k, v = activations("realistic", problem, "cuda", seed)
             tuner.attention(q, k, v, causal=True)
     db = tmp_path / "db.sqlite"
-    args = [sys.executable, "-m", "tuner", "search", "--gpu", "auto", "--families", "wgmma",
-            "--seq-lens", "2048", "--heads", "8", "--causal", "--trials", "3", "--seed", "0",
-            "--no-warm-start", "--json", "--db", f"sqlite:///{db}",
-            "--calibration", str(path), "--max-error", str(budget.DEFAULT_MAX_ERROR)]
-    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=1800,
-                          env=dict(os.environ))
-    assert done.returncode == 0, done.stderr[-4000:]
-    (result,) = json.loads(done.stdout)["results"]
+    out = search(db, "--no-warm-start", "--calibration", str(path), "--max-error",
+                 str(budget.DEFAULT_MAX_ERROR), what=("--families", "wgmma", "--seq-lens", "2048",
+                                                      "--heads", "8", "--causal", "--trials", "3"))
+    (result,) = out["results"]
     trials = Store(f"sqlite:///{db}", readonly=True).trials(problem)
     (first,) = [t for t in trials if t.role == "default"]
     assert first.config == default.to_dict()

@@ -7,8 +7,7 @@ an allocation costs the dispatcher's work, no page faults). Stood in, and nothin
   - torch.Tensor.is_cuda answers True; torch.cuda's queries answer an initialized device 0 on
     stream 0, not capturing, compute capability and SM count of the --gpu profile;
   - the CuTe DSL builds (variants.build's and the quantize kernels'): a function whose executor
-    hands FastLaunch a Python host stub that counts the launch; the driver memset that zeroes
-    split_tail's counters (variants.launch.zero_words), counted likewise;
+    hands FastLaunch a Python host stub that counts the launch;
   - the local GPU (the --gpu profile) and a temporary results database (an empty Store).
 What a GPU host adds: the caching allocator behind each torch.empty (meta allocates nothing)
 and the CUDA driver's launch behind each host stub; both are counted per call here.
@@ -81,9 +80,6 @@ def stood_in(gpu: str = "h100"):
         return StubFunction(f"prepare {name}", launches, kernel), kernel.slots()
 
 
-    def zero_words(address, count, stream):  # the driver's memset: one launch, no data here
-        launches["memset"] += 1
-
     def loaded(family, key, src_dir):  # one function per build, named by its codegen key
         return (StubFunction(f"attention {family} {key[:8]}", launches),
                 build.ResourceUsage(0, 0, 0), 0.0)
@@ -107,7 +103,6 @@ def stood_in(gpu: str = "h100"):
             (torch._C, "_cuda_getCurrentRawStream", lambda index: 0),
             (block_quantize_kernel, "compile_kernel", quant_kernel),
             (block_quantize_kernel, "LAUNCHERS", launch.LauncherCache("stand-in")),
-            (launch, "zero_words", zero_words),
             (build, "_load_cached", loaded),
             (build, "_FUNCTIONS", {}), (build, "_KERNELS", {}), (build, "_ENTRIES", {}),
             (runtime, "_KERNELS", {}),

@@ -177,25 +177,3 @@ def test_the_cache_compiles_each_key_once():
     assert first is not None and cache.get((128, "sm_90a"), build) is first
     assert cache.get((128, "sm_90a"), build, compile_now=False) is first
     assert len(builds) == 1 and cache.launchers() == [first]
-
-
-def test_zero_words_queues_one_memset_on_the_stream_and_reports_a_failure(monkeypatch):
-    """The launch plan's counter zeroing: one driver memset of `count` 4-byte zeros at the
-    address, on the caller's stream; a failed memset raises, naming what it zeroed."""
-    import cuda.bindings.driver as cuda
-
-    from variants.launch import zero_words
-
-    calls = []
-
-    def memset(address, value, count, stream):
-        calls.append((address, value, count, stream))
-        return (result,)
-
-    monkeypatch.setattr(cuda, "cuMemsetD32Async", memset)
-    result = cuda.CUresult.CUDA_SUCCESS
-    zero_words(0x7F00, 12, 5)
-    assert calls == [(0x7F00, 0, 12, 5)]
-    result = cuda.CUresult.CUDA_ERROR_INVALID_VALUE
-    with pytest.raises(RuntimeError, match="zeroing 12 words at 0x7f00 failed"):
-        zero_words(0x7F00, 12, 5)

@@ -115,8 +115,15 @@ def _assert_consumers_issue_no_global_loads(kernel):
         loads = [line.strip() for line in consumers.splitlines()
                  if "LDG" in line and "UTMALDG" not in line]
         assert not loads, loads
+    # A store of the zero register: split_tail's counters zeroed by the whole tiles' program
+    # (the pieces program reads them; no program stores a zero otherwise).
+    zeroes = [bool(re.search(r"STG\.E\S* \S+, RZ", p)) for p in programs]
     if kernel.config.split_tail:
-        assert sum("ATOMG.E.ADD" in p for p in programs) == 1, "split_tail: no counter update"
+        pieces = ["ATOMG.E.ADD" in p for p in programs]
+        assert sum(pieces) == 1, "split_tail: no counter update"
+        assert zeroes == [not p for p in pieces], "split_tail: the counters are not zeroed"
+    else:
+        assert not any(zeroes)
 
 
 def test_q_quant_kernel_stages_bf16_q_by_tma_and_quantizes_it_in_16_byte_accesses():

@@ -116,7 +116,7 @@ def test_split_tails_workspace_counts_the_kernels_tiles(monkeypatch, heads, kv_h
                persistent=True)
     prepared = SimpleNamespace(q=torch.empty(2, 1, heads, 1), k=torch.empty(2, 1, kv_heads, 1),
                                seq_len=seq_len, seq_len_kv=seq_len)
-    assert wgmma_build._workspace_words(cfg, 128)(None, prepared) == (0, 0)
+    assert wgmma_build._workspace_words(cfg, 128)(None, prepared) == 0
     group = heads // kv_heads if pack else 1
     assert seen["tiles"] == 2 * (heads // group) * -(-seq_len * group // cfg.block_m)
 

@@ -269,10 +269,10 @@ class CompiledKernel:
     # Launch arguments after the scalars, as ints, computed per device (e.g. the SM count of a
     # persistent grid): cached per device index, since a device query costs microseconds.
     _extra_args: Callable[[Any], tuple] = field(repr=False, default=lambda device: ())
-    # (fp32 words of scratch, the word from which it must be zeroed) a launch on these prepared
-    # inputs on the device needs (the ABI's workspace pointer; (0, 0): none, the pointer is 0).
-    _workspace_words: Callable[[Any, Any], tuple] = field(
-        repr=False, default=lambda device, prepared: (0, 0))
+    # fp32 words of scratch a launch on these prepared inputs on the device needs (the ABI's
+    # workspace pointer; 0: none, the pointer is 0). The kernel initialises what it reads.
+    _workspace_words: Callable[[Any, Any], int] = field(
+        repr=False, default=lambda device, prepared: 0)
     # The build to launch instead where a launch of this one would need no workspace: the same
     # config in one launch (split_tail where its rule keeps the tail whole runs the
     # split_tail=False build, whose program its first launch is, without the empty second
@@ -335,24 +335,22 @@ class CompiledKernel:
         return hit
 
     @staticmethod
-    def _workspace(words: int, zero_from: int, device):
-        """A fresh scratch buffer for one launch, zeroed from `zero_from` on (None for none).
-        Per launch, from torch's caching allocator on the current stream, so concurrent
-        launches never share counters; freed after the launch is queued, which the allocator
-        orders behind it on that stream."""
+    def _workspace(words: int, device):
+        """A fresh scratch buffer for one launch (None for none). Per launch, from torch's
+        caching allocator on the current stream, so concurrent launches never share counters;
+        freed after the launch is queued, which the allocator orders behind it on that
+        stream."""
         if not words:
             return None
         import torch
 
-        buf = torch.empty(words, dtype=torch.float32, device=device)
-        buf[zero_from:].zero_()
-        return buf
+        return torch.empty(words, dtype=torch.float32, device=device)
 
     def kernel_for(self, prepared) -> CompiledKernel:
         """The build that launches these prepared inputs: this one, or _single_launch where a
         launch of this one would need no workspace."""
         if self._single_launch is not None \
-                and not self._workspace_words(prepared.q.device, prepared)[0]:
+                and not self._workspace_words(prepared.q.device, prepared):
             return self._single_launch
         return self
 
@@ -409,7 +407,7 @@ class CompiledKernel:
                              "compile the config for this problem")
         s = prepared.seq_len
         device = prepared.q.device
-        words, zero_from = self._workspace_words(device, prepared)
+        words = self._workspace_words(device, prepared)
         if out is None:
             out = torch.empty((batch, s, heads, head_dim), dtype=torch.bfloat16, device=device)
         if lse is None:
@@ -417,7 +415,7 @@ class CompiledKernel:
         from variants.launch import current_stream_handle
 
         launcher, extra = self._launcher(device)
-        workspace = self._workspace(words, zero_from, device)
+        workspace = self._workspace(words, device)
         launcher(*launch_values(prepared, out, lse, current_stream_handle(device), extra=extra,
                                 workspace=0 if workspace is None else workspace.data_ptr()))
         if want_lse and prepared.k_mean is not None:
@@ -429,7 +427,7 @@ def compile_cached(family: str, src_dir: Path, cfg, problem, arch: str, *,
                    make_kernel: Callable[[], Any], smem_bytes: int,
                    example_extra: tuple = (),
                    extra_args: Callable[[Any], tuple] = lambda device: (),
-                   workspace_words: Callable[[Any, Any], tuple] = lambda device, prepared: (0, 0),
+                   workspace_words: Callable[[Any, Any], int] = lambda device, prepared: 0,
                    single_launch: Callable[[], CompiledKernel] | None = None,
                    codegen_extra: dict | None = None,
                    ) -> CompiledKernel:

@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass
 
 __all__ = ["FastLaunch", "LauncherCache", "Slot", "current_stream_handle", "device_arch",
-           "pointer", "scalar", "STREAM", "zero_words"]
+           "pointer", "scalar", "STREAM"]
 
 log = logging.getLogger(__name__)
 
@@ -179,16 +179,6 @@ def stream_query():
     if raw is not None:
         return raw
     return lambda index: torch.cuda.current_stream(index).cuda_stream
-
-
-def zero_words(address: int, count: int, stream: int) -> None:
-    """Queue a fill of `count` 4-byte words at device `address` with zeros on the raw `stream`:
-    one driver memset (~2 us of host time; slicing a tensor and its zero_() cost ~5)."""
-    import cuda.bindings.driver as cuda
-
-    (err,) = cuda.cuMemsetD32Async(address, 0, count, stream)
-    if err != cuda.CUresult.CUDA_SUCCESS:
-        raise RuntimeError(f"zeroing {count} words at {address:#x} failed: {err!r}")
 
 
 def current_stream_handle(device) -> int:

@@ -7,8 +7,8 @@ single launch), the workspace, the launch scalars; and they check the prepared i
 kernel. A LaunchPlan takes all of that from a first call's prepared inputs. A call then allocates
 one scratch block (codes, packed scales, K smoothing's m and q . m, split_tail's workspace, and
 the LSE when the caller drops it) and the outputs, and makes the launches prepare and run make,
-with the same arguments: K smoothing's mean kernel, the quantization and the kernel;
-split_tail's counters zeroed where it splits; K smoothing's LSE shift where the caller reads
+with the same arguments: K smoothing's mean kernel, the quantization and the kernel; K
+smoothing's LSE shift where the caller reads
 the LSE (only then does the quantization compute q . m, in a build of its own). The
 quantization reads views in place where their rows allow it (input_checks.row_strides: SDPA's
 (batch, heads, seq_len, head_dim) layout viewed back, say); a view it cannot read (rows not
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import torch
 
-from variants import launch as launches
 from variants.common.abi import SCALE_AT, launch_scalars
 from variants.fp8_inputs import q_dot, round_up
 from variants.input_checks import capturing, contiguous_row_strides, row_strides
@@ -52,8 +51,7 @@ class LaunchPlan:
                  "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_shift", "_shift_build",
                  "_shift_quant", "_stream",
                  "_strides", "_tail", "_v8", "_view_layout", "_view_strides", "_workspace",
-                 "_zero_words", "default_scale",
-                 "scratch_bytes", "zero")
+                 "default_scale", "scratch_bytes")
 
     @classmethod
     def make(cls, kernel, prepared, q, k) -> LaunchPlan | None:
@@ -79,7 +77,7 @@ class LaunchPlan:
         target = kernel.kernel_for(prepared)
         device = q.device
         attend, extra = target._launcher(device)
-        words, zero_from = target._workspace_words(device, prepared)
+        words = target._workspace_words(device, prepared)
         batch, seq_len, heads, head_dim = q.shape
         lse_bytes = 4 * batch * heads * seq_len
         kv_bytes = batch * layout.padded_len_kv * k.shape[2] * head_dim
@@ -97,10 +95,6 @@ class LaunchPlan:
         plan._q8, plan._k8, plan._v8, plan._packed = at["q8"], at["k8"], at["v8"], at["packed"]
         plan._mean, plan._shift = at["mean"], at["shift"]
         plan._workspace, plan._lse = at["workspace"], at["lse"]
-        # (byte offset, 4-byte words) of split_tail's counters, zeroed on every call.
-        plan.zero = (at["workspace"] + 4 * zero_from, words - zero_from) \
-            if words > zero_from else None
-        plan._zero_words = launches.zero_words
         scalars = launch_scalars(prepared)
         # The scale a call without softmax_scale gets (quantize_inputs' default).
         plan.default_scale = float(head_dim**-0.5)
@@ -189,8 +183,6 @@ class LaunchPlan:
             self._mean_launch(kp, mean, *self._mean_scalars, *strides[3:6], stream)
         quant(qp, kp, vp, q8, k8, 0 if self._v8 is None else v8, packed, mean, shift,
               *self._quant_scalars, *strides, stream)
-        if self.zero is not None:
-            self._zero_words(base + self.zero[0], self.zero[1], stream)
         self._attend(q8, k8, v8, packed, out.data_ptr(), lse_ptr,
                      0 if self._workspace is None else base + self._workspace, *self._head,
                      scale, *self._tail, stream)

@@ -32,7 +32,7 @@ def _workspace_words(cfg: Config, head_dim: int):
     the device's SMs (the persistent grid the kernel launches) where it splits that problem's
     tail (split_tail.split_tiles, as the kernel decides), none otherwise."""
     if not cfg.split_tail:
-        return lambda device, prepared: (0, 0)
+        return lambda device, prepared: 0
 
     def words(device, prepared) -> tuple:
         from variants.wgmma.split_tail import split_tiles, workspace_words
@@ -44,7 +44,7 @@ def _workspace_words(cfg: Config, head_dim: int):
         tiles = batch * (heads // group) * -(-prepared.seq_len * group // cfg.block_m)
         strips = -(-prepared.seq_len_kv // cfg.block_n)
         if not split_tiles(tiles, grid, strips):
-            return 0, 0
+            return 0
         return workspace_words(cfg.block_m, head_dim, 4 * cfg.consumer_wgs, grid)
 
     return words

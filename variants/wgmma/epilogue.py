@@ -47,6 +47,17 @@ def workspace_views(workspace_ptr, grid, block_m: int, head_dim: int, consumer_w
     return m_work_o, m_work_ml, m_count
 
 
+@cute.jit
+def zero_counters(m_count, tidx, threads: cutlass.Constexpr):
+    """Every counter zeroed, strided over the grid's threads. The whole tiles' program calls it
+    where there is a tail: the pieces program, which reads the counters, is the next launch on
+    the stream (WgmmaAttention.__call__), so no launch of the host's zeroes them."""
+    bid, _, _ = cute.arch.block_idx()
+    ctas, _, _ = cute.arch.grid_dim()
+    for i in cutlass.range(bid * threads + tidx, cute.size(m_count), ctas * threads, unroll=1):
+        m_count[i] = cutlass.Int32(0)
+
+
 class EpilogueMixin:
     """WgmmaAttention's epilogue (it provides the knobs read here)."""
 

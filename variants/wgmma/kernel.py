@@ -28,7 +28,12 @@ from variants.common.abi import block_scale_views, kv_block_scales_view, output_
 from variants.common.masking import causal_offset
 from variants.common.softmax import LOG2_E
 from variants.wgmma.config import ROWS_PER_WG, WG_THREADS, Config, register_split
-from variants.wgmma.epilogue import EpilogueMixin, SplitTailWorkspace, workspace_views
+from variants.wgmma.epilogue import (
+    EpilogueMixin,
+    SplitTailWorkspace,
+    workspace_views,
+    zero_counters,
+)
 from variants.wgmma.mainloop import ConsumerMixin
 from variants.wgmma.pack_gqa import packed_views
 from variants.wgmma.pipelines import PipelinesMixin
@@ -266,6 +271,9 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
 
+        if cutlass.const_expr(self.split_tail and not pieces):
+            if total_tiles > tile_limit:
+                zero_counters(mCount, tidx, self.threads)
         scheduler = TileScheduler.create(self, m_blocks, heads, total_tiles, tile_limit,
                                          seq_len_kv, group, offset)
         if wg_idx == 0:

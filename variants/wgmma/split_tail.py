@@ -17,8 +17,8 @@ log2 domain) in a workspace slot of its own, then adds its strip count to a coun
 tile, consumer warp). The warp whose addition completes the tile's strip count merges every
 piece's slot, in CTA order (so the output bits do not depend on which piece finished last),
 and stores O and LSE: with m* = max m_i, O = sum 2^(m_i - m*) O_i / sum 2^(m_i - m*) l_i.
-The counters are zeroed before every launch (variants.build.CompiledKernel.run; a launch plan by
-one driver memset, variants.launch.zero_words), so launches never share state.
+The whole tiles' program zeroes the counters (epilogue.zero_counters) before the pieces program
+reads them, so launches never share state and the host zeroes nothing.
 
 These are plain integer functions of Python ints or CuTe DSL integers (traced inline where the
 kernel calls them), so tests/test_wgmma_split_tail.py checks the decomposition on the CPU. The
@@ -32,7 +32,7 @@ import cutlass
 # A CTA's run of tail strips is at most one tile long, so it touches at most two tiles.
 PIECES_PER_CTA = 2
 # What a split tail costs beyond its pieces' strips, in strip times (one 128-key strip of one
-# tile): the counters' zeroing launch, each piece's pipeline start and Q load, the partial O
+# tile): the pieces program's launch, each piece's pipeline start and Q load, the partial O
 # stores, fence and counter update, and the merge's reads. The split runs only where the strips
 # it saves, strips * (1 - tail / grid) of the last tile's critical path, exceed this. Measured on
 # the H200 (2026-12-03, the tail always split; docs/family-wgmma.md): a gain
@@ -104,8 +104,6 @@ def workspace_offsets(block_m, head_dim, grid):
     return ml_at, ml_at + slots * 2 * block_m
 
 
-def workspace_words(block_m: int, head_dim: int, consumer_warps: int, grid: int) -> tuple:
-    """(total 4-byte words, word offset of the counters) of the workspace of a grid
-    (workspace_offsets lays it out). Only the counters need zeroing."""
-    counters = workspace_offsets(block_m, head_dim, grid)[1]
-    return counters + grid * consumer_warps, counters
+def workspace_words(block_m: int, head_dim: int, consumer_warps: int, grid: int) -> int:
+    """4-byte words of the workspace of a grid (workspace_offsets lays it out)."""
+    return workspace_offsets(block_m, head_dim, grid)[1] + grid * consumer_warps

@@ -7,9 +7,9 @@ single launch), the workspace, the launch scalars; and they check the prepared i
 kernel. A LaunchPlan takes all of that from a first call's prepared inputs. A call then allocates
 one scratch block (codes, packed scales, K smoothing's m and q . m, split_tail's workspace, and
 the LSE when the caller drops it) and the outputs, and makes the launches prepare and run make,
-with the same arguments: K smoothing's mean kernel, the quantization and the kernel; K
-smoothing's LSE shift where the caller reads
-the LSE (only then does the quantization compute q . m, in a build of its own). The
+with the same arguments: K smoothing's mean kernel, the quantization and the kernel (split_tail's
+two programs zero their own counters); K smoothing's LSE shift where the caller reads the LSE
+(only then does the quantization compute q . m, in a build of its own). The
 quantization reads views in place where their rows allow it (input_checks.row_strides: SDPA's
 (batch, heads, seq_len, head_dim) layout viewed back, say); a view it cannot read (rows not
 contiguous), or a q or v the attention kernel reads raw, is copied contiguous first. A call

@@ -5,14 +5,15 @@ Per shape, the call beside its GPU work (benchmarks/e2e.py's loops): GPU us (CUD
 time: what the GPU sits idle per call; benchmarks/e2e.py) and sync - GPU (a sync after each call),
 and the caching allocator's allocations per call. Then per part (call_parts), the host's
 microseconds per call over --calls calls queued without a sync: the whole call, the signature and
-plan lookup (tuner/plans.py), the launch plan's allocations and launches (variants/launch_plan.py),
-and, not in the call, prepare + run (what a strided input or the first call pays); "rest" is the
-whole call less its parts (the api's checks, glue); and the same call through the custom op and the
-SDPA drop-in, whole (other_entries). Then cProfile over --profile-calls calls (the functions with
-the most own time; the profiler inflates every Python call, so read the shares), and last
-torch.profiler's GPU kernels per call (after every host timing: once it has run, CUPTI stays
-subscribed and later launches cost more). benchmarks/host_stub.py runs the same parts on a CPU with
-the device work stood in.
+plan lookup (tuner/plans.py), the launch plan's allocations and launches (variants/launch_plan.py;
+each launch timed inside the whole call, launch_parts: K smoothing's mean, the quantization, the
+kernel with split_tail's two programs), and, not in the call, prepare + run (what a strided input or
+the first call pays); "rest" is the whole call less its parts (the api's checks, glue); and the same
+call through the custom op and the SDPA drop-in, whole (other_entries). Then cProfile over
+--profile-calls calls (the functions with the most own time; the profiler inflates every Python
+call, so read the shares), and last torch.profiler's GPU kernels per call (after every host timing:
+once it has run, CUPTI stays subscribed and later launches cost more). benchmarks/host_stub.py runs
+the same parts on a CPU with the device work stood in.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ QUICK_SHAPES = ("4,1024,32,128",)
 # The parts of call_parts that make up the call (the others are inside one of these, or not in it).
 NO_PLAN = "prepare + run (no launch plan: the call's path)"
 DISJOINT = ("signature and plan lookup", "launch plan (allocations, launches)", NO_PLAN)
+ALLOCATIONS = "of which allocations (scratch, out)"
 
 
 def add_arguments(parser) -> None:
@@ -54,8 +56,9 @@ def host_us(fn, calls: int) -> float:
     return us
 
 
-def parts(problem, seed: int) -> dict:
-    """name -> a call of one part of tuner.attention's work, on one input set of the problem."""
+def parts(problem, seed: int) -> tuple[dict, tuple]:
+    """(name -> a call of one part of tuner.attention's work, the inputs q, k, v they read): one
+    input set of the problem."""
     import torch
 
     from tuner.measure import random_inputs
@@ -63,7 +66,7 @@ def parts(problem, seed: int) -> dict:
     q, k, v = random_inputs(problem, torch.device("cuda"), seed)
     found = {**call_parts(q, k, v, problem.causal), **other_entries(q, k, v, problem.causal)}
     torch.cuda.synchronize()
-    return found
+    return found, (q, k, v)
 
 
 def other_entries(q, k, v, causal: bool) -> dict:
@@ -115,12 +118,64 @@ def call_parts(q, k, v, causal: bool) -> dict:
     scratch = launch.scratch_bytes
     found.update({
         "launch plan (allocations, launches)": lambda: launch(q, k, v, None, False, False),
-        "of which allocations (scratch, out)": lambda: (
+        ALLOCATIONS: lambda: (
             torch.empty(scratch, dtype=torch.uint8, device=q.device),
             torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)),
         "prepare + run (not in the call)": prepare_run,
     })
     return found
+
+
+# The plan's launchers (variants/launch_plan.py) launch_parts times in place, and their rows.
+LAUNCHERS = (("_mean_launch", "of which the mean launch"),
+             ("_quant", "of which the quantization launch"),
+             ("_attend", "of which the kernel launch"))
+
+
+def launch_parts(q, k, v, causal: bool, calls: int) -> dict:
+    """name -> host us per call of each launch a repeated tuner.attention call makes (the
+    DSL's host stub and the driver behind it), timed inside `calls` whole calls by wrapping the
+    plan's launchers (two perf_counter reads each, ~0.1 us, land in the launch's time). Empty
+    where the call has no launch plan."""
+    import torch
+
+    import tuner
+    from tuner import api, plans
+
+    tuner.attention(q, k, v, causal=causal)
+    launch = plans.CALLS[api.signature(q, k, v, causal, None, "auto", None, None)].launch
+    if launch is None:
+        return {}
+    originals = {attr: getattr(launch, attr) for attr, _ in LAUNCHERS
+                 if getattr(launch, attr) is not None}
+    spent = dict.fromkeys(originals, 0.0)
+    clock = time.perf_counter
+
+    def timed(attr, fn):
+        def launch_(*values):
+            t0 = clock()
+            fn(*values)
+            spent[attr] += clock() - t0
+        return launch_
+
+    try:
+        for attr, fn in originals.items():
+            setattr(launch, attr, timed(attr, fn))
+        for _ in range(calls):
+            tuner.attention(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+    finally:
+        for attr, fn in originals.items():
+            setattr(launch, attr, fn)
+    return {name: spent[attr] / calls * 1e6 for attr, name in LAUNCHERS if attr in spent}
+
+
+def with_launches(us: dict, launches: dict) -> dict:
+    """The parts' timings with launch_parts' rows after the allocations' (the launch plan's
+    other share), where the table lists them."""
+    at = list(us).index(ALLOCATIONS) + 1 if ALLOCATIONS in us else len(us)
+    items = list(us.items())
+    return dict(items[:at] + list(launches.items()) + items[at:])
 
 
 def hot_spots(fn, calls: int, top: int) -> list:
@@ -196,12 +251,15 @@ def against_gpu(problem, whole, calls: int, repeats: int) -> list:
 def run(args, gpu) -> str:
     problems = common.shapes_of(args)
     profile_calls = common.sized(args.profile_calls, 2000, 500, args)
-    calls = {p: parts(p, args.seed) for p in problems}
+    made = {p: parts(p, args.seed) for p in problems}
+    calls = {p: found for p, (found, _) in made.items()}
     # Every host timing first, the torch profiler last (module docstring).
     whole_rows = [[shape_text(p), *against_gpu(p, calls[p]["attention() (whole call)"],
                                                args.calls, args.repeats)] for p in problems]
     host = {p: {name: host_us(fn, args.calls) for name, fn in calls[p].items()}
             for p in problems}
+    for p, (_, (q, k, v)) in made.items():
+        host[p] = with_launches(host[p], launch_parts(q, k, v, p.causal, args.calls))
     sections = [markdown_table(["shape", "GPU us", "host us", "wall - GPU", "sync - GPU",
                                 "allocations"], whole_rows), ""]
     for p in problems:

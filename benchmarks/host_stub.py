@@ -191,13 +191,14 @@ def device_work(fn, launches: Counter, calls: int = 4) -> dict:
 
 def report(problem, gpu: str, calls: int, repeats: int, profile_calls: int, top: int) -> str:
     from benchmarks.common import shape_text
-    from benchmarks.host import DISJOINT, call_parts, hot_spots
+    from benchmarks.host import DISJOINT, call_parts, hot_spots, launch_parts, with_launches
 
     lines = [f"## {shape_text(problem)} ({gpu} profile, meta tensors)"]
     with stood_in(gpu) as launches:
         q, k, v = inputs(problem)
         parts = call_parts(q, k, v, problem.causal)
-        us = {name: us_per_call(fn, calls, repeats) for name, fn in parts.items()}
+        us = with_launches({name: us_per_call(fn, calls, repeats) for name, fn in parts.items()},
+                           launch_parts(q, k, v, problem.causal, calls // repeats))
         whole_name = next(iter(parts))
         whole = us[whole_name]
         rest = whole - sum(us[name] for name in DISJOINT if name in us)

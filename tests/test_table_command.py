@@ -71,3 +71,35 @@ def test_the_shipped_tables_list_without_a_gpu(capsys):
         assert main(["table", gpu, "--json"]) == 0
         rows = json.loads(capsys.readouterr().out)["rows"]
         assert rows and all(r["family"] in ("wgmma", "mma_sync") for r in rows)
+
+
+def test_searches_name_the_older_rows_and_parse_back_to_their_problems(tmp_path, monkeypatch,
+                                                                       capsys):
+    """--searches: one `tuner search` per group of older rows alike but for seq_len; each line
+    parses with the CLI's own parser to exactly those rows' problems (and family set), and a
+    current row gets no search."""
+    import shlex
+
+    from tuner.cli import build_parser
+    from tuner.commands._args import problems_from_args
+
+    today = code_version(wgmma)
+    cross = Problem(2, 8, 1000, 64, causal=True, seq_len_kv=512, kv_heads=2)
+    older = [Problem(1, 8, 8192, 128), Problem(1, 8, 16384, 128), cross]
+    entries = [_row(PROBLEM, code_version=today),
+               *(_row(p, code_version="older-source") for p in older[:2]),
+               {**_row(cross, code_version="older-source"), "family_set": "wgmma+mma_sync"}]
+    _table(tmp_path, monkeypatch, entries)
+    assert main(["table", "h100", "--searches"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    found, families = [], []
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[:2] == ["tuner", "search"]
+        args = build_parser().parse_args(argv[1:])
+        found += problems_from_args(args)
+        families.append(args.families)
+    assert sorted(p.key() for p in found) == sorted(p.key() for p in older)
+    # A row of the family alone names it; one of the arch's whole set leaves the CLI's auto.
+    assert families == ["wgmma", "auto"]

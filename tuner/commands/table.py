@@ -20,6 +20,9 @@ HELP = "list the tuning table shipped for a GPU (times, accuracy, code version c
 def add_arguments(parser) -> None:
     parser.add_argument("gpu", help="a GPU profile (h100, h200, ...; auto: the local GPU's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--searches", action="store_true",
+                        help="print the `tuner search` commands that re-search the rows searched "
+                             "with older code, one per group of rows that differ only in seq_len")
 
 
 def rows(gpu_name: str) -> tuple[str, list[dict]]:
@@ -59,6 +62,40 @@ def rows(gpu_name: str) -> tuple[str, list[dict]]:
     return str(path), out
 
 
+def searches(gpu_name: str) -> list[str]:
+    """The `tuner search` commands that bring the table's older rows (rows()'s current False) to
+    today's code: one per group of rows alike but for seq_len, in file order, each naming only
+    the flags that differ from the CLI's defaults. Run on that GPU, then `tuner export` writes
+    the table again."""
+    from tuner.gpus import resolve_gpu
+    from tuner.tables import read_table
+    from variants import families_for_arch
+
+    path, table_rows = rows(gpu_name)
+    _, entries = read_table(path)
+    gpu = resolve_gpu(gpu_name, require_local=False)
+    auto = "+".join(families_for_arch(gpu.arch))
+    groups: dict[tuple, list[int]] = {}
+    for entry, row in zip(entries, table_rows, strict=True):
+        if row["current"]:
+            continue
+        p = entry.problem
+        flags = [f"--heads {p.heads}"]
+        for flag, value, default in (("--batch", p.batch, 1), ("--head-dim", p.head_dim, 128),
+                                     ("--kv-heads", p.kv_heads, p.heads)):
+            if value != default:
+                flags.append(f"{flag} {value}")
+        if p.seq_len_kv != p.seq_len:  # cross-attention: every length of the group has these keys
+            flags.append(f"--kv-len {p.seq_len_kv}")
+        if p.causal:
+            flags.append("--causal")
+        if entry.family_set != auto:
+            flags.append(f"--families {entry.family_set.replace('+', ',')}")
+        groups.setdefault(tuple(flags), []).append(p.seq_len)
+    return [f"tuner search --gpu {gpu.name} --seq-lens {','.join(map(str, sorted(set(lens))))} "
+            + " ".join(flags) for flags, lens in groups.items()]
+
+
 def _transforms(entry, family, gpu) -> str:
     """The prepare transforms the row runs with ("none" for none): the knobs it names, and for a
     knob it does not name the default's (runtime.config_from_row); a row that names neither
@@ -74,6 +111,10 @@ def _transforms(entry, family, gpu) -> str:
 
 
 def run(args) -> int:
+    if args.searches:
+        for command in searches(args.gpu):
+            print(command)
+        return 0
     path, table_rows = rows(args.gpu)
     if args.json:
         print(json.dumps({"table": path, "rows": table_rows}, indent=2))

@@ -172,28 +172,6 @@ def test_split_tail_takes_its_workspace_from_the_scratch_block_and_zeroes_nothin
     assert parts["workspace"] + 4 * workspace_words(128, 128, 8, 132) <= plan.scratch_bytes
 
 
-def test_the_host_suite_times_each_launch_inside_the_call_and_puts_the_launchers_back(device):
-    """benchmarks/host.py's launch_parts: one row per launch the plan makes (the mean, the
-    quantization, the kernel), each a positive time, every wrapped launch still made once per
-    call; after it the plan holds its own launchers again."""
-    from benchmarks.host import ALLOCATIONS, launch_parts, with_launches
-
-    launches, _ = device
-    q, k, v = qkv(batch=9, seq=2048, heads=1)
-    tuner.attention(q, k, v)
-    plan = plans.CALLS[api.signature(q, k, v, False, None, "auto", None, None)].launch
-    own = (plan._mean_launch, plan._quant, plan._attend)
-    before = sum(launches.values())
-    rows = launch_parts(q, k, v, False, 25)
-    assert list(rows) == ["of which the mean launch", "of which the quantization launch",
-                          "of which the kernel launch"]
-    assert all(us > 0 for us in rows.values())
-    assert sum(launches.values()) - before == 3 * 26  # 25 timed calls and the first
-    assert (plan._mean_launch, plan._quant, plan._attend) == own
-    ordered = with_launches({"whole": 1.0, ALLOCATIONS: 2.0, "rest": 3.0}, rows)
-    assert list(ordered) == ["whole", ALLOCATIONS, *rows, "rest"]
-
-
 # ---- the signature: a call of another signature never runs another's plan ----------------------
 
 @pytest.mark.parametrize("change", ["q length", "kv length", "kv heads", "batch"])

@@ -88,6 +88,16 @@ def other_entries(q, k, v, causal: bool) -> dict:
     return entries
 
 
+def call_plan(q, k, v, causal: bool):
+    """The CallPlan (tuner/plans.py) a repeated tuner.attention(q, k, v, causal=causal) runs,
+    made by a first call here."""
+    import tuner
+    from tuner import api, plans
+
+    tuner.attention(q, k, v, causal=causal)
+    return plans.CALLS[api.signature(q, k, v, causal, None, "auto", None, None)]
+
+
 def call_parts(q, k, v, causal: bool) -> dict:
     """name -> a call of one part of a repeated tuner.attention(q, k, v, causal=causal) (its
     plan made here): the CUDA suite above and the CPU stand-in (benchmarks/host_stub.py) time
@@ -100,8 +110,7 @@ def call_parts(q, k, v, causal: bool) -> dict:
     import tuner
     from tuner import api, plans
 
-    tuner.attention(q, k, v, causal=causal)
-    plan = plans.CALLS[api.signature(q, k, v, causal, None, "auto", None, None)]
+    plan = call_plan(q, k, v, causal)
     launch, kernel = plan.launch, plan.kernel
     found = {
         "attention() (whole call)": lambda: tuner.attention(q, k, v, causal=causal),
@@ -140,10 +149,8 @@ def launch_parts(q, k, v, causal: bool, calls: int) -> dict:
     import torch
 
     import tuner
-    from tuner import api, plans
 
-    tuner.attention(q, k, v, causal=causal)
-    launch = plans.CALLS[api.signature(q, k, v, causal, None, "auto", None, None)].launch
+    launch = call_plan(q, k, v, causal).launch
     if launch is None:
         return {}
     originals = {attr: getattr(launch, attr) for attr, _ in LAUNCHERS

@@ -25,8 +25,9 @@ def add_arguments(parser) -> None:
                              "with older code, one per group of rows that differ only in seq_len")
 
 
-def rows(gpu_name: str) -> tuple[str, list[dict]]:
-    """(the table's path, one dict per entry in file order); a TunerError where the profile is
+def _read(gpu_name: str) -> tuple:
+    """(the GPU profile, the table's path, [(entry, whether the family's code version today is
+    the one the row was searched with)] in file order); a TunerError where the profile is
     unknown, no table ships for it, or the table does not validate."""
     from tuner.gpus import resolve_gpu
     from tuner.runtime import table_path
@@ -44,40 +45,43 @@ def rows(gpu_name: str) -> tuple[str, list[dict]]:
     except TableError as exc:
         raise TunerError(str(exc)) from None
     versions = {}
-    out = []
     for e in entries:
-        family = load_family(e.family)
         if e.family not in versions:
-            versions[e.family] = code_version(family)
+            versions[e.family] = code_version(load_family(e.family))
+    return gpu, path, [(e, e.fields.get("code_version") == versions[e.family]) for e in entries]
+
+
+def rows(gpu_name: str) -> tuple[str, list[dict]]:
+    """(the table's path, one dict per entry in file order); _read's errors."""
+    from variants import load_family
+
+    gpu, path, read = _read(gpu_name)
+    out = []
+    for e, current in read:
         f = e.fields
-        written = f.get("code_version")
         out.append({
             "problem": e.problem.key(), "family_set": e.family_set, "family": e.family,
             "median_ms": f.get("median_ms"), "prepare_ms": f.get("prepare_ms"),
             "e2e_error": f.get("e2e_error"), "e2e_data": f.get("e2e_data"),
-            "transforms": _transforms(e, family, gpu),
+            "transforms": _transforms(e, load_family(e.family), gpu),
             "decided_at": str(f["decided_at"]) if f.get("decided_at") else None,
-            "code_version": written, "current": written == versions[e.family],
+            "code_version": f.get("code_version"), "current": current,
         })
     return str(path), out
 
 
 def searches(gpu_name: str) -> list[str]:
-    """The `tuner search` commands that bring the table's older rows (rows()'s current False) to
+    """The `tuner search` commands that bring the table's older rows (not current, _read) to
     today's code: one per group of rows alike but for seq_len, in file order, each naming only
     the flags that differ from the CLI's defaults. Run on that GPU, then `tuner export` writes
     the table again."""
-    from tuner.gpus import resolve_gpu
-    from tuner.tables import read_table
     from variants import families_for_arch
 
-    path, table_rows = rows(gpu_name)
-    _, entries = read_table(path)
-    gpu = resolve_gpu(gpu_name, require_local=False)
+    gpu, _, read = _read(gpu_name)
     auto = "+".join(families_for_arch(gpu.arch))
     groups: dict[tuple, list[int]] = {}
-    for entry, row in zip(entries, table_rows, strict=True):
-        if row["current"]:
+    for entry, current in read:
+        if current:
             continue
         p = entry.problem
         flags = [f"--heads {p.heads}"]

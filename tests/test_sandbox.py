@@ -197,3 +197,34 @@ def test_a_pipeline_started_now_has_its_sandboxes_up_before_their_first_task():
     finally:
         pipeline.close()
     assert Pipeline(compile_jobs=1).gpu._proc is None  # started on first use otherwise
+
+
+def test_a_ctrl_c_while_a_sandbox_starts_leaves_it_closable_and_restartable():
+    """A KeyboardInterrupt inside Process.start() (Ctrl-C reaches the search while it spawns a
+    sandbox) propagates as itself; the search's cleanup then closes the sandbox without error,
+    and the next submit starts a working child."""
+    sandbox = Sandbox("interrupted")
+    real = sandbox._ctx
+
+    class InterruptedContext:
+        Pipe = staticmethod(real.Pipe)
+
+        @staticmethod
+        def Process(**kwargs):  # noqa: N802 - stands in for the context's Process
+            class Interrupted(real.Process):
+                def start(self):
+                    raise KeyboardInterrupt
+
+            return Interrupted(**kwargs)
+
+    sandbox._ctx = InterruptedContext()
+    with pytest.raises(KeyboardInterrupt):
+        sandbox.submit(task("evaluate", 64, 2))
+    sandbox.close()  # the cleanup path of an interrupted search
+    assert not sandbox.busy
+    sandbox._ctx = real
+    try:
+        sandbox.submit(task("evaluate", 64, 2))
+        assert result_of(sandbox).outcome == "ok"
+    finally:
+        sandbox.close()

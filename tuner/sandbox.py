@@ -211,12 +211,18 @@ class Sandbox:
         self._reap()
         self.starts += 1
         parent, child = self._ctx.Pipe()
-        self._proc = self._ctx.Process(target=_serve, args=(child, self.preload),
-                                       name=f"tuner-{self.name}", daemon=True)
+        proc = self._ctx.Process(target=_serve, args=(child, self.preload),
+                                 name=f"tuner-{self.name}", daemon=True)
         self.ready = False
-        self._proc.start()
-        child.close()
-        self._conn = parent
+        # Held only once started: a Ctrl-C inside start() must leave nothing close() would join.
+        try:
+            proc.start()
+        except BaseException:
+            parent.close()
+            raise
+        finally:
+            child.close()
+        self._proc, self._conn = proc, parent
 
     def submit(self, task: Task, payload: Any = None) -> None:
         if self.busy:

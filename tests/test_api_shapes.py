@@ -84,20 +84,21 @@ def test_causal_must_be_a_bool():
 
 
 @pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), "0.1",
-                                   torch.tensor(0.1), True])
-def test_softmax_scale_must_be_a_finite_number(scale):
+                                   torch.tensor(0.1), True, 0, 0.0, -0.5, -1e-30])
+def test_softmax_scale_must_be_a_finite_positive_number(scale):
     q, k, v = tensors((1, 64, 4, 128), (1, 64, 4, 128))
-    with pytest.raises(TunerError, match="softmax_scale must be a finite number or None"):
+    with pytest.raises(TunerError, match="softmax_scale must be a finite number > 0 or None"):
         tuner.attention(q, k, v, softmax_scale=scale)
     d = torch.ones(1, 4, device="meta")
-    with pytest.raises(TunerError, match="softmax_scale must be a finite number or None"):
+    with pytest.raises(TunerError, match="softmax_scale must be a finite number > 0 or None"):
         tuner.attention_fp8(*(_fp8((1, 64, 4, 128)) for _ in range(3)), d, d, d,
                             softmax_scale=scale)
 
 
-def test_a_repeated_calls_plan_never_sees_a_non_finite_scale(monkeypatch):
-    """The plan a repeated call finds (tuner.plans.CALLS) takes the scale unchecked: a NaN goes
-    to the checks instead, while a finite float or int reaches the plan."""
+def test_a_repeated_calls_plan_never_sees_a_scale_the_checks_refuse(monkeypatch):
+    """The plan a repeated call finds (tuner.plans.CALLS) takes the scale unchecked: a NaN or
+    a scale <= 0 goes to the checks instead, while a finite positive float or int reaches the
+    plan."""
     from tuner import api
 
     q, k, v = tensors((1, 64, 4, 128), (1, 64, 4, 128))
@@ -108,12 +109,13 @@ def test_a_repeated_calls_plan_never_sees_a_non_finite_scale(monkeypatch):
         return q, None
 
     monkeypatch.setitem(api.CALLS, api.signature(q, k, v, False, None, "auto", None, None), plan)
-    for scale in (None, 0.1, 2, -0.5):
+    for scale in (None, 0.1, 2):
         assert tuner.attention(q, k, v, softmax_scale=scale) is q
-    assert seen == [None, 0.1, 2, -0.5]
-    with pytest.raises(TunerError, match="softmax_scale must be a finite number"):
-        tuner.attention(q, k, v, softmax_scale=float("nan"))
-    assert len(seen) == 4
+    assert seen == [None, 0.1, 2]
+    for scale in (float("nan"), -0.5, 0):
+        with pytest.raises(TunerError, match="softmax_scale must be a finite number > 0"):
+            tuner.attention(q, k, v, softmax_scale=scale)
+    assert len(seen) == 3
 
 
 def _fp8(shape):

@@ -58,7 +58,7 @@ def attention(
     j <= i + seq_len_kv - seq_len; a query that sees no key (seq_len > seq_len_kv) gets output
     0 and LSE -inf. A shape or mask no kernel implements on this GPU raises a TunerError naming
     it (tuner.runtime: every candidate passes its family's can_implement first). softmax_scale
-    is a finite number (None: head_dim ** -0.5); a NaN, Inf or non-number is a TunerError.
+    is a finite number > 0 (None: head_dim ** -0.5); anything else is a TunerError.
 
     q, k and v are quantized to e4m3 with block scales (amax / 448): one per token and head of
     q, one per 64 keys of a KV head of k and v (variants/block_scales.py), in one launch.
@@ -122,22 +122,23 @@ def signature(q, k, v, causal, config, gpu, db, max_error) -> tuple:
 
 
 def _plain_scale(value) -> bool:
-    """None or a finite Python float or int (not a bool): what a repeated call's plan takes
-    unchecked; anything else goes to _scale."""
-    return value is None or type(value) in (float, int) and math.isfinite(value)
+    """None or a finite positive Python float or int (not a bool): what a repeated call's plan
+    takes unchecked; anything else goes to _scale."""
+    return value is None or type(value) in (float, int) and 0 < value < math.inf
 
 
 def _scale(value) -> float | None:
     """softmax_scale as a float, or None (head_dim ** -0.5); a NaN or Inf would make every
-    output NaN, a tensor or a string would fail deep in prepare."""
+    output NaN, a tensor or a string would fail deep in prepare, and the kernels take each row's
+    maximum before scaling, which only a positive scale preserves."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real) \
-            or not math.isfinite(value):
+            or not 0 < value < math.inf:
         from tuner.errors import TunerError
 
-        raise TunerError(f"softmax_scale must be a finite number or None (head_dim ** -0.5), "
-                         f"got {value!r}")
+        raise TunerError(f"softmax_scale must be a finite number > 0 or None (head_dim ** -0.5),"
+                         f" got {value!r}; to scale the logits by a negative factor, negate q")
     return float(value)
 
 

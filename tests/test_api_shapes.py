@@ -46,10 +46,8 @@ def test_own_key_value_shapes_are_accepted_and_make_the_problem(q_shape, kv_shap
      "q has 32 heads, k and v 12: the query heads must be a multiple of the key/value heads"),
     ((1, 100, 8, 128), (1, 100, 16, 128), (1, 100, 16, 128),
      "q has 8 heads, k and v 16: the query heads must be a multiple"),
-    ((1, 100, 8, 128), (1, 0, 8, 128), (1, 0, 8, 128), "seq_len_kv=0"),
     ((1, 100, 8, 128), (1, 50, 0, 128), (1, 50, 0, 128), "kv_heads=0"),
-], ids=["k-vs-v", "batch", "head-dim", "not-a-multiple", "more-kv-heads", "no-keys",
-        "no-kv-heads"])
+], ids=["k-vs-v", "batch", "head-dim", "not-a-multiple", "more-kv-heads", "no-kv-heads"])
 def test_bad_key_value_shapes_are_named(q_shape, k_shape, v_shape, message):
     q = torch.empty(q_shape, dtype=torch.bfloat16, device="meta")
     k = torch.empty(k_shape, dtype=torch.bfloat16, device="meta")
@@ -205,3 +203,43 @@ def test_a_zero_descale_is_an_all_zero_blocks_not_a_nan():
     prepared = fp8_inputs(q, k, v, (zero, zero, torch.zeros(1, 1, 2)), pad_to=64)
     assert bool(torch.isfinite(prepared.packed).all())
     assert float(prepared.scales.v.min()) == pytest.approx(1e-12 / 448)
+
+
+@pytest.mark.parametrize("q_shape, kv_shape", [
+    ((0, 64, 4, 128), (0, 64, 4, 128)),  # an empty batch
+    ((2, 0, 4, 64), (2, 64, 4, 64)),  # no queries
+    ((1, 64, 0, 128), (1, 64, 0, 128)),  # no heads
+    ((1, 37, 8, 128), (1, 0, 2, 128)),  # no keys
+])
+def test_a_call_with_nothing_to_compute_answers_as_sdpa_does_without_a_launch(q_shape, kv_shape):
+    """Empty q: an empty output; no keys: output 0 and LSE -inf (a row that sees no key). The
+    same shapes through the FP8 entry and the SDPA drop-in; prepare's own check still refuses
+    them (it has nothing to quantize)."""
+    q, k, v = tensors(q_shape, kv_shape)
+    out, lse = tuner.attention(q, k, v, causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == torch.bfloat16
+    assert lse.shape == (q_shape[0], q_shape[2], q_shape[1]) and lse.dtype == torch.float32
+    d = torch.ones(1, device="meta")
+    fp8 = tuner.attention_fp8(_fp8(q_shape), _fp8(kv_shape), _fp8(kv_shape), d, d, d)
+    assert fp8.shape == q.shape and fp8.dtype == torch.bfloat16
+    sdpa = tuner.scaled_dot_product_attention(*(x.transpose(1, 2) for x in (q, k, v)),
+                                              enable_gqa=True)
+    assert sdpa.shape == q.transpose(1, 2).shape
+    with pytest.raises(TunerError, match="empty input"):
+        check_qkv(q, k, v, require_cuda=True, check_finite=False)
+
+    from tuner.api import _without_keys
+
+    g = torch.Generator().manual_seed(3)
+    q_cpu = torch.randn(q_shape, generator=g).bfloat16()
+    k_cpu, v_cpu = (torch.randn(kv_shape, generator=g).bfloat16() for _ in range(2))
+    want = torch.nn.functional.scaled_dot_product_attention(
+        *(x.transpose(1, 2).float() for x in (q_cpu, k_cpu, v_cpu))).transpose(1, 2)
+    got, lse = _without_keys(q_cpu, True)
+    assert torch.equal(got.float(), want) and bool((lse == -float("inf")).all())
+
+
+def test_query_heads_without_key_value_heads_are_refused_by_name():
+    q, k, v = tensors((1, 64, 4, 128), (1, 64, 0, 128))
+    with pytest.raises(TunerError, match="query heads need key/value heads"):
+        tuner.attention(q, k, v)

@@ -56,9 +56,11 @@ def attention(
     of q's (grouped-query attention: query head h reads KV head h // (heads // kv_heads)).
     causal=True masks aligned to the bottom right as FlashAttention does: query i sees keys
     j <= i + seq_len_kv - seq_len; a query that sees no key (seq_len > seq_len_kv) gets output
-    0 and LSE -inf. A shape or mask no kernel implements on this GPU raises a TunerError naming
-    it (tuner.runtime: every candidate passes its family's can_implement first). softmax_scale
-    is a finite number > 0 (None: head_dim ** -0.5); anything else is a TunerError.
+    0 and LSE -inf, and so does every query when seq_len_kv is 0 (an empty q gets an empty
+    output; neither launches anything). A shape or mask no kernel implements on this GPU raises
+    a TunerError naming it (tuner.runtime: every candidate passes its family's can_implement
+    first). softmax_scale is a finite number > 0 (None: head_dim ** -0.5); anything else is a
+    TunerError.
 
     q, k and v are quantized to e4m3 with block scales (amax / 448): one per token and head of
     q, one per 64 keys of a KV head of k and v (variants/block_scales.py), in one launch.
@@ -86,16 +88,18 @@ def attention(
             result = plan(q, k, v, softmax_scale, return_lse, return_lse)
             if result is not None:
                 return result if return_lse else result[0]
-    from variants.input_checks import check_qkv
+    from variants.input_checks import check_qkv, no_work
 
     # Shapes, dtypes and devices are checked here, where the error reaches the caller's line
     # (also while tracing); the NaN/Inf scan reads the data, so it runs inside the body.
-    check_qkv(q, k, v, require_cuda=True, check_finite=False)
+    check_qkv(q, k, v, require_cuda=True, check_finite=False, allow_empty=True)
     causal = _flag("causal", causal)
     softmax_scale = _scale(softmax_scale)
+    return_lse = _flag("return_lse", return_lse)
+    if no_work(q, k):
+        return _without_keys(q, return_lse)
     if _CAPTURE is not None:
         _CAPTURE.record(q, k, v, softmax_scale, causal)
-    return_lse = _flag("return_lse", return_lse)
     if _eager(q, k, v):
         from tuner.runtime import checked_plan
 
@@ -119,6 +123,17 @@ def signature(q, k, v, causal, config, gpu, db, max_error) -> tuple:
     mask, config, GPU, database argument or error budget never finds another's plan."""
     return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
             causal, config, gpu, db, max_error)
+
+
+def _without_keys(q, return_lse: bool):
+    """The result of a call with nothing to compute (variants.input_checks.no_work), as
+    F.scaled_dot_product_attention gives it: an empty output for an empty q; for a q whose
+    keys are empty, output 0 and LSE -inf, what a row that sees no key gets."""
+    batch, seq_len, heads, _ = q.shape
+    out = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
+    if not return_lse:
+        return out
+    return out, torch.full((batch, heads, seq_len), -math.inf, device=q.device)
 
 
 def _plain_scale(value) -> bool:
@@ -191,14 +206,17 @@ def attention_fp8(
     turns one on is refused with a TunerError naming it.
     """
     from tuner.runtime import run_attention_fp8
-    from variants.input_checks import check_fp8_qkv
+    from variants.input_checks import check_fp8_qkv, no_work
 
     descales = (q_descale, k_descale, v_descale)
-    check_fp8_qkv(q, k, v, descales)
+    check_fp8_qkv(q, k, v, descales, allow_empty=True)
     causal = _flag("causal", causal)
     softmax_scale = _scale(softmax_scale)
+    return_lse = _flag("return_lse", return_lse)
     if config is not None:
         _check_fp8_config(config)
+    if no_work(q, k):
+        return _without_keys(q, return_lse)
     key = "" if config is None else _eager_config_key(config)
     out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal)
     return (out, lse) if return_lse else out

@@ -18,10 +18,12 @@ def check_qkv(
     *,
     require_cuda: bool = False,
     check_finite: bool = True,
+    allow_empty: bool = False,
 ) -> None:
     """Public-boundary validation of bf16/fp16 inputs: q (batch, seq_len, heads, head_dim), k and
     v (batch, seq_len_kv, kv_heads, head_dim) with kv_heads a divisor of heads; every message
-    names the problem and the fix."""
+    names the problem and the fix. allow_empty: a q without elements or a k and v without keys
+    passes (the public entry points answer it without a launch: no_work)."""
     _check_tensors(q, k, v, require_cuda=require_cuda)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in (torch.bfloat16, torch.float16):
@@ -30,12 +32,12 @@ def check_qkv(
                 f"(the kernels quantize to FP8 themselves), e.g. {name}.to(torch.bfloat16); "
                 "e4m3 codes with their descales go to tuner.attention_fp8"
             )
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, allow_empty)
     if check_finite:
         check_finite_inputs(q, k, v)
 
 
-def check_fp8_qkv(q, k, v, descales) -> None:
+def check_fp8_qkv(q, k, v, descales, allow_empty: bool = False) -> None:
     """The FP8 entry point's boundary: e4m3 q (batch, seq_len, heads, head_dim), k and v (batch,
     seq_len_kv, kv_heads, head_dim), and fp32 descales in one of two granularities each: per
     head, broadcastable to (batch, heads) for q and (batch, kv_heads) for k and v (each tensor's
@@ -48,7 +50,7 @@ def check_fp8_qkv(q, k, v, descales) -> None:
             raise TunerError(
                 f"{name} has dtype {t.dtype}; attention_fp8 takes float8_e4m3fn codes with their "
                 "descales (bf16/fp16 inputs go to tuner.attention, which quantizes them)")
-    _check_shapes(q, k, v)
+    _check_shapes(q, k, v, allow_empty)
     for index, (name, d) in enumerate(zip(("q_descale", "k_descale", "v_descale"), descales,
                                           strict=True)):
         x = (q, k, v)[index]
@@ -101,7 +103,13 @@ def _check_tensors(q, k, v, *, require_cuda: bool) -> None:
             )
 
 
-def _check_shapes(q, k, v) -> None:
+def no_work(q, k) -> bool:
+    """No output element to compute (batch, seq_len or heads 0), or no key to attend to
+    (seq_len_kv 0: every row's output is 0 and its LSE -inf, as a row that sees no key)."""
+    return q.numel() == 0 or k.shape[1] == 0
+
+
+def _check_shapes(q, k, v, allow_empty: bool = False) -> None:
     if k.shape != v.shape:
         raise TunerError(
             f"k and v shapes differ: {tuple(k.shape)}, {tuple(v.shape)}; each key has its value: "
@@ -120,18 +128,22 @@ def _check_shapes(q, k, v) -> None:
             f"q has batch {batch}, k and v {kv_batch}: each sequence attends to its own keys; "
             "pass k and v with q's batch (expand a shared context to it)"
         )
-    if seq_len == 0 or batch == 0 or heads == 0 or seq_len_kv == 0 or kv_heads == 0:
+    empty = seq_len == 0 or batch == 0 or heads == 0 or seq_len_kv == 0
+    if (empty and not allow_empty) or (kv_heads == 0 and heads):
         raise TunerError(
             f"empty input (batch={batch}, seq_len={seq_len}, heads={heads}, "
             f"seq_len_kv={seq_len_kv}, kv_heads={kv_heads}); "
-            "attention over zero tokens or heads has no output: skip the call"
+            + ("query heads need key/value heads: pass k and v with a divisor of q's heads"
+               if kv_heads == 0 and heads else
+               "this quantization has nothing to quantize: tuner.attention answers such a "
+               "call without a launch")
         )
     if kv_head_dim != head_dim:
         raise TunerError(
             f"q has head_dim {head_dim}, k and v {kv_head_dim}: q . k needs one head_dim (the "
             "kernels take v's equal to it too); zero-pad the shorter one"
         )
-    if heads % kv_heads:
+    if kv_heads and heads % kv_heads:
         raise TunerError(
             f"q has {heads} heads, k and v {kv_heads}: the query heads must be a multiple of the "
             f"key/value heads (each KV head serves heads // kv_heads query heads, grouped-query "

@@ -63,7 +63,9 @@ def _traced_ops(fn, *args):
         return gm.forward
 
     result = torch.compile(fn, fullgraph=True, backend=backend)(*args)
-    targets = [n.target for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    # With inputs that require grad the op sits in ForwardOnly's forward subgraph.
+    targets = [n.target for g in graphs for m in g.modules() if isinstance(m, torch.fx.GraphModule)
+               for n in m.graph.nodes if n.op == "call_function"]
     return result, targets
 
 
@@ -141,3 +143,50 @@ def test_sdpa_layout_and_dtype_follow_torch(dtype):
     q = torch.empty(1, 2, 64, 128, dtype=dtype, device="meta")
     out = tuner.scaled_dot_product_attention(q, q, q, scale=0.1)
     assert out.shape == (1, 2, 64, 128) and out.dtype == dtype
+
+
+def _cpu_run_attention(q, k, v, *rest):
+    """tuner.runtime.run_attention's shapes on the CPU (no kernel here): what the op returns."""
+    batch, seq_len, heads, _ = q.shape
+    return q.to(torch.bfloat16) * 2, torch.zeros(batch, heads, seq_len)
+
+
+def test_a_call_autograd_records_raises_at_backward_instead_of_passing_no_gradient(monkeypatch):
+    """The op has no autograd kernel of its own (torch would hand the inputs no gradient and a
+    warning); where autograd records a call, tuner.attention runs it through ForwardOnly: the
+    forward is the op's, the backward raises a TunerError naming the fix. Without grad mode, or
+    without an input that requires grad, the op runs bare."""
+    monkeypatch.setattr("tuner.runtime.run_attention", _cpu_run_attention)
+    q = torch.randn(1, 8, 2, 64, requires_grad=True)
+    k = torch.randn(1, 8, 2, 64)
+    args = (None, "", "auto", None, False, False, None, True)
+    out, lse = tuner.ops.ForwardOnly.apply(q, k, k, *args)
+    assert torch.equal(out, q.detach().to(torch.bfloat16) * 2) and out.requires_grad
+    with pytest.raises(TunerError, match="tuner.attention has no backward.*torch.no_grad"):
+        out.float().sum().backward()
+
+    meta = torch.empty(1, 64, 4, 128, dtype=torch.bfloat16, device="meta")
+    wants = meta.clone().requires_grad_()
+    assert type(tuner.attention(wants, meta, meta).grad_fn).__name__ == "ForwardOnlyBackward"
+    with torch.no_grad():
+        assert tuner.attention(wants, meta, meta).grad_fn is None
+    assert tuner.attention(meta, meta, meta).grad_fn is None
+
+
+def test_a_compiled_graph_with_inputs_that_require_grad_serves_its_forward(monkeypatch):
+    """AOTAutograd traces the backward of such a graph at compile time: the raise is an op of
+    its own (fp8_attn_tuner::no_backward), so the graph builds, its forward runs, and only
+    running its backward raises."""
+    monkeypatch.setattr("tuner.runtime.run_attention", _cpu_run_attention)
+    args = (None, "", "auto", None, False, False, None, True)
+
+    def block(q, k, v):
+        return tuner.ops.ForwardOnly.apply(q, k, v, *args)[0].float() + 1
+
+    compiled = torch.compile(block, backend="aot_eager", fullgraph=True)
+    q = torch.randn(1, 8, 2, 64, requires_grad=True)
+    k, v = torch.randn(1, 8, 2, 64), torch.randn(1, 8, 2, 64)
+    out = compiled(q, k, v)
+    assert torch.equal(out, q.detach().to(torch.bfloat16).float() * 2 + 1)
+    with pytest.raises(TunerError, match="tuner.attention has no backward"):
+        out.sum().backward()

@@ -108,13 +108,26 @@ def attention(
         out, lse = plan.run(q, k, v, softmax_scale, return_lse, return_lse)
         CALLS[signature(q, k, v, causal, config, gpu, db, max_error)] = plan
     else:
-        from tuner.ops import attention_op, config_key
+        from tuner.ops import ForwardOnly, attention_op, config_key
 
         key = "" if config is None else config_key(config)
-        out, lse = attention_op(q, k, v, softmax_scale, key, gpu, db, check_finite, causal,
-                                max_error, return_lse)
+        # Where autograd records the call, its backward must raise, not pass no gradient.
+        if _records_grad(q, k, v):
+            op = ForwardOnly.apply
+            # Dynamo traces an autograd.Function only with distinct tensors (self-attention
+            # tests pass q as k and v): a view is one.
+            k = k.view_as(k) if k is q else k
+            v = v.view_as(v) if v is q or v is k else v
+        else:
+            op = attention_op
+        out, lse = op(q, k, v, softmax_scale, key, gpu, db, check_finite, causal, max_error,
+                      return_lse)
     # Without return_lse the LSE may lack K smoothing's shift (not added where nobody reads it).
     return (out, lse) if return_lse else out
+
+
+def _records_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 def signature(q, k, v, causal, config, gpu, db, max_error) -> tuple:

@@ -10,7 +10,8 @@ The op's schema holds only tensors and plain values: the config travels as `conf
 text ("" = look up the tuned winner at run time, inside the op). It is defined with
 torch.library.Library rather than torch.library.custom_op: the latter's Python wrappers (autograd,
 aliasing checks) cost about 13 us more per call, paid by every call of a compiled graph; the op is
-inference-only and returns fresh tensors.
+inference-only and returns fresh tensors. Where autograd records a call (an input requires grad
+under grad mode), tuner.attention runs the op through ForwardOnly, whose backward raises.
 """
 
 from __future__ import annotations
@@ -51,6 +52,46 @@ def _attention_fake(q, k, v, softmax_scale, config, gpu, db, check_finite, causa
     out = q.new_empty((batch, seq_len, heads, head_dim), dtype=torch.bfloat16)
     lse = q.new_empty((batch, heads, seq_len), dtype=torch.float32)
     return out, lse
+
+
+# It reads the output's gradient, so that a partitioner cannot move it into the forward.
+_LIB.define("no_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v) "
+            "-> (Tensor, Tensor, Tensor)")
+
+
+def _no_backward(grad_out: Tensor, q: Tensor, k: Tensor,
+                 v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    from tuner.errors import TunerError
+
+    raise TunerError(
+        "tuner.attention has no backward: its FP8 kernels compute the forward only. Run it "
+        "under torch.no_grad() or torch.inference_mode(), or train with "
+        "torch.nn.functional.scaled_dot_product_attention")
+
+
+_LIB.impl("no_backward", _no_backward, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("fp8_attn_tuner::no_backward")
+def _no_backward_fake(grad_out, q, k, v):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+class ForwardOnly(torch.autograd.Function):
+    """The op where an input requires grad: the forward is the op's, the backward raises a
+    TunerError (no_backward) when it runs. Without it the op's missing autograd kernel hands
+    the inputs no gradient, silently. The raise is an op of its own, so that a compiled graph
+    (AOTAutograd traces the backward with fake tensors) still builds and serves its forward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *rest):
+        ctx.save_for_backward(q, k, v)
+        return attention_op(q, k, v, *rest)
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_lse):
+        return (*torch.ops.fp8_attn_tuner.no_backward(grad_out, *ctx.saved_tensors),
+                *(None for _ in range(8)))
 
 
 # A pinned config is a Python object the op schema cannot hold. Computed under torch.compile,

@@ -98,6 +98,18 @@ def attention(
     return_lse = _flag("return_lse", return_lse)
     if no_work(q, k):
         return _without_keys(q, return_lse)
+    from tuner.pieces import pieces, run_in_pieces
+
+    parts = pieces(q.shape, k.shape)
+    if parts is not None:  # past the kernels' 32-bit offsets: a call per piece
+
+        def piece(_part, q, k, v, want_lse):
+            got = attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
+                            return_lse=want_lse, config=config, gpu=gpu, db=db,
+                            check_finite=check_finite, max_error=max_error)
+            return got if want_lse else (got, None)
+
+        return run_in_pieces(parts, piece, q, k, v, return_lse)
     if _CAPTURE is not None:
         _CAPTURE.record(q, k, v, softmax_scale, causal)
     if _eager(q, k, v):
@@ -230,6 +242,21 @@ def attention_fp8(
         _check_fp8_config(config)
     if no_work(q, k):
         return _without_keys(q, return_lse)
+    from tuner.pieces import descale_piece, pieces, run_in_pieces
+
+    parts = pieces(q.shape, k.shape)
+    if parts is not None:  # past the kernels' 32-bit offsets: a call per piece
+
+        def piece(part, q, k, v, want_lse):
+            rows, q_heads, kv_heads = part
+            scales = [descale_piece(d, rows, h)
+                      for d, h in zip(descales, (q_heads, kv_heads, kv_heads), strict=True)]
+            got = attention_fp8(q.contiguous(), k.contiguous(), v.contiguous(), *scales,
+                                causal=causal, softmax_scale=softmax_scale,
+                                return_lse=want_lse, config=config, gpu=gpu, db=db)
+            return got if want_lse else (got, None)
+
+        return run_in_pieces(parts, piece, q, k, v, return_lse)
     key = "" if config is None else _eager_config_key(config)
     out, lse = run_attention_fp8(q, k, v, descales, softmax_scale, key, gpu, db, causal)
     return (out, lse) if return_lse else out

@@ -36,19 +36,22 @@ def _close(got, want):
 @pytest.mark.parametrize("limit", [2**22, 2**19], ids=["batch-pieces", "head-pieces"])
 def test_a_call_in_pieces_gives_the_whole_calls_output_and_lse(monkeypatch, limit):
     q, k, v = _inputs(3, 700, 8, 1000, 2, seed=limit)
-    whole, whole_lse = tuner.attention(q, k, v, causal=True, return_lse=True)
-    torch.cuda.synchronize()
+    # One config for the whole call and its pieces (a lookup by batch could pick another).
+    cfg = tuner.load_best_config(700, heads=8, batch=3, seq_len_kv=1000, kv_heads=2,
+                                 causal=True)
+    whole, whole_lse = tuner.attention(q, k, v, causal=True, return_lse=True, config=cfg)
     monkeypatch.setattr(pieces, "MAX_ELEMENTS", limit)
     assert len(pieces.pieces(q.shape, k.shape)) > 1
-    got, lse = tuner.attention(q, k, v, causal=True, return_lse=True)
+    got, lse = tuner.attention(q, k, v, causal=True, return_lse=True, config=cfg)
     _close(got, whole)
     _close(lse, whole_lse)
     d = torch.rand(3, 8, device="cuda") + 0.5
     d_kv = torch.rand(3, 2, device="cuda") + 0.5
     q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
-    pieced = tuner.attention_fp8(q8, k8, v8, d, d_kv, d_kv, causal=True)
+    cfg8 = cfg.for_q_dtype("float8_e4m3fn")
+    pieced = tuner.attention_fp8(q8, k8, v8, d, d_kv, d_kv, causal=True, config=cfg8)
     monkeypatch.setattr(pieces, "MAX_ELEMENTS", 2**31)
-    _close(pieced, tuner.attention_fp8(q8, k8, v8, d, d_kv, d_kv, causal=True))
+    _close(pieced, tuner.attention_fp8(q8, k8, v8, d, d_kv, d_kv, causal=True, config=cfg8))
 
 
 def test_nothing_to_compute_and_no_backward_on_cuda_tensors():

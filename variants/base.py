@@ -160,8 +160,8 @@ class ConfigMixin:
         fields = dataclasses.fields(cls)
         names = {f.name for f in fields}
         unknown = sorted(set(data) - names)
-        # A knob added after a table or database row was written has a default: the kernel
-        # built before the knob existed. Every other knob must be given.
+        # A knob with a default may be absent from a table or database row: the default is
+        # the build such a row was measured with. Every other knob must be given.
         missing = sorted(f.name for f in fields if f.name not in data
                          and f.default is dataclasses.MISSING)
         if unknown or missing:

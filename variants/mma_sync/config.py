@@ -40,12 +40,12 @@ class Config(ConfigMixin):
     swizzle: str
     q_in_registers: bool
     mma: str
-    # Default = the kernel before the knob existed, so stored configs without it still load.
+    # The default is the build a stored config without this knob names, so such configs load.
     pv_accum: str = "fp32"
     # Exact transforms prepare applies before quantizing (variants/transforms.py,
     # docs/accuracy.md): K smoothing ("off" | "mean") and the Q/K rotation ("none" |
-    # "hadamard"). Prepare-only: the attention kernel is the same build; off and none are what
-    # prepare did before these knobs existed.
+    # "hadamard"). Prepare-only: the attention kernel is the same build; off and none (no
+    # transform) are what a stored config without these knobs names.
     k_smoothing: str = "off"
     qk_rotation: str = "none"
 

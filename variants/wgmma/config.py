@@ -76,33 +76,32 @@ class Config(ConfigMixin):
     persistent: bool
     v_layout: str
     # Of every FMA_EXP2_GROUP exponentials of a softmax row, how many a cubic on the FMA pipe
-    # computes instead of MUFU ex2 (0: all on MUFU, the kernel built before this knob existed).
+    # computes instead of MUFU ex2 (0: all on MUFU). Each default below is the build a stored
+    # config without that knob names, so such configs load.
     fma_exp2: int = 0
-    # TILE_ORDERS; per_head is the kernel built before this knob existed (and the default
-    # without a causal mask).
+    # TILE_ORDERS; per_head is the default, also the one without a causal mask.
     tile_order: str = "per_head"
-    # Q_QUANTS; prepare is the kernel built before this knob existed.
+    # Q_QUANTS.
     q_quant: str = "prepare"
     # The persistent grid's last partial wave split along the keys over every SM, the pieces
-    # merged by the warp that finishes a tile (variants/wgmma/split_tail.py); False is the
-    # kernel built before this knob existed.
+    # merged by the warp that finishes a tile (variants/wgmma/split_tail.py).
     split_tail: bool = False
     # The query heads of a KV group packed into a tile's rows, so K and V are loaded once per
-    # group (variants/wgmma/pack_gqa.py); False is the kernel built before this knob existed.
+    # group (variants/wgmma/pack_gqa.py).
     pack_gqa: bool = False
     # longest_first: the tiles dealt in sections of this many (head, batch) pairs, longest first
     # inside each, so the CTAs in flight share those heads' K/V in L2 (variants/wgmma/tiles.py);
-    # 0, one section of every pair, is the kernel built before this knob existed.
+    # 0 is one section of every pair.
     head_swizzle: int = 0
     # Exact transforms prepare applies before quantizing (variants/transforms.py,
     # docs/accuracy.md): K smoothing ("off" | "mean") and the Q/K rotation ("none" |
-    # "hadamard"). Prepare-only: the attention kernel is the same build; off and none are what
-    # prepare did before these knobs existed.
+    # "hadamard"). Prepare-only: the attention kernel is the same build; off and none apply no
+    # transform.
     k_smoothing: str = "off"
     qk_rotation: str = "none"
-    # PV_DTYPES; e4m3 is the kernel built before this knob existed.
+    # PV_DTYPES.
     pv_dtype: str = "e4m3"
-    # QK_DTYPES; e4m3 is the kernel built before this knob existed.
+    # QK_DTYPES.
     qk_dtype: str = "e4m3"
 
     @property

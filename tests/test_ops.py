@@ -190,3 +190,47 @@ def test_a_compiled_graph_with_inputs_that_require_grad_serves_its_forward(monke
     assert torch.equal(out, q.detach().to(torch.bfloat16).float() * 2 + 1)
     with pytest.raises(TunerError, match="tuner.attention has no backward"):
         out.sum().backward()
+
+
+def test_a_traced_call_with_q_as_k_and_v_and_an_input_that_requires_grad_compiles():
+    """Dynamo traces an autograd.Function only with distinct tensors: tuner.attention hands
+    ForwardOnly a view where self-attention passes one tensor three times."""
+    q = torch.empty(1, 64, 2, 128, dtype=torch.bfloat16, device="meta", requires_grad=True)
+    out, targets = _traced_ops(lambda q: tuner.attention(q, q, q), q)
+    assert out.shape == q.shape and targets.count(OP) == 1
+
+
+@pytest.mark.parametrize("dims", [{1: "s"}, {0: "b"}, {0: "b", 1: "s"}])
+def test_export_with_dynamic_sizes_keeps_one_op_and_no_guard_on_the_split(dims):
+    """With symbolic sizes the decision to split (tuner/pieces.py) is left to the op's body,
+    where sizes are known: export adds no constraint and the graph holds the op once."""
+    from torch.export import Dim, export
+
+    class Model(torch.nn.Module):
+        def forward(self, q, k, v):
+            return tuner.attention(q, k, v, causal=True)
+
+    x = torch.empty(2, 64, 4, 128, dtype=torch.bfloat16, device="meta")
+    spec = {i: Dim(name) for i, name in dims.items()}
+    program = export(Model(), (x, x.clone(), x.clone()), dynamic_shapes=(spec, spec, spec))
+    targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
+    assert targets.count(OP) == 1
+
+
+def test_the_ops_body_splits_a_call_past_the_bound(monkeypatch):
+    """A call the trace could not split (symbolic sizes) is split by the op's real body: one
+    run_attention per piece, the pieces' outputs and LSEs written into the whole call's."""
+    from tuner import pieces
+
+    monkeypatch.setattr(pieces, "MAX_ELEMENTS", 2**20)
+    seen = []
+
+    def run(q, k, v, *rest):
+        seen.append(q.shape[0])
+        return _cpu_run_attention(q, k, v)
+
+    monkeypatch.setattr("tuner.runtime.run_attention", run)
+    q = torch.randn(5, 100, 4, 128)
+    out, lse = OP(q, q, q, None, "", "auto", None, False)
+    assert len(seen) == len(pieces.pieces(q.shape, q.shape)) > 1 and sum(seen) == 5
+    assert torch.equal(out, q.to(torch.bfloat16) * 2) and lse.shape == (5, 4, 100)

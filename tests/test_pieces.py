@@ -1,5 +1,5 @@
 """Calls past the kernels' 32-bit offsets run as pieces (tuner/pieces.py): which pieces, and
-that their outputs and LSEs make the whole call's. On the GPU: tests/gpu/test_runtime_gpu.py."""
+that their outputs and LSEs make the whole call's. On the GPU: tests/gpu/test_pieces_gpu.py."""
 
 import math
 

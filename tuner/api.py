@@ -57,10 +57,10 @@ def attention(
     causal=True masks aligned to the bottom right as FlashAttention does: query i sees keys
     j <= i + seq_len_kv - seq_len; a query that sees no key (seq_len > seq_len_kv) gets output
     0 and LSE -inf, and so does every query when seq_len_kv is 0 (an empty q gets an empty
-    output; neither launches anything). A shape or mask no kernel implements on this GPU raises
-    a TunerError naming it (tuner.runtime: every candidate passes its family's can_implement
-    first). softmax_scale is a finite number > 0 (None: head_dim ** -0.5); anything else is a
-    TunerError.
+    output; neither runs an attention kernel). A shape or mask no kernel implements on this GPU
+    raises a TunerError naming it (tuner.runtime: every candidate passes its family's
+    can_implement first). softmax_scale is a finite number > 0 (None: head_dim ** -0.5);
+    anything else is a TunerError.
 
     q, k and v are quantized to e4m3 with block scales (amax / 448): one per token and head of
     q, one per 64 keys of a KV head of k and v (variants/block_scales.py), in one launch.
@@ -100,10 +100,13 @@ def attention(
         return _without_keys(q, return_lse)
     from tuner.pieces import pieces, run_in_pieces
 
-    parts = pieces(q.shape, k.shape)
+    # Traced with symbolic sizes, the op's own body splits the call (tuner/ops.py).
+    parts = None if _symbolic(q, k) else pieces(q.shape, k.shape)
     if parts is not None:  # past the kernels' 32-bit offsets: a call per piece
 
         def piece(_part, q, k, v, want_lse):
+            # Contiguous: a KV-head slice spans the whole tensor, past what prepare reads.
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             got = attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
                             return_lse=want_lse, config=config, gpu=gpu, db=db,
                             check_finite=check_finite, max_error=max_error)
@@ -138,6 +141,12 @@ def attention(
     return (out, lse) if return_lse else out
 
 
+def _symbolic(q, k) -> bool:
+    """Sizes torch traces symbolically (torch.export, dynamic shapes): a decision on them would
+    be a guard on the graph's inputs."""
+    return any(isinstance(n, torch.SymInt) for n in (*q.shape, *k.shape))
+
+
 def _records_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
@@ -158,7 +167,8 @@ def _without_keys(q, return_lse: bool):
     out = torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
     if not return_lse:
         return out
-    return out, torch.full((batch, heads, seq_len), -math.inf, device=q.device)
+    return out, torch.full((batch, heads, seq_len), -math.inf, dtype=torch.float32,
+                           device=q.device)
 
 
 def _plain_scale(value) -> bool:
@@ -244,7 +254,7 @@ def attention_fp8(
         return _without_keys(q, return_lse)
     from tuner.pieces import descale_piece, pieces, run_in_pieces
 
-    parts = pieces(q.shape, k.shape)
+    parts = None if _symbolic(q, k) else pieces(q.shape, k.shape)
     if parts is not None:  # past the kernels' 32-bit offsets: a call per piece
 
         def piece(part, q, k, v, want_lse):

@@ -34,10 +34,21 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None, con
     (batch, seq_len, heads, head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA;
     checked by tuner.attention before the call. want_lse=False: the caller drops the LSE (it
     may then lack K smoothing's shift)."""
+    from tuner.pieces import pieces, run_in_pieces
     from tuner.runtime import run_attention
 
-    return run_attention(q, k, v, softmax_scale, config, gpu, db, check_finite, causal,
-                         max_error, want_lse)
+    # A call traced with symbolic sizes is split here, where its sizes are known.
+    parts = pieces(q.shape, k.shape)
+    if parts is None:
+        return run_attention(q, k, v, softmax_scale, config, gpu, db, check_finite, causal,
+                             max_error, want_lse)
+
+    def piece(_part, q, k, v, want):
+        # Contiguous: a KV-head slice spans the whole tensor, past what prepare reads in place.
+        return run_attention(q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale,
+                             config, gpu, db, check_finite, causal, max_error, want)
+
+    return run_in_pieces(parts, piece, q, k, v, True)
 
 
 _LIB.impl("attention", _attention, "CompositeExplicitAutograd")
@@ -80,8 +91,9 @@ def _no_backward_fake(grad_out, q, k, v):
 class ForwardOnly(torch.autograd.Function):
     """The op where an input requires grad: the forward is the op's, the backward raises a
     TunerError (no_backward) when it runs. Without it the op's missing autograd kernel hands
-    the inputs no gradient, silently. The raise is an op of its own, so that a compiled graph
-    (AOTAutograd traces the backward with fake tensors) still builds and serves its forward."""
+    the inputs no gradient, with only a warning. The raise is an op of its own, so that a
+    compiled graph (AOTAutograd traces the backward with fake tensors) still builds and serves
+    its forward."""
 
     @staticmethod
     def forward(ctx, q, k, v, *rest):

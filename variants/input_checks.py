@@ -135,8 +135,8 @@ def _check_shapes(q, k, v, allow_empty: bool = False) -> None:
             f"seq_len_kv={seq_len_kv}, kv_heads={kv_heads}); "
             + ("query heads need key/value heads: pass k and v with a divisor of q's heads"
                if kv_heads == 0 and heads else
-               "this quantization has nothing to quantize: tuner.attention answers such a "
-               "call without a launch")
+               "prepare has nothing to quantize (tuner.attention and the SDPA drop-in answer "
+               "such a call without a kernel)")
         )
     if kv_head_dim != head_dim:
         raise TunerError(

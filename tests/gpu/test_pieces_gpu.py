@@ -33,7 +33,7 @@ def _close(got, want):
     assert err < 1e-2, f"relative error {err:.3g} between the pieces and the whole call"
 
 
-@pytest.mark.parametrize("limit", [2**22, 2**19], ids=["batch-pieces", "head-pieces"])
+@pytest.mark.parametrize("limit", [2**22, 2**20], ids=["batch-pieces", "head-pieces"])
 def test_a_call_in_pieces_gives_the_whole_calls_output_and_lse(monkeypatch, limit):
     q, k, v = _inputs(3, 700, 8, 1000, 2, seed=limit)
     # One config for the whole call and its pieces (a lookup by batch could pick another).
@@ -42,6 +42,7 @@ def test_a_call_in_pieces_gives_the_whole_calls_output_and_lse(monkeypatch, limi
     whole, whole_lse = tuner.attention(q, k, v, causal=True, return_lse=True, config=cfg)
     monkeypatch.setattr(pieces, "MAX_ELEMENTS", limit)
     assert len(pieces.pieces(q.shape, k.shape)) > 1
+    runtime.clear_cache()  # else the whole call's plan answers the same signature
     got, lse = tuner.attention(q, k, v, causal=True, return_lse=True, config=cfg)
     _close(got, whole)
     _close(lse, whole_lse)

@@ -490,7 +490,7 @@ def test_each_view_is_read_with_its_own_strides_and_a_misaligned_one_is_copied(d
     """The plan keeps the row strides of the last views it read in place: views of another
     layout of the same shape get theirs, and a view of the same strides whose base is not
     16-byte aligned is copied (its rows cannot be read as 16-byte pieces)."""
-    from variants.input_checks import row_strides
+    from variants.input_layout import row_strides
 
     _, seen = device
     q, k, v = qkv(seq=128)

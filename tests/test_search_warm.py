@@ -266,11 +266,13 @@ def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch
     names = _hashed_files(monkeypatch, fake_family_large)
     assert {"doubles/fake_family_large.py", "variants/prepare.py",
             "variants/block_quantize_kernel.py", "variants/transforms.py", "common/mask.py",
-            "tuner/measure.py", "tuner/sandbox.py"} <= names
-    # The gate's modules time nothing, and the default rules only choose a config: an edit to
-    # them keeps every stored time comparable.
+            "tuner/measure.py", "tuner/sandbox_task.py", "variants/input_layout.py"} <= names
+    # The gate's modules, the boundary's input checks and the sandbox's process handling time
+    # nothing, and the default rules only choose a config: an edit to them keeps every stored
+    # time comparable.
     assert not {"variants/reference.py", "variants/reference_bounds.py",
-                "variants/prepare_check.py", "variants/defaults.py"} & names
+                "variants/prepare_check.py", "variants/defaults.py", "variants/input_checks.py",
+                "tuner/sandbox.py"} & names
 
 
 def test_a_familys_default_rules_are_not_part_of_its_code_version(monkeypatch):

@@ -54,7 +54,7 @@ def test_sample_stride_covers_at_least_the_sample():
 def test_the_mean_kernel_averages_the_keys_of_smoothing_vectors_slice(seq_len_kv):
     """variants/key_mean_kernel.py's launch: keys j * stride for j < count, each (batch, KV
     head) its own CTA; the same keys as smoothing_vector's slice k[:, ::stride]."""
-    from variants.input_checks import contiguous_row_strides
+    from variants.input_layout import contiguous_row_strides
     from variants.key_mean_kernel import launch_scalars
 
     shape = (2, seq_len_kv, 3, 64)

@@ -1,7 +1,7 @@
 """Calls too large for one launch, run as several over slices of the batch or of the heads.
 
 The kernels index q, k, v and the output through CuTe DSL layouts over 32-bit shapes, so their
-offsets are 32-bit (prepare's quantization checks its own: variants/input_checks.row_strides).
+offsets are 32-bit (prepare's quantization checks its own: variants/input_layout.row_strides).
 A call whose q or k (at the padded lengths a kernel may give them) holds MAX_ELEMENTS or more
 runs as several calls, each under the bound: over slices of the batch, or, where one batch
 element is already that large, over slices of the KV heads with their query heads. Attention is

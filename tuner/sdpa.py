@@ -62,7 +62,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
 
 def kernel_layouts(query, key, value) -> tuple:
     """(batch, seq_len, heads, head_dim) of SDPA-layout query, key and value, as views: a repeated
-    call's quantization reads its rows in place where it can (variants.input_checks.row_strides:
+    call's quantization reads its rows in place where it can (variants.input_layout.row_strides:
     a model's projection viewed as heads, or a (batch, heads, seq_len, head_dim) tensor such as
     RoPE writes) and copies it contiguous where not (variants/launch_plan.py), so the view is
     checked once, there. Traced (torch.compile), a tensor has no address to check: the custom

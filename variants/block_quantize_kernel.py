@@ -244,7 +244,7 @@ class BlockQuant:
             if cutlass.const_expr(permute):
                 row = key_at_slot(first + i)
             if row < length:
-                # The host passes strides of whole 16-byte pieces (input_checks): vector loads.
+                # The host passes strides of whole 16-byte pieces (input_layout): vector loads.
                 at = x_ptr + cute.assume(b * strides[0] + row * strides[1] + h * strides[2]
                                          + col, divby=VEC)
                 for c in cutlass.range_constexpr(chunks):

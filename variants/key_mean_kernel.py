@@ -33,7 +33,7 @@ MEAN_ALIGN = 16  # bytes: the quantization reads m 16 bytes at a time
 class KeyMean:
     """The launch for one input dtype and head_dim. Arguments: k, m, batch * kv_heads,
     seq_len_kv, kv_heads, the sample's stride and size, k's (batch, token, head) element strides
-    (input_checks.row_strides), stream."""
+    (input_layout.row_strides), stream."""
 
     def __init__(self, in_dtype, head_dim: int, pdl: bool = False) -> None:
         self.pdl = pdl  # let the quantization launched after it start (PDL, sm_90 on)
@@ -86,7 +86,7 @@ class KeyMean:
         acc = cute.make_rmem_tensor(cute.make_layout(VEC), cutlass.Float32)
         acc.fill(0.0)
         for j in cutlass.range(group, count, self.groups, unroll=8):  # 8 loads in flight
-            # Strides of whole 16-byte pieces (input_checks.row_strides): vector loads.
+            # Strides of whole 16-byte pieces (input_layout.row_strides): vector loads.
             at = k_ptr + cute.assume(b * k_sb + j * stride * k_ss + h * k_sh + col, divby=VEC)
             src = cute.make_tensor(at, cute.make_layout(VEC))
             acc.store(acc.load() + src.load().to(cutlass.Float32))
@@ -106,7 +106,7 @@ class KeyMean:
 def launch_scalars(k_shape) -> tuple[int, ...]:
     """The launch's scalars that k's shape (batch, seq_len_kv, kv_heads, head_dim) decides:
     batch * kv_heads, seq_len_kv, kv_heads, stride and size of the sample. The caller appends
-    k's (batch, token, head) strides (input_checks.row_strides), which each call's k decides."""
+    k's (batch, token, head) strides (input_layout.row_strides), which each call's k decides."""
     from variants.transforms import sample_stride
 
     batch, seq_len_kv, kv_heads, _ = k_shape

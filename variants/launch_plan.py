@@ -10,7 +10,7 @@ the LSE when the caller drops it) and the outputs, and makes the launches prepar
 with the same arguments: K smoothing's mean kernel, the quantization and the kernel (split_tail's
 two programs zero their own counters); K smoothing's LSE shift where the caller reads the LSE
 (only then does the quantization compute q . m, in a build of its own). The
-quantization reads views in place where their rows allow it (input_checks.row_strides: SDPA's
+quantization reads views in place where their rows allow it (input_layout.row_strides: SDPA's
 (batch, heads, seq_len, head_dim) layout viewed back, say); a view it cannot read (rows not
 contiguous), or a q or v the attention kernel reads raw, is copied contiguous first. A call
 whose inputs are misaligned gets None: the caller takes
@@ -31,7 +31,7 @@ import torch
 
 from variants.common.abi import SCALE_AT, launch_scalars
 from variants.fp8_inputs import q_dot, round_up
-from variants.input_checks import capturing, contiguous_row_strides, row_strides
+from variants.input_layout import capturing, contiguous_row_strides, row_strides
 from variants.key_mean_kernel import launch_scalars as mean_scalars
 from variants.launch import stream_query
 from variants.prepare import mean_launcher, quant_launcher, quant_scalars

@@ -33,11 +33,9 @@ import torch
 from variants import block_scales, transforms
 from variants.block_scales import PackedLayout
 from variants.fp8_inputs import Fp8Inputs, lay_out, q_dot, round_up
-from variants.input_checks import (
+from variants.input_checks import check_finite_inputs, check_fp8_qkv, check_qkv
+from variants.input_layout import (
     capturing,
-    check_finite_inputs,
-    check_fp8_qkv,
-    check_qkv,
     gpu_kernels_take,
     gpu_quantization_applies,
     row_strides,
@@ -81,7 +79,7 @@ def quant_launcher(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, padded: in
 
 def mean_launcher(k: torch.Tensor):
     """The launcher of K smoothing's mean kernel (variants/key_mean_kernel.py) for a k the
-    quantization's launch reads (input_checks.row_strides), or None (compiled only outside
+    quantization's launch reads (input_layout.row_strides), or None (compiled only outside
     a CUDA-graph capture, as quant_launcher's)."""
     from variants import block_quantize_kernel
 
@@ -143,7 +141,7 @@ def _block_quantize_on_gpu(launch, q, k, v, layout: PackedLayout, v_feature_majo
 def quant_scalars(q_shape, k_shape, layout: PackedLayout) -> tuple[int, ...]:
     """The scalars of a quantization launch that the shapes decide, after its pointers: batch,
     heads, kv_heads, seq_len, padded, seq_len_kv, padded_kv. The caller appends q's, k's and v's
-    (batch, token, head) strides (input_checks.row_strides), which each call's inputs decide."""
+    (batch, token, head) strides (input_layout.row_strides), which each call's inputs decide."""
     batch, seq_len, heads, _ = q_shape
     return (batch, heads, k_shape[2], seq_len, layout.padded_len, k_shape[1],
             layout.padded_len_kv)

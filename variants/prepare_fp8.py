@@ -15,7 +15,7 @@ import torch
 
 from variants.block_scales import DESCALE_PER_AMAX, KV_BLOCK, TINY_AMAX, BlockScales, PackedLayout
 from variants.fp8_inputs import Fp8Inputs, lay_out, round_up
-from variants.input_checks import capturing, gpu_kernels_apply
+from variants.input_layout import capturing, gpu_kernels_apply
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from tuner.activations import activations
 from tuner.problem import Problem
 from variants import block_quantize_kernel, block_scales, transforms
 from variants.block_scales import PackedLayout
-from variants.input_checks import row_strides
+from variants.input_layout import row_strides
 from variants.key_order import register_p_key_order
 from variants.launch import current_stream_handle
 

@@ -80,7 +80,7 @@ def test_the_quantization_after_the_mean_launch_reads_the_new_m(rotate):
     from tests.gpu.test_block_quantize_gpu import POISON, _expected
     from variants import block_quantize_kernel
     from variants.block_scales import PackedLayout
-    from variants.input_checks import row_strides
+    from variants.input_layout import row_strides
     from variants.launch import current_stream_handle
 
     g = torch.Generator(device="cuda").manual_seed(7)

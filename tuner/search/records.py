@@ -41,9 +41,11 @@ class Candidate:
     compile_result: CandidateResult | None = None
 
 
-# Modules of variants/ that check results and time nothing (the gate's fp32 reference, its
-# bounds, its check of prepare): a change there leaves every stored time comparable.
-CHECK_ONLY_MODULES = frozenset({"reference.py", "reference_bounds.py", "prepare_check.py"})
+# Modules of variants/ that check and time nothing (the gate's fp32 reference, its bounds, its
+# check of prepare; the public boundary's input checks): a change there leaves every stored time
+# comparable.
+CHECK_ONLY_MODULES = frozenset({"reference.py", "reference_bounds.py", "prepare_check.py",
+                                "input_checks.py"})
 # The default rules (variants/defaults.py, each family's defaults.py) choose which config runs
 # untuned and change no config's time: a new default keeps every stored time comparable.
 CHOICE_ONLY_MODULE = "defaults.py"
@@ -63,7 +65,7 @@ def code_version(family_module) -> str:
     left_out = CHECK_ONLY_MODULES | {CHOICE_ONLY_MODULE}
     timed = [f for f in [*files, *sorted(shared.glob("*.py"))] if f.name not in left_out]
     return code_hash([*timed, *sorted((shared / "common").glob("*.py")),
-                      tuner / "measure.py", tuner / "sandbox.py"])[:12]
+                      tuner / "measure.py", tuner / "sandbox_task.py"])[:12]
 
 
 def code_hash(paths) -> str:

@@ -105,8 +105,6 @@ def attention(
     if parts is not None:  # past the kernels' 32-bit offsets: a call per piece
 
         def piece(_part, q, k, v, want_lse):
-            # Contiguous: a KV-head slice spans the whole tensor, past what prepare reads.
-            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
             got = attention(q, k, v, causal=causal, softmax_scale=softmax_scale,
                             return_lse=want_lse, config=config, gpu=gpu, db=db,
                             check_finite=check_finite, max_error=max_error)
@@ -261,7 +259,7 @@ def attention_fp8(
             rows, q_heads, kv_heads = part
             scales = [descale_piece(d, rows, h)
                       for d, h in zip(descales, (q_heads, kv_heads, kv_heads), strict=True)]
-            got = attention_fp8(q.contiguous(), k.contiguous(), v.contiguous(), *scales,
+            got = attention_fp8(q, k, v, *scales,
                                 causal=causal, softmax_scale=softmax_scale,
                                 return_lse=want_lse, config=config, gpu=gpu, db=db)
             return got if want_lse else (got, None)

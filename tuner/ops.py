@@ -44,9 +44,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None, con
                              max_error, want_lse)
 
     def piece(_part, q, k, v, want):
-        # Contiguous: a KV-head slice spans the whole tensor, past what prepare reads in place.
-        return run_attention(q.contiguous(), k.contiguous(), v.contiguous(), softmax_scale,
-                             config, gpu, db, check_finite, causal, max_error, want)
+        return run_attention(q, k, v, softmax_scale, config, gpu, db, check_finite, causal,
+                             max_error, want)
 
     return run_in_pieces(parts, piece, q, k, v, True)
 
@@ -98,12 +97,13 @@ class ForwardOnly(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, *rest):
         ctx.save_for_backward(q, k, v)
+        ctx.plain_args = len(rest)
         return attention_op(q, k, v, *rest)
 
     @staticmethod
     def backward(ctx, grad_out, _grad_lse):
         return (*torch.ops.fp8_attn_tuner.no_backward(grad_out, *ctx.saved_tensors),
-                *(None for _ in range(8)))
+                *(None,) * ctx.plain_args)
 
 
 # A pinned config is a Python object the op schema cannot hold. Computed under torch.compile,

@@ -49,15 +49,17 @@ def pieces(q_shape, k_shape) -> list[tuple[slice, slice, slice]] | None:
 def run_in_pieces(parts, call, q, k, v, return_lse: bool):
     """The whole call's (out, lse) or out from call(part, q, k, v, want_lse) -> (out, lse or
     None) on each part's slices of q, k and v, written into outputs of the whole call's
-    shapes."""
+    shapes. The slices are contiguous: a KV-head slice spans the whole tensor, past what
+    prepare reads in place, and attention_fp8 takes contiguous codes only."""
     batch, seq_len, heads, _ = q.shape
     out = torch.empty(q.shape, dtype=torch.bfloat16, device=q.device)
     lse = (torch.empty((batch, heads, seq_len), dtype=torch.float32, device=q.device)
            if return_lse else None)
     for part in parts:
         rows, q_heads, kv_heads = part
-        piece_out, piece_lse = call(part, q[rows, :, q_heads], k[rows, :, kv_heads],
-                                    v[rows, :, kv_heads], return_lse)
+        piece_out, piece_lse = call(part, q[rows, :, q_heads].contiguous(),
+                                    k[rows, :, kv_heads].contiguous(),
+                                    v[rows, :, kv_heads].contiguous(), return_lse)
         out[rows, :, q_heads] = piece_out
         if lse is not None:
             lse[rows, q_heads] = piece_lse

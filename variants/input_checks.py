@@ -130,16 +130,14 @@ def _check_shapes(q, k, v, allow_empty: bool = False) -> None:
             f"q has batch {batch}, k and v {kv_batch}: each sequence attends to its own keys; "
             "pass k and v with q's batch (expand a shared context to it)"
         )
-    empty = seq_len == 0 or batch == 0 or heads == 0 or seq_len_kv == 0
-    if (empty and not allow_empty) or (kv_heads == 0 and heads):
-        raise TunerError(
-            f"empty input (batch={batch}, seq_len={seq_len}, heads={heads}, "
-            f"seq_len_kv={seq_len_kv}, kv_heads={kv_heads}); "
-            + ("query heads need key/value heads: pass k and v with a divisor of q's heads"
-               if kv_heads == 0 and heads else
-               "prepare has nothing to quantize (tuner.attention and the SDPA drop-in answer "
-               "such a call without a kernel)")
-        )
+    sizes = (f"empty input (batch={batch}, seq_len={seq_len}, heads={heads}, "
+             f"seq_len_kv={seq_len_kv}, kv_heads={kv_heads}); ")
+    if kv_heads == 0 and heads:
+        raise TunerError(sizes + "query heads need key/value heads: pass k and v with a divisor "
+                         "of q's heads")
+    if not allow_empty and (seq_len == 0 or batch == 0 or heads == 0 or seq_len_kv == 0):
+        raise TunerError(sizes + "prepare has nothing to quantize (tuner.attention and the SDPA "
+                         "drop-in answer such a call without a kernel)")
     if kv_head_dim != head_dim:
         raise TunerError(
             f"q has head_dim {head_dim}, k and v {kv_head_dim}: q . k needs one head_dim (the "

@@ -6,7 +6,6 @@ would pass, and a repeated call makes two launches and two allocations (K smooth
 sampled mean). The output bits on a
 GPU: tests/gpu/test_runtime_gpu.py."""
 
-import ctypes
 import dataclasses
 import sys
 
@@ -14,14 +13,14 @@ import pytest
 import torch
 
 import tuner
-from benchmarks.host_stub import device_work, stood_in
+from benchmarks.host_stub import device_work
+from tests.doubles.recording import recorded_launches
 from tuner import api, plans, runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
 from tuner.store import Store, TrialRecord
 from variants import mma_sync, wgmma
 from variants.build import CompiledKernel
-from variants.launch import FastLaunch
 
 ARCH = "sm_90a"
 ZERO_OUTPUTS = []
@@ -29,32 +28,10 @@ ZERO_OUTPUTS = []
 
 @pytest.fixture
 def device():
-    """(launch Counter, recorded launches [(function, values)]) inside the stand-in. With
-    ZERO_OUTPUTS set (CPU tensors only: meta ones have no memory), the kernels' outputs that a
-    call reads back on the host side are written as zeros: the LSE (K smoothing's shift is
-    added to it) and the quantization's q . m."""
-    seen = []
-    real = FastLaunch.__call__
-
-    def record(self, *values):
-        seen.append((self._fn, values))
-        name = self._fn.name
-        if not ZERO_OUTPUTS:
-            pass
-        elif name.startswith("attention"):  # lse (batch, heads, seq_len) fp32
-            ctypes.memset(values[5], 0, 4 * values[7] * values[8] * values[9])
-        elif name == "prepare quant" and values[8]:  # shift (batch, heads, seq_len) fp32
-            ctypes.memset(values[8], 0, 4 * values[9] * values[10] * values[12])
-        elif name == "prepare mean":  # m (batch * kv_heads, head_dim) fp32
-            ctypes.memset(values[1], 0, 4 * values[2] * HEAD_DIM)
-        return real(self, *values)
-
-    FastLaunch.__call__ = record
-    try:
-        with stood_in("h100") as launches:
-            yield launches, seen
-    finally:
-        FastLaunch.__call__ = real
+    """(launch Counter, recorded launches [(function, values)]) inside the stand-in; with
+    ZERO_OUTPUTS set, the outputs a call reads back are zeros (tests/doubles/recording.py)."""
+    with recorded_launches(lambda: ZERO_OUTPUTS, HEAD_DIM) as recorded:
+        yield recorded
 
 
 HEAD_DIM = 128

@@ -5,10 +5,12 @@ v, the mask, the config or the lookup's arguments), its LaunchPlan (variants/lau
 launches with everything the shapes decide computed once, made by the first call that runs), and
 for a looked-up config the database URL and stamp it was looked up under.
 
-Two maps lead to it. `CALLS` is tuner.attention's: keyed by the whole signature, filled by a
+Three maps lead to it. `CALLS` is tuner.attention's: keyed by the whole signature, filled by a
 call that passed every check (tuner/api.py), so a repeated call skips the checks, the lookup and
-prepare's per-call decisions. tuner.runtime's map (keyed as its lookup needs) serves the custom
-op and attention_fp8 and makes the plans.
+prepare's per-call decisions. `SDPA_CALLS` is the SDPA drop-in's (tuner/sdpa.py), keyed by its
+own arguments: a repeated drop-in call also skips its argument checks and the transposes to the
+kernels' layout. tuner.runtime's map (keyed as its lookup needs) serves the custom op and
+attention_fp8 and makes the plans.
 
 Staleness: a hot call never stats the database. A looked-up plan is fresh for STAMP_INTERVAL_S
 after its database stamp (the SQLite file and WAL sizes and times) and $TUNER_DB_URL were last
@@ -29,6 +31,8 @@ STAMP_INTERVAL_S = 1.0
 
 # tuner.attention's signature (tuner/api.py) -> CallPlan.
 CALLS: dict[tuple, CallPlan] = {}
+# The SDPA drop-in's signature (tuner/sdpa.py) -> the CallPlan of its transposed call.
+SDPA_CALLS: dict[tuple, CallPlan] = {}
 
 _monotonic = time.monotonic
 
@@ -50,6 +54,14 @@ class CallPlan:
         if launch is None or _monotonic() >= self.fresh_until:
             return None
         return launch(q, k, v, softmax_scale, want_lse, keep_lse)
+
+    def heads_first(self, query, key, value, softmax_scale):
+        """The SDPA drop-in's call on (batch, heads, seq_len, head_dim) tensors
+        (LaunchPlan.heads_first): the output in that layout, or None as for __call__."""
+        launch = self.launch
+        if launch is None or _monotonic() >= self.fresh_until:
+            return None
+        return launch.heads_first(query, key, value, softmax_scale)
 
     def fresh(self) -> bool:
         """Whether the plan may run without re-reading its database's stamp."""

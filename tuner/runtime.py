@@ -54,7 +54,7 @@ from typing import Any
 
 from tuner.budget import check_max_error
 from tuner.errors import TunerError
-from tuner.plans import CALLS, CallPlan
+from tuner.plans import CALLS, SDPA_CALLS, CallPlan
 from tuner.problem import Problem, preferred_per_problem
 
 log = logging.getLogger("tuner.runtime")
@@ -399,6 +399,7 @@ def clear_cache() -> None:
     _RESOLVER.clear()
     _PLANS.clear()
     CALLS.clear()
+    SDPA_CALLS.clear()
 
 
 @functools.cache

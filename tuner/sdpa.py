@@ -5,14 +5,24 @@ What the kernels cannot honour is refused in one place, `unsupported()`, with th
 and the way out (torch's own SDPA). is_causal, enable_gqa and key/value lengths of their own run
 on the kernels, with torch's semantics: its is_causal aligns the diagonal to the top left, which
 is ours (bottom right) only at equal lengths, so is_causal with different lengths is refused.
+
+A repeated call (same shapes, dtypes, devices and flags as one that ran) skips the checks, the
+transposes and tuner.attention's own lookup: repeated() launches the plan of the transposed call
+on the SDPA-layout tensors themselves (tuner/plans.py, LaunchPlan.heads_first).
 """
 
 from __future__ import annotations
 
 import torch
 
-from tuner.api import attention
+from tuner import api
+from tuner.api import _plain_scale, attention, signature
 from tuner.errors import TunerError
+from tuner.plans import CALLS, SDPA_CALLS
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -52,12 +62,59 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """F.scaled_dot_product_attention with the tuned FP8 kernel: query, key, value (batch, heads,
     seq_len, head_dim) bf16/fp16 on CUDA -> (batch, heads, seq_len, head_dim) in query's dtype.
     Arguments the kernels cannot honour raise TunerError naming them (see unsupported())."""
+    if attn_mask is None and dropout_p == 0.0:
+        out = repeated(query, key, value, is_causal, scale, enable_gqa)
+        if out is not None:
+            return out
     why = unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         raise TunerError(why)
     q, k, v = kernel_layouts(query, key, value)
     out = attention(q, k, v, softmax_scale=scale, causal=bool(is_causal))
+    remember(query, key, value, (q, k, v), is_causal, enable_gqa)
     return sdpa_layout(out, query.dtype)
+
+
+def _signature(query, key, value, is_causal, enable_gqa, max_error) -> tuple:
+    """The drop-in's key into SDPA_CALLS: what its checks and tuner.attention's signature read,
+    in SDPA's own arguments (dropout_p and attn_mask are checked before the lookup)."""
+    return (query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+            query.device, key.device, value.device, is_causal, enable_gqa, max_error)
+
+
+def repeated(query, key, value, is_causal, scale, enable_gqa, max_error=None):
+    """A drop-in call whose signature ran before on the kernels (remember): the output of its
+    plan's launches on the SDPA-layout tensors themselves (CallPlan.heads_first), without the
+    argument checks, the transposes or tuner.attention's own lookup; None where the call takes
+    the checked path (first call, tracing, tuner.capture, autograd, a scale or flag that is not
+    a plain value, inputs the plan does not take)."""
+    if _is_compiling() or api._CAPTURE is not None:
+        return None
+    try:
+        plan = SDPA_CALLS.get(_signature(query, key, value, is_causal, enable_gqa, max_error))
+    except (AttributeError, TypeError):  # not tensors, an unhashable flag: checked later
+        return None
+    if (plan is None or not (is_causal is True or is_causal is False)
+            or not _plain_scale(scale) or type(query) is not _Tensor
+            or type(key) is not _Tensor or type(value) is not _Tensor
+            or (_grad_enabled()
+                and (query.requires_grad or key.requires_grad or value.requires_grad))):
+        return None
+    out = plan.heads_first(query, key, value, scale)
+    if out is None or query.dtype is torch.bfloat16:
+        return out
+    return out.to(query.dtype)
+
+
+def remember(query, key, value, views, is_causal, enable_gqa, max_error=None) -> None:
+    """After a checked drop-in call: the plan tuner.attention keeps for its transposed call
+    (`views`), under the drop-in's signature, for repeated() to find."""
+    if _is_compiling() or not (is_causal is True or is_causal is False):
+        return
+    q, k, v = views
+    plan = CALLS.get(signature(q, k, v, is_causal, None, "auto", None, max_error))
+    if plan is not None:
+        SDPA_CALLS[_signature(query, key, value, is_causal, enable_gqa, max_error)] = plan
 
 
 def kernel_layouts(query, key, value) -> tuple:

@@ -15,7 +15,9 @@ quantization reads views in place where their rows allow it (input_layout.row_st
 contiguous), or a q or v the attention kernel reads raw, is copied contiguous first. A call
 whose inputs are misaligned gets None: the caller takes
 prepare + run. The plan keeps the row strides of the last views it read in place: a repeated
-call on views of that layout compares their strides and checks their alignment, no more. A
+call on views of that layout compares their strides and checks their alignment, no more.
+heads_first does the same for the SDPA drop-in's (batch, heads, seq_len, head_dim) tensors
+without making their transposes, and allocates the output in SDPA's layout as a view. A
 pv_dtype=bf16 kernel reads the caller's bf16 V: its plan quantizes q and k only and hands the
 kernel v's own pointer (prepare + run pass it on likewise); fp16 inputs, whose V prepare casts
 to bf16 first, take prepare + run. A
@@ -48,8 +50,8 @@ class LaunchPlan:
 
     __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape", "_mean",
                  "_mean_launch", "_mean_scalars", "_mean_shape", "_out_shape", "_packed", "_q8",
-                 "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_shift", "_shift_build",
-                 "_shift_quant", "_stream",
+                 "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_sdpa_layout", "_sdpa_out",
+                 "_sdpa_strides", "_shift", "_shift_build", "_shift_quant", "_stream",
                  "_strides", "_tail", "_v8", "_view_layout", "_view_strides", "_workspace",
                  "default_scale", "scratch_bytes")
 
@@ -116,6 +118,10 @@ class LaunchPlan:
         plan._device, plan._index, plan._stream = device, device.index, stream_query()
         plan._out_shape, plan._lse_shape = tuple(q.shape), (batch, heads, seq_len)
         plan._view_layout = plan._view_strides = None
+        plan._sdpa_layout = plan._sdpa_strides = None
+        # heads_first's output: (batch, heads, seq_len, head_dim), the kernels' layout in memory.
+        plan._sdpa_out = ((batch, heads, seq_len, head_dim),
+                          (seq_len * heads * head_dim, head_dim, heads * head_dim, 1))
         return plan
 
     def parts(self) -> dict[str, int | None]:
@@ -134,36 +140,67 @@ class LaunchPlan:
         return self._shift_quant
 
     def __call__(self, q, k, v, softmax_scale, want_lse: bool, keep_lse: bool):
+        read = self._read(q, k, v)
+        if read is None:
+            return None
+        q, k, v, strides = read
+        out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=self._device)
+        return self._launch(q, k, v, strides, out, softmax_scale, want_lse, keep_lse)
+
+    def heads_first(self, query, key, value, softmax_scale):
+        """The call on SDPA's (batch, heads, seq_len, head_dim) tensors, whose (1, 2) transposes
+        are the (batch, seq_len, heads, head_dim) inputs this plan takes: the bf16 output in
+        SDPA's layout (a view of the kernels'), the LSE dropped; None where the plan does not
+        take them. The first call of a layout reads its transposes; once they were read in place,
+        later calls of that layout skip the transposes and the reading (~2 us each)."""
+        layout = (query.stride(), key.stride(), value.stride())
+        qp, kp, vp = query.data_ptr(), key.data_ptr(), value.data_ptr()
+        if layout == self._sdpa_layout and not (qp | kp | vp) & 15:
+            q, k, v, strides = query, key, value, self._sdpa_strides
+        else:
+            views = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+            read = self._read(*views)
+            if read is None:
+                return None
+            q, k, v, strides = read
+            if q is views[0] and k is views[1] and v is views[2]:  # read in place
+                self._sdpa_layout, self._sdpa_strides = layout, strides
+        out = torch.empty_strided(self._sdpa_out[0], self._sdpa_out[1], dtype=torch.bfloat16,
+                                  device=self._device)
+        return self._launch(q, k, v, strides, out, softmax_scale, False, False)[0]
+
+    def _read(self, q, k, v):
+        """(q, k, v as the launches read them, their row strides), or None where prepare's
+        torch path must run (misaligned, or offsets past 32 bits)."""
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
-            if (qp | kp | vp) & 15:
-                return None
-            strides = self._strides
-        else:  # views: the quantization reads them in place (SDPA's layout, say)
-            layout = (q.stride(), k.stride(), v.stride())
-            if layout == self._view_layout and not (qp | kp | vp) & 15:
-                strides = self._view_strides  # the layout of the last views read in place
-            else:
-                read = (_as_read(q, self._raw_q), _as_read(k, False), _as_read(v, self._raw_v))
-                (q2, q_rows), (k2, k_rows), (v2, v_rows) = read
-                if q_rows is None or k_rows is None or v_rows is None:
-                    return None  # misaligned, or offsets past 32 bits: prepare's torch path
-                strides = (*q_rows, *k_rows, *v_rows)
-                # Read in place (nothing copied): every view of these strides has these rows.
-                if q2 is q and k2 is k and v2 is v:
-                    self._view_layout, self._view_strides = layout, strides
-                q, k, v = q2, k2, v2
-                qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+            return None if (qp | kp | vp) & 15 else (q, k, v, self._strides)
+        # views: the quantization reads them in place (SDPA's layout, say)
+        layout = (q.stride(), k.stride(), v.stride())
+        if layout == self._view_layout and not (qp | kp | vp) & 15:
+            return q, k, v, self._view_strides  # the layout of the last views read in place
+        read = (_as_read(q, self._raw_q), _as_read(k, False), _as_read(v, self._raw_v))
+        (q2, q_rows), (k2, k_rows), (v2, v_rows) = read
+        if q_rows is None or k_rows is None or v_rows is None:
+            return None
+        strides = (*q_rows, *k_rows, *v_rows)
+        # Read in place (nothing copied): every view of these strides has these rows.
+        if q2 is q and k2 is k and v2 is v:
+            self._view_layout, self._view_strides = layout, strides
+        return q2, k2, v2, strides
+
+    def _launch(self, q, k, v, strides, out, softmax_scale, want_lse: bool, keep_lse: bool):
+        """The launches on inputs _read took (their row strides), into `out`."""
         if softmax_scale is None:
             scale = self.default_scale
         else:
             scale = float(softmax_scale)
             if not scale > 0:
                 raise ValueError("softmax_scale must be > 0")
+        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         device = self._device
         scratch = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=device)
         base = scratch.data_ptr()
-        out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=device)
         if keep_lse:
             lse = torch.empty(self._lse_shape, dtype=torch.float32, device=device)
             lse_ptr = lse.data_ptr()

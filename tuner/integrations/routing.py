@@ -37,7 +37,7 @@ import tuner
 from tuner import runtime
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.sdpa import kernel_layouts, sdpa_layout, unsupported
+from tuner.sdpa import kernel_layouts, remember, repeated, sdpa_layout, unsupported
 from variants.prepare import check_qkv
 
 log = logging.getLogger("tuner.integrations")
@@ -110,22 +110,27 @@ def route_sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False
     call = _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, max_error)
     if _decide(call) is None:
         if torch.compiler.is_compiling():
-            return _on_kernels(query, key, value, is_causal, scale, max_error)
+            return _on_kernels(query, key, value, is_causal, scale, enable_gqa, max_error)
         try:
-            return _on_kernels(query, key, value, is_causal, scale, max_error)
+            return _on_kernels(query, key, value, is_causal, scale, enable_gqa, max_error)
         except TunerError as error:
             _refuse(call, f"tuner.attention refused it: {error}")
     return TORCH_SDPA(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
                       is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
-def _on_kernels(query, key, value, is_causal, scale, max_error):
+def _on_kernels(query, key, value, is_causal, scale, enable_gqa, max_error):
+    # A repeated call launches its plan on the SDPA-layout tensors (tuner.sdpa.repeated).
+    out = repeated(query, key, value, is_causal, scale, enable_gqa, max_error)
+    if out is not None:
+        return out
     # diffusers' native backend hands SDPA a permuted view of the kernels' layout, so the
     # transpose back is usually a view. tuner.attention is looked up on the package at call
     # time: what tuner.capture records.
     q, k, v = kernel_layouts(query, key, value)
     out = tuner.attention(q, k, v, causal=bool(is_causal), softmax_scale=scale,
                           max_error=max_error)
+    remember(query, key, value, (q, k, v), is_causal, enable_gqa, max_error)
     return sdpa_layout(out, query.dtype)
 
 

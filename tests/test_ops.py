@@ -156,7 +156,7 @@ def test_a_call_autograd_records_raises_at_backward_instead_of_passing_no_gradie
     warning); where autograd records a call, tuner.attention runs it through ForwardOnly: the
     forward is the op's, the backward raises a TunerError naming the fix. Without grad mode, or
     without an input that requires grad, the op runs bare."""
-    monkeypatch.setattr("tuner.runtime.run_attention", _cpu_run_attention)
+    monkeypatch.setattr("tuner.ops.run_attention", _cpu_run_attention)
     q = torch.randn(1, 8, 2, 64, requires_grad=True)
     k = torch.randn(1, 8, 2, 64)
     args = (None, "", "auto", None, False, False, None, True)
@@ -177,7 +177,7 @@ def test_a_compiled_graph_with_inputs_that_require_grad_serves_its_forward(monke
     """AOTAutograd traces the backward of such a graph at compile time: the raise is an op of
     its own (fp8_attn_tuner::no_backward), so the graph builds, its forward runs, and only
     running its backward raises."""
-    monkeypatch.setattr("tuner.runtime.run_attention", _cpu_run_attention)
+    monkeypatch.setattr("tuner.ops.run_attention", _cpu_run_attention)
     args = (None, "", "auto", None, False, False, None, True)
 
     def block(q, k, v):
@@ -229,7 +229,7 @@ def test_the_ops_body_splits_a_call_past_the_bound(monkeypatch):
         seen.append(q.shape[0])
         return _cpu_run_attention(q, k, v)
 
-    monkeypatch.setattr("tuner.runtime.run_attention", run)
+    monkeypatch.setattr("tuner.ops.run_attention", run)
     q = torch.randn(5, 100, 4, 128)
     out, lse = OP(q, q, q, None, "", "auto", None, False)
     assert len(seen) == len(pieces.pieces(q.shape, q.shape)) > 1 and sum(seen) == 5

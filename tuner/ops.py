@@ -21,6 +21,9 @@ import json
 import torch
 from torch import Tensor
 
+from tuner.pieces import pieces, run_in_pieces
+from tuner.runtime import run_attention
+
 _LIB = torch.library.Library("fp8_attn_tuner", "DEF")
 _LIB.define("attention(Tensor q, Tensor k, Tensor v, float? softmax_scale, str config, str gpu, "
             "str? db, bool check_finite, bool causal=False, float? max_error=None, "
@@ -34,9 +37,6 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float | None, con
     (batch, seq_len, heads, head_dim) and k, v (batch, seq_len_kv, kv_heads, head_dim) on CUDA;
     checked by tuner.attention before the call. want_lse=False: the caller drops the LSE (it
     may then lack K smoothing's shift)."""
-    from tuner.pieces import pieces, run_in_pieces
-    from tuner.runtime import run_attention
-
     # A call traced with symbolic sizes is split here, where its sizes are known.
     parts = pieces(q.shape, k.shape)
     if parts is None:

@@ -267,12 +267,13 @@ def test_the_code_version_covers_the_kernel_code_every_family_shares(monkeypatch
     assert {"doubles/fake_family_large.py", "variants/prepare.py",
             "variants/block_quantize_kernel.py", "variants/transforms.py", "common/mask.py",
             "tuner/measure.py", "tuner/sandbox_task.py", "variants/input_layout.py"} <= names
-    # The gate's modules, the boundary's input checks and the sandbox's process handling time
-    # nothing, and the default rules only choose a config: an edit to them keeps every stored
-    # time comparable.
+    # The gate's modules, the boundary's input checks, the sandbox's process handling and the
+    # runtime's repeated-call path time nothing, and the default rules only choose a config: an
+    # edit to them keeps every stored time comparable.
     assert not {"variants/reference.py", "variants/reference_bounds.py",
                 "variants/prepare_check.py", "variants/defaults.py", "variants/input_checks.py",
-                "tuner/sandbox.py"} & names
+                "tuner/sandbox.py", "variants/launch_plan.py"} & names
+    assert {"variants/launch.py", "variants/build.py"} <= names  # what run launches through
 
 
 def test_a_familys_default_rules_are_not_part_of_its_code_version(monkeypatch):

@@ -46,6 +46,9 @@ class Candidate:
 # comparable.
 CHECK_ONLY_MODULES = frozenset({"reference.py", "reference_bounds.py", "prepare_check.py",
                                 "input_checks.py"})
+# The runtime's repeated-call path: it makes prepare + run's launches with their arguments
+# (tests/test_call_plans.py), and no search times it (tuner/measure.py times prepare and run).
+RUNTIME_ONLY_MODULES = frozenset({"launch_plan.py"})
 # The default rules (variants/defaults.py, each family's defaults.py) choose which config runs
 # untuned and change no config's time: a new default keeps every stored time comparable.
 CHOICE_ONLY_MODULE = "defaults.py"
@@ -53,16 +56,16 @@ CHOICE_ONLY_MODULE = "defaults.py"
 
 def code_version(family_module) -> str:
     """Hash of the code a stored time depends on: the family's source files, the device code and
-    host work every family shares (variants/*.py but CHECK_ONLY_MODULES: prepare and its
-    quantization kernel, the launch, the block scales; variants/common/*.py), and the tuner's
-    measuring code; the default rules (CHOICE_ONLY_MODULE) of both are left out. A stored time
-    is only comparable with times the same code measured. The files count as code (code_hash):
-    an edit of their comments or docstrings keeps the version."""
+    host work every family shares (variants/*.py but CHECK_ONLY_MODULES and RUNTIME_ONLY_MODULES:
+    prepare and its quantization kernel, the launch, the block scales; variants/common/*.py),
+    and the tuner's measuring code; the default rules (CHOICE_ONLY_MODULE) of both are left out.
+    A stored time is only comparable with times the same code measured. The files count as code
+    (code_hash): an edit of their comments or docstrings keeps the version."""
     path = Path(family_module.__file__)
     files = sorted(path.parent.glob("*.py")) if path.name == "__init__.py" else [path]
     tuner = Path(__file__).parents[1]
     shared = Path(variants.__file__).parent
-    left_out = CHECK_ONLY_MODULES | {CHOICE_ONLY_MODULE}
+    left_out = CHECK_ONLY_MODULES | RUNTIME_ONLY_MODULES | {CHOICE_ONLY_MODULE}
     timed = [f for f in [*files, *sorted(shared.glob("*.py"))] if f.name not in left_out]
     return code_hash([*timed, *sorted((shared / "common").glob("*.py")),
                       tuner / "measure.py", tuner / "sandbox_task.py"])[:12]

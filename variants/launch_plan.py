@@ -140,12 +140,19 @@ class LaunchPlan:
         return self._shift_quant
 
     def __call__(self, q, k, v, softmax_scale, want_lse: bool, keep_lse: bool):
-        read = self._read(q, k, v)
-        if read is None:
-            return None
-        q, k, v, strides = read
+        if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
+            qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
+            if (qp | kp | vp) & 15:
+                return None
+            strides = self._strides
+        else:  # views: the quantization reads them in place (SDPA's layout, say)
+            read = self._read_views(q, k, v)
+            if read is None:
+                return None
+            q, k, v, strides = read
+            qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         out = torch.empty(self._out_shape, dtype=torch.bfloat16, device=self._device)
-        return self._launch(q, k, v, strides, out, softmax_scale, want_lse, keep_lse)
+        return self._launch(q, qp, kp, vp, strides, out, softmax_scale, want_lse, keep_lse)
 
     def heads_first(self, query, key, value, softmax_scale):
         """The call on SDPA's (batch, heads, seq_len, head_dim) tensors, whose (1, 2) transposes
@@ -156,26 +163,27 @@ class LaunchPlan:
         layout = (query.stride(), key.stride(), value.stride())
         qp, kp, vp = query.data_ptr(), key.data_ptr(), value.data_ptr()
         if layout == self._sdpa_layout and not (qp | kp | vp) & 15:
-            q, k, v, strides = query, key, value, self._sdpa_strides
+            q, strides = query, self._sdpa_strides
         else:
             views = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-            read = self._read(*views)
+            if all(x.is_contiguous() for x in views):
+                read = None if (qp | kp | vp) & 15 else (*views, self._strides)
+            else:
+                read = self._read_views(*views)
             if read is None:
                 return None
             q, k, v, strides = read
             if q is views[0] and k is views[1] and v is views[2]:  # read in place
                 self._sdpa_layout, self._sdpa_strides = layout, strides
+            qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         out = torch.empty_strided(self._sdpa_out[0], self._sdpa_out[1], dtype=torch.bfloat16,
                                   device=self._device)
-        return self._launch(q, k, v, strides, out, softmax_scale, False, False)[0]
+        return self._launch(q, qp, kp, vp, strides, out, softmax_scale, False, False)[0]
 
-    def _read(self, q, k, v):
-        """(q, k, v as the launches read them, their row strides), or None where prepare's
-        torch path must run (misaligned, or offsets past 32 bits)."""
+    def _read_views(self, q, k, v):
+        """(q, k, v as the launches read them, their row strides) of inputs not all contiguous,
+        or None where prepare's torch path must run (misaligned, or offsets past 32 bits)."""
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
-        if q.is_contiguous() and k.is_contiguous() and v.is_contiguous():
-            return None if (qp | kp | vp) & 15 else (q, k, v, self._strides)
-        # views: the quantization reads them in place (SDPA's layout, say)
         layout = (q.stride(), k.stride(), v.stride())
         if layout == self._view_layout and not (qp | kp | vp) & 15:
             return q, k, v, self._view_strides  # the layout of the last views read in place
@@ -189,15 +197,16 @@ class LaunchPlan:
             self._view_layout, self._view_strides = layout, strides
         return q2, k2, v2, strides
 
-    def _launch(self, q, k, v, strides, out, softmax_scale, want_lse: bool, keep_lse: bool):
-        """The launches on inputs _read took (their row strides), into `out`."""
+    def _launch(self, q, qp, kp, vp, strides, out, softmax_scale, want_lse: bool,
+                keep_lse: bool):
+        """The launches on the inputs at qp, kp, vp (their row strides), into `out`; q for
+        K smoothing's q . m where the quantization did not write it."""
         if softmax_scale is None:
             scale = self.default_scale
         else:
             scale = float(softmax_scale)
             if not scale > 0:
                 raise ValueError("softmax_scale must be > 0")
-        qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         device = self._device
         scratch = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=device)
         base = scratch.data_ptr()

@@ -15,6 +15,7 @@ from tests.test_call_plans import qkv
 from tuner import plans, runtime, sdpa
 from tuner.errors import TunerError
 from tuner.integrations import routing
+from variants import input_checks
 
 
 @pytest.fixture
@@ -69,10 +70,10 @@ def test_a_repeated_drop_in_call_launches_the_checked_calls_arguments_without_it
     second, again = launches_of(seen, call)  # the first fast call reads the layout
     failed = []
     monkeypatch.setattr(sdpa, "unsupported", lambda *a: failed.append(a))
-    monkeypatch.setattr(tuner.api, "check_qkv", lambda *a, **kw: failed.append(a),
-                        raising=False)
+    monkeypatch.setattr(input_checks, "check_qkv", lambda *a, **kw: failed.append(a))
     third, fast = launches_of(seen, call)
     assert not failed
+    assert third.data_ptr() in fast[-1][1]  # the kernel writes the returned output
     assert [name for name, _ in fast] == [name for name, _ in checked]
     for out in (first, second, third):
         assert out.shape == q.shape and out.dtype == torch.bfloat16
@@ -103,6 +104,23 @@ def test_a_call_of_another_signature_or_layout_never_runs_anothers_plan(device):
     _, back = launches_of(seen, lambda: tuner.scaled_dot_product_attention(q, k, v))
     quant = [values for name, values in back if name.startswith("prepare quant")][-1]
     assert quant[1] == k.data_ptr() and quant[19:22] == (0, 128, k.shape[2] * 128)
+
+
+def test_the_gqa_flag_and_the_error_budget_are_part_of_the_signature(device, monkeypatch):
+    q, k, v = sdpa_inputs("projected", seq=128, heads=4, kv_heads=2)
+    for _ in range(2):
+        tuner.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    with pytest.raises(TunerError, match="enable_gqa=True"):  # as torch's SDPA refuses it
+        tuner.scaled_dot_product_attention(q, k, v)
+    layouts = []
+    monkeypatch.setattr(routing, "kernel_layouts",
+                        lambda *a: layouts.append(1) or sdpa.kernel_layouts(*a))
+    # The drop-in's calls above made the plan of max_error None; another budget's first call is
+    # a checked one.
+    for max_error, checked in ((None, []), (0.5, [1]), (0.5, [1]), (None, [1])):
+        with routing.SdpaRouter(max_error=max_error):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        assert layouts == checked
 
 
 def test_a_misaligned_view_of_a_known_layout_is_not_read_in_place(device):

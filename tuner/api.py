@@ -81,7 +81,7 @@ def attention(
         except (AttributeError, TypeError):  # not tensors, an unhashable config: checked below
             plan = None
         if (plan is not None and (causal is True or causal is False)
-                and (return_lse is True or return_lse is False) and _plain_scale(softmax_scale)
+                and (return_lse is True or return_lse is False) and plain_scale(softmax_scale)
                 and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
                 and not (_grad_enabled()
                          and (q.requires_grad or k.requires_grad or v.requires_grad))):
@@ -169,7 +169,7 @@ def _without_keys(q, return_lse: bool):
                            device=q.device)
 
 
-def _plain_scale(value) -> bool:
+def plain_scale(value) -> bool:
     """None or a finite positive Python float or int (not a bool): what a repeated call's plan
     takes unchecked; anything else goes to _scale."""
     return value is None or type(value) in (float, int) and 0 < value < math.inf

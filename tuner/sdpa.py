@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from tuner import api
-from tuner.api import _plain_scale, attention, signature
+from tuner.api import attention, plain_scale, signature
 from tuner.errors import TunerError
 from tuner.plans import CALLS, SDPA_CALLS
 
@@ -95,7 +95,7 @@ def repeated(query, key, value, is_causal, scale, enable_gqa, max_error=None):
     except (AttributeError, TypeError):  # not tensors, an unhashable flag: checked later
         return None
     if (plan is None or not (is_causal is True or is_causal is False)
-            or not _plain_scale(scale) or type(query) is not _Tensor
+            or not plain_scale(scale) or type(query) is not _Tensor
             or type(key) is not _Tensor or type(value) is not _Tensor
             or (_grad_enabled()
                 and (query.requires_grad or key.requires_grad or value.requires_grad))):

@@ -16,8 +16,9 @@ contiguous), or a q or v the attention kernel reads raw, is copied contiguous fi
 whose inputs are misaligned gets None: the caller takes
 prepare + run. The plan keeps the row strides of the last views it read in place: a repeated
 call on views of that layout compares their strides and checks their alignment, no more.
-heads_first does the same for the SDPA drop-in's (batch, heads, seq_len, head_dim) tensors
-without making their transposes, and allocates the output in SDPA's layout as a view. A
+heads_first does the same for the SDPA drop-in's (batch, heads, seq_len, head_dim) tensors,
+making their transposes only for a layout it has not read in place yet, and allocates the
+output in SDPA's layout. A
 pv_dtype=bf16 kernel reads the caller's bf16 V: its plan quantizes q and k only and hands the
 kernel v's own pointer (prepare + run pass it on likewise); fp16 inputs, whose V prepare casts
 to bf16 first, take prepare + run. A
@@ -50,9 +51,9 @@ class LaunchPlan:
 
     __slots__ = ("_attend", "_device", "_head", "_index", "_k8", "_lse", "_lse_shape", "_mean",
                  "_mean_launch", "_mean_scalars", "_mean_shape", "_out_shape", "_packed", "_q8",
-                 "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_sdpa_layout", "_sdpa_out",
-                 "_sdpa_strides", "_shift", "_shift_build", "_shift_quant", "_stream",
-                 "_strides", "_tail", "_v8", "_view_layout", "_view_strides", "_workspace",
+                 "_quant", "_quant_scalars", "_raw_q", "_raw_v", "_sdpa_out", "_sdpa_read",
+                 "_shift", "_shift_build", "_shift_quant", "_stream", "_strides", "_tail", "_v8",
+                 "_view_read", "_workspace",
                  "default_scale", "scratch_bytes")
 
     @classmethod
@@ -117,9 +118,10 @@ class LaunchPlan:
         plan._mean_shape = (batch, k.shape[2], head_dim)
         plan._device, plan._index, plan._stream = device, device.index, stream_query()
         plan._out_shape, plan._lse_shape = tuple(q.shape), (batch, heads, seq_len)
-        plan._view_layout = plan._view_strides = None
-        plan._sdpa_layout = plan._sdpa_strides = None
-        # heads_first's output: (batch, heads, seq_len, head_dim), the kernels' layout in memory.
+        # (strides of the last views read in place, their row strides): one attribute, so
+        # that no thread pairs one layout with another's rows.
+        plan._view_read = plan._sdpa_read = (None, None)
+        # heads_first's output: SDPA's shape over the kernels' layout, which the kernel writes.
         plan._sdpa_out = ((batch, heads, seq_len, head_dim),
                           (seq_len * heads * head_dim, head_dim, heads * head_dim, 1))
         return plan
@@ -162,8 +164,9 @@ class LaunchPlan:
         later calls of that layout skip the transposes and the reading (~2 us each)."""
         layout = (query.stride(), key.stride(), value.stride())
         qp, kp, vp = query.data_ptr(), key.data_ptr(), value.data_ptr()
-        if layout == self._sdpa_layout and not (qp | kp | vp) & 15:
-            q, strides = query, self._sdpa_strides
+        known, rows = self._sdpa_read
+        if layout == known and not (qp | kp | vp) & 15:
+            q, strides = query, rows
         else:
             views = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
             if all(x.is_contiguous() for x in views):
@@ -174,7 +177,7 @@ class LaunchPlan:
                 return None
             q, k, v, strides = read
             if q is views[0] and k is views[1] and v is views[2]:  # read in place
-                self._sdpa_layout, self._sdpa_strides = layout, strides
+                self._sdpa_read = layout, strides
             qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         out = torch.empty_strided(self._sdpa_out[0], self._sdpa_out[1], dtype=torch.bfloat16,
                                   device=self._device)
@@ -185,8 +188,9 @@ class LaunchPlan:
         or None where prepare's torch path must run (misaligned, or offsets past 32 bits)."""
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         layout = (q.stride(), k.stride(), v.stride())
-        if layout == self._view_layout and not (qp | kp | vp) & 15:
-            return q, k, v, self._view_strides  # the layout of the last views read in place
+        known, rows = self._view_read
+        if layout == known and not (qp | kp | vp) & 15:
+            return q, k, v, rows  # the layout of the last views read in place
         read = (_as_read(q, self._raw_q), _as_read(k, False), _as_read(v, self._raw_v))
         (q2, q_rows), (k2, k_rows), (v2, v_rows) = read
         if q_rows is None or k_rows is None or v_rows is None:
@@ -194,7 +198,7 @@ class LaunchPlan:
         strides = (*q_rows, *k_rows, *v_rows)
         # Read in place (nothing copied): every view of these strides has these rows.
         if q2 is q and k2 is k and v2 is v:
-            self._view_layout, self._view_strides = layout, strides
+            self._view_read = layout, strides
         return q2, k2, v2, strides
 
     def _launch(self, q, qp, kp, vp, strides, out, softmax_scale, want_lse: bool,

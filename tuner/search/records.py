@@ -46,8 +46,7 @@ class Candidate:
 # comparable.
 CHECK_ONLY_MODULES = frozenset({"reference.py", "reference_bounds.py", "prepare_check.py",
                                 "input_checks.py"})
-# The runtime's repeated-call path: it makes prepare + run's launches with their arguments
-# (tests/test_call_plans.py), and no search times it (tuner/measure.py times prepare and run).
+# The runtime's repeated-call path: its launches are prepare + run's, which the searches time.
 RUNTIME_ONLY_MODULES = frozenset({"launch_plan.py"})
 # The default rules (variants/defaults.py, each family's defaults.py) choose which config runs
 # untuned and change no config's time: a new default keeps every stored time comparable.

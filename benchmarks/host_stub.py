@@ -13,10 +13,12 @@ What a GPU host adds: the caching allocator behind each torch.empty (meta alloca
 and the CUDA driver's launch behind each host stub; both are counted per call here.
 
 Reported per shape: microseconds per call of the whole call and of its parts
-(benchmarks/host.py's call_parts, the parts the GPU suite times), the least of --repeats batches
-of --calls / --repeats calls (a shared CPU's noise only adds); cProfile's top functions; and per
-call the launches (FastLaunch calls, and torch ops that would run a kernel) and allocations
-(torch's factory ops and out-of-place results), from a TorchDispatchMode over a few calls.
+(benchmarks/host.py's call_parts, the parts the GPU suite times) and of the SDPA drop-in's
+repeated call (other_entries; not the custom op's, which meta tensors send to its fake
+implementation), the least of --repeats batches of --calls / --repeats calls (a shared CPU's
+noise only adds); cProfile's top functions; and per call the launches (FastLaunch calls, and
+torch ops that would run a kernel) and allocations (torch's factory ops and out-of-place
+results), from a TorchDispatchMode over a few calls.
 """
 
 from __future__ import annotations
@@ -191,7 +193,14 @@ def device_work(fn, launches: Counter, calls: int = 4) -> dict:
 
 def report(problem, gpu: str, calls: int, repeats: int, profile_calls: int, top: int) -> str:
     from benchmarks.common import shape_text
-    from benchmarks.host import DISJOINT, call_parts, hot_spots, launch_parts, with_launches
+    from benchmarks.host import (
+        DISJOINT,
+        call_parts,
+        hot_spots,
+        launch_parts,
+        other_entries,
+        with_launches,
+    )
 
     lines = [f"## {shape_text(problem)} ({gpu} profile, meta tensors)"]
     with stood_in(gpu) as launches:
@@ -204,6 +213,12 @@ def report(problem, gpu: str, calls: int, repeats: int, profile_calls: int, top:
         rest = whole - sum(us[name] for name in DISJOINT if name in us)
         for name, t in [*us.items(), ("rest (checks, glue)", rest)]:
             lines.append(f"  {name:<32} {t:8.1f} us  {t / whole:5.0%}")
+        # The drop-in, whole (repeated: its plan made by us_per_call's first call); not the
+        # custom op, whose dispatch on meta tensors runs its fake implementation.
+        for name, fn in other_entries(q, k, v, problem.causal).items():
+            if name.startswith("SDPA"):
+                t = us_per_call(fn, calls, repeats)
+                lines.append(f"  {name:<32} {t:8.1f} us  {t / whole:5.0%}")
         work = device_work(parts[whole_name], launches)
         lines.append(f"  launches per call {work['launches']:g}: {work['stub']} + torch ops; "
                      f"allocations per call {work['allocations']:g}; views {work['views']:g}")

@@ -9,6 +9,7 @@ import tuner
 from benchmarks.host import ALLOCATIONS, launch_parts, with_launches
 from benchmarks.host_stub import stood_in
 from tuner import api, plans
+from tuner.problem import Problem
 
 
 def test_the_host_suite_times_each_launch_inside_the_call_and_puts_the_launchers_back():
@@ -32,3 +33,14 @@ def test_the_host_suite_times_each_launch_inside_the_call_and_puts_the_launchers
     assert restored
     ordered = with_launches({"whole": 1.0, ALLOCATIONS: 2.0, "rest": 3.0}, rows)
     assert list(ordered) == ["whole", ALLOCATIONS, *rows, "rest"]
+
+
+def test_the_stand_in_reports_the_drop_ins_repeated_call():
+    """benchmarks.host_stub's report times the SDPA drop-in (whole, repeated) beside the call,
+    and not the custom op, which meta tensors send to its fake implementation."""
+    from benchmarks.host_stub import report
+
+    text = report(Problem(2, 2, 128, 128), "h100", calls=20, repeats=2, profile_calls=10, top=3)
+    drop_in = [line for line in text.splitlines() if "SDPA drop-in" in line]
+    assert len(drop_in) == 1 and float(drop_in[0].split()[-3]) > 0
+    assert "custom op" not in text

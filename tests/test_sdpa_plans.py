@@ -113,8 +113,8 @@ def test_the_gqa_flag_and_the_error_budget_are_part_of_the_signature(device, mon
     with pytest.raises(TunerError, match="enable_gqa=True"):  # as torch's SDPA refuses it
         tuner.scaled_dot_product_attention(q, k, v)
     layouts = []
-    monkeypatch.setattr(routing, "kernel_layouts",
-                        lambda *a: layouts.append(1) or sdpa.kernel_layouts(*a))
+    real = routing.checked_call
+    monkeypatch.setattr(routing, "checked_call", lambda *a: layouts.append(1) or real(*a))
     # The drop-in's calls above made the plan of max_error None; another budget's first call is
     # a checked one.
     for max_error, checked in ((None, []), (0.5, [1]), (0.5, [1]), (None, [1])):
@@ -194,7 +194,7 @@ def test_the_diffusers_router_serves_a_repeated_call_from_the_plan(device, monke
         for _ in range(2):
             torch.nn.functional.scaled_dot_product_attention(q, k, v)
         layouts = []
-        monkeypatch.setattr(routing, "kernel_layouts",
-                            lambda *a: layouts.append(1) or sdpa.kernel_layouts(*a))
+        real = routing.checked_call
+        monkeypatch.setattr(routing, "checked_call", lambda *a: layouts.append(1) or real(*a))
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v)
     assert not layouts and out.shape == q.shape

@@ -80,11 +80,8 @@ def attention(
             plan = CALLS.get(signature(q, k, v, causal, config, gpu, db, max_error))
         except (AttributeError, TypeError):  # not tensors, an unhashable config: checked below
             plan = None
-        if (plan is not None and (causal is True or causal is False)
-                and (return_lse is True or return_lse is False) and plain_scale(softmax_scale)
-                and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
-                and not (_grad_enabled()
-                         and (q.requires_grad or k.requires_grad or v.requires_grad))):
+        if (plan is not None and (return_lse is True or return_lse is False)
+                and plain_call(q, k, v, causal, softmax_scale)):
             result = plan(q, k, v, softmax_scale, return_lse, return_lse)
             if result is not None:
                 return result if return_lse else result[0]
@@ -169,10 +166,15 @@ def _without_keys(q, return_lse: bool):
                            device=q.device)
 
 
-def plain_scale(value) -> bool:
-    """None or a finite positive Python float or int (not a bool): what a repeated call's plan
-    takes unchecked; anything else goes to _scale."""
-    return value is None or type(value) in (float, int) and 0 < value < math.inf
+def plain_call(q, k, v, causal, softmax_scale) -> bool:
+    """What a repeated call's plan takes unchecked (here and in the SDPA drop-in): plain tensors
+    outside autograd, a bool mask flag, and a softmax_scale of None or a finite positive Python
+    float or int (not a bool); anything else takes the checked path (_flag, _scale)."""
+    return ((causal is True or causal is False)
+            and (softmax_scale is None
+                 or type(softmax_scale) in (float, int) and 0 < softmax_scale < math.inf)
+            and type(q) is _Tensor and type(k) is _Tensor and type(v) is _Tensor
+            and not (_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)))
 
 
 def _scale(value) -> float | None:

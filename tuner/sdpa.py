@@ -16,13 +16,11 @@ from __future__ import annotations
 import torch
 
 from tuner import api
-from tuner.api import attention, plain_scale, signature
+from tuner.api import attention, plain_call, signature
 from tuner.errors import TunerError
 from tuner.plans import CALLS, SDPA_CALLS
 
-_Tensor = torch.Tensor
 _is_compiling = torch.compiler.is_compiling
-_grad_enabled = torch.is_grad_enabled
 
 SDPA = "torch.nn.functional.scaled_dot_product_attention"
 
@@ -69,9 +67,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     why = unsupported(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa)
     if why is not None:
         raise TunerError(why)
+    return checked_call(attention, query, key, value, is_causal, scale, enable_gqa)
+
+
+def checked_call(attend, query, key, value, is_causal, scale, enable_gqa, max_error=None):
+    """A call whose SDPA arguments passed unsupported(), through `attend` (tuner.attention, or
+    what the caller looked up as it) on the kernels' layout, its plan remembered for repeated()."""
     q, k, v = kernel_layouts(query, key, value)
-    out = attention(q, k, v, softmax_scale=scale, causal=bool(is_causal))
-    remember(query, key, value, (q, k, v), is_causal, enable_gqa)
+    out = attend(q, k, v, softmax_scale=scale, causal=bool(is_causal), max_error=max_error)
+    remember(query, key, value, (q, k, v), is_causal, enable_gqa, max_error)
     return sdpa_layout(out, query.dtype)
 
 
@@ -94,11 +98,7 @@ def repeated(query, key, value, is_causal, scale, enable_gqa, max_error=None):
         plan = SDPA_CALLS.get(_signature(query, key, value, is_causal, enable_gqa, max_error))
     except (AttributeError, TypeError):  # not tensors, an unhashable flag: checked later
         return None
-    if (plan is None or not (is_causal is True or is_causal is False)
-            or not plain_scale(scale) or type(query) is not _Tensor
-            or type(key) is not _Tensor or type(value) is not _Tensor
-            or (_grad_enabled()
-                and (query.requires_grad or key.requires_grad or value.requires_grad))):
+    if plan is None or not plain_call(query, key, value, is_causal, scale):
         return None
     out = plan.heads_first(query, key, value, scale)
     if out is None or query.dtype is torch.bfloat16:

@@ -169,10 +169,7 @@ class LaunchPlan:
             q, strides = query, rows
         else:
             views = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-            if all(x.is_contiguous() for x in views):
-                read = None if (qp | kp | vp) & 15 else (*views, self._strides)
-            else:
-                read = self._read_views(*views)
+            read = self._read_views(*views)
             if read is None:
                 return None
             q, k, v, strides = read
@@ -184,8 +181,9 @@ class LaunchPlan:
         return self._launch(q, qp, kp, vp, strides, out, softmax_scale, False, False)[0]
 
     def _read_views(self, q, k, v):
-        """(q, k, v as the launches read them, their row strides) of inputs not all contiguous,
-        or None where prepare's torch path must run (misaligned, or offsets past 32 bits)."""
+        """(q, k, v as the launches read them, their row strides), or None where prepare's torch
+        path must run (misaligned, or offsets past 32 bits). Any layout; __call__ takes the
+        contiguous one itself."""
         qp, kp, vp = q.data_ptr(), k.data_ptr(), v.data_ptr()
         layout = (q.stride(), k.stride(), v.stride())
         known, rows = self._view_read

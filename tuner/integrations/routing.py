@@ -39,7 +39,7 @@ from tuner import runtime
 from tuner.api import attention
 from tuner.errors import TunerError
 from tuner.problem import Problem
-from tuner.sdpa import kernel_layouts, remember, repeated, sdpa_layout, unsupported
+from tuner.sdpa import checked_call, repeated, unsupported
 from variants.prepare import check_qkv
 
 log = logging.getLogger("tuner.integrations")
@@ -130,11 +130,8 @@ def _on_kernels(query, key, value, is_causal, scale, enable_gqa, max_error):
     # diffusers' native backend hands SDPA a permuted view of the kernels' layout, so the
     # transpose back is usually a view. tuner.attention is looked up on the package at call
     # time: what tuner.capture records.
-    q, k, v = kernel_layouts(query, key, value)
-    out = tuner.attention(q, k, v, causal=bool(is_causal), softmax_scale=scale,
-                          max_error=max_error)
-    remember(query, key, value, (q, k, v), is_causal, enable_gqa, max_error)
-    return sdpa_layout(out, query.dtype)
+    return checked_call(tuner.attention, query, key, value, is_causal, scale, enable_gqa,
+                        max_error)
 
 
 def _call_key(query, key, value, attn_mask, dropout_p, is_causal, enable_gqa, max_error) -> tuple:

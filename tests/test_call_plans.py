@@ -241,6 +241,22 @@ def test_a_pinned_config_runs_its_own_plan(device):
         is not plans.CALLS[api.signature(q, k, v, False, default, "auto", None, None)].kernel
 
 
+def test_a_config_with_per_head_kv_scales_quantizes_through_prepare_every_call(device):
+    """prepare's one-launch quantization writes block scales, so a kv_scales="head" config has
+    no launch plan: every call quantizes per head through prepare (torch), then launches."""
+    _, seen = device
+    q, k, v = qkv()
+    head = dataclasses.replace(wgmma.default(ARCH, Problem(1, 2, 256)), q_quant="prepare",
+                               kv_scales="head")
+    for _ in range(2):
+        seen.clear()
+        tuner.attention(q, k, v, config=head)
+        assert [fn.name for fn, _ in seen if fn.name.startswith("prepare")] == []
+        assert len(attention_launches(seen)) == 1
+    plan = plans.CALLS[api.signature(q, k, v, False, head, "auto", None, None)]
+    assert plan.kernel.config == head
+
+
 # ---- the database: its winners, a change, the URL ----------------------------------------------
 
 DEFAULT = wgmma.default(ARCH, Problem(1, 2, 256))

@@ -38,14 +38,19 @@ def test_the_folded_arithmetic_passes_the_gate(problem, block_n):
 @pytest.mark.parametrize("knobs", [dict(k_smoothing="mean"), dict(qk_rotation="hadamard"),
                                    dict(k_smoothing="mean", qk_rotation="hadamard"),
                                    dict(qk_dtype="int8"),
-                                   dict(k_smoothing="mean", qk_dtype="int8", pv_dtype="bf16")],
-                         ids=["smoothed", "rotated", "both", "int8", "int8-bf16-smoothed"])
+                                   dict(k_smoothing="mean", qk_dtype="int8", pv_dtype="bf16"),
+                                   dict(kv_scales="head"),
+                                   dict(kv_scales="head", k_smoothing="mean",
+                                        qk_rotation="hadamard", qk_dtype="int8")],
+                         ids=["smoothed", "rotated", "both", "int8", "int8-bf16-smoothed",
+                              "head-scales", "head-scales-transforms-int8"])
 @pytest.mark.parametrize("problem", [PROBLEMS[1][0], PROBLEMS[2][0], PROBLEMS[3][0]],
                          ids=lambda p: p.key())
 def test_the_folded_arithmetic_with_prepares_transforms_passes_the_gate(problem, knobs):
     """Causal with grouped KV heads, causal cross-attention (rows that see no key keep LSE
     -inf after the shift), ragged key tails: the transforms change nothing the gate sees, nor
-    do int8 Q and K codes (wgmma's qk_dtype, with and without bf16 P.V)."""
+    do int8 Q and K codes (wgmma's qk_dtype, with and without bf16 P.V) or one K and V scale
+    per head (wgmma's kv_scales="head": the gate quantizes per head as well)."""
     kernel = folded.compile(folded.Config(64, **knobs), problem, "cpu")
     report = validate_kernel(kernel, problem, "cpu", seed=5)
     assert report.passed, report.reason
@@ -98,3 +103,16 @@ def test_the_gate_passes_fp16_and_a_softmax_scale_where_the_config_takes_them():
     kernel = _Recording(kernel.inner, config=ReadsBf16Only(64))
     assert validate_kernel(kernel, problem, "cpu", seed=3).passed
     assert kernel.dtypes == [torch.bfloat16] * 3
+
+
+@pytest.mark.parametrize("declared, written", [("head", "block"), ("block", "head")])
+def test_the_gate_rejects_a_prepare_whose_kv_scales_are_not_the_configs(declared, written):
+    """A config that reads one K and V scale per head must get per-head scales from prepare,
+    and a block config block ones: either mix-up fails naming prepare, before any run."""
+    problem = PROBLEMS[1][0]
+    inner = folded.compile(folded.Config(64, kv_scales=written), problem, "cpu")
+    kernel = _Recording(inner, config=folded.Config(64, kv_scales=declared))
+    report = validate_kernel(kernel, problem, "cpu", seed=3)
+    assert not report.passed
+    assert "prepare" in report.reason, report.reason
+    assert kernel.want_lse == []

@@ -58,6 +58,12 @@ CASES = [
     {"pv_dtype": "bf16"},
     # QK^T in int8 (tests/test_wgmma_qk8_compile.py has its covering set).
     {"qk_dtype": "int8"},
+    # One K and V scale per head: staged with Q's row scales, no strip scales; with the tail
+    # split (the merge, then V's descale), without overlap, with int8 QK^T and bf16 P.V.
+    {"kv_scales": "head"},
+    {"kv_scales": "head", "split_tail": True},
+    {"kv_scales": "head", "intra_wg_overlap": False, "pingpong": False, "p_source": "smem"},
+    {"kv_scales": "head", "qk_dtype": "int8", "pv_dtype": "bf16", "head_dim": 64},
 ]
 
 
@@ -201,3 +207,34 @@ def test_q_quant_kernel_refuses_fp8_and_mislaid_inputs_by_name():
         ours.run(twin.prepare(q, k, v))
     with pytest.raises(ValueError, match="this kernel reads e4m3 codes"):
         twin.run(ours.prepare(q, k, v))
+
+
+def test_per_head_kv_scales_drop_the_strip_scales_and_refuse_block_inputs_by_name():
+    """kv_scales=head: the consumers read no strip scales (fewer shared loads, fewer mbarrier
+    operations than the block build's), and inputs with scales per 64 keys are refused before
+    any launch, the FP8 entry's and another prepare's alike."""
+    import torch
+
+    from variants.cubin import disassemble, nvdisasm_path
+
+    head = wgmma.compile(dataclasses.replace(RECIPE, kv_scales="head"), PROBLEM, "sm_90a")
+    block = wgmma.compile(RECIPE, PROBLEM, "sm_90a")
+    if nvdisasm_path() is not None:
+        def consumer_ops(kernel):
+            sass = disassemble(kernel.cubin_path.read_bytes())
+            consumers = sass.partition("USETMAXREG.TRY_ALLOC")[2]
+            return [len(re.findall(rf"\b{op}\b", consumers)) for op in ("LDS", "SYNCS")]
+
+        (lds_head, syncs_head), (lds_block, syncs_block) = consumer_ops(head), consumer_ops(block)
+        assert lds_head < lds_block and syncs_head < syncs_block
+    q, k, v = (torch.randn(1, 77, 2, 128).bfloat16() for _ in range(3))
+    codes = q.to(torch.float8_e4m3fn)
+    per_head, per_block = torch.ones(1, 2), torch.ones(1, 2, 2)
+    fp8 = wgmma.compile(head.config.for_q_dtype("float8_e4m3fn"), PROBLEM, "sm_90a")
+    with pytest.raises(ValueError, match="per 64 keys: run the config with kv_scales='block'"):
+        fp8.prepare_fp8(codes, codes, codes, (per_head, per_block, per_head))
+    with pytest.raises(ValueError, match="reads one per \\(batch, KV head\\)"):
+        head.run(block.prepare(q, k, v))
+    assert fp8.prepare_fp8(codes, codes, codes, (per_head,) * 3).kv_head_scales
+    assert head.prepare(q, k, v).kv_head_scales and not block.prepare(q, k, v).kv_head_scales
+

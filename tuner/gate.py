@@ -223,11 +223,12 @@ def validate_kernel(kernel, problem, device, seed: int) -> GateReport:
         if mismatch:
             return failed(case, mismatch)
         # P.V in 16 bits: V unquantized in the reference, the bf16 thresholds; an integer
-        # QK^T: int8 q and k codes.
+        # QK^T: int8 q and k codes; per-head K/V scales: the gate's amax per head.
         ref_inputs = quantize_reference(q, k, v, scale, k_mean=k_mean,
                                         rotate=qk_rotation == "hadamard",
                                         v_unquantized=getattr(cfg, "v_unquantized", False),
-                                        qk_int8=getattr(cfg, "qk_int8", False))
+                                        qk_int8=getattr(cfg, "qk_int8", False),
+                                        kv_scales=getattr(cfg, "kv_scales", "block"))
         del q, k, v
         mismatch = prepare_mismatch(prepared, ref_inputs)
         if mismatch:

@@ -20,6 +20,12 @@ A scale is amax / 448 (code = round_e4m3(x * 448 / amax)); with int8 Q and K cod
 qk_dtype="int8") amax / 127 (code = round-half-even(x * 127 / amax), in [-127, 127]), the same
 granularities, so the kernels fold them alike. An all-zero block gets amax 1e-12 instead of a
 division by zero.
+
+K's and V's scales may also be one per (batch, KV head) (kv_scales="head", FA3's convention, what
+the FP8 entry point's per-head descales are): the kernels that read them fold K's into the row
+factor and V's into the epilogue, no per-block arithmetic. Quantizing that way takes an amax
+pass over the whole head first (prepare does it in torch), and one outlier key sets the scale of
+all of them; the packed layout stays the same, every block of a head holding its head's value.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ TINY_AMAX = 1e-12
 QK_CODE_DTYPES = {"e4m3": torch.float8_e4m3fn, "int8": torch.int8}
 
 KV_BLOCK = 64  # keys per K and V scale: divides every block_n of the wgmma space
+# K's and V's scale granularity: one per 64 keys of a KV head, or one per (batch, KV head).
+KV_SCALES = ("block", "head")
 # variants/common/softmax.py's two constants, restated: that module imports the CuTe DSL, which
 # this torch emulation does without.
 P_SHIFT_LOG2 = 8.0  # P scaled by 2^8 before it is rounded to e4m3, as the kernels do
@@ -132,11 +140,16 @@ class PackedLayout:
         return (q, *kv.unbind(0))
 
 
-def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk_dtype: str = "e4m3"):
+def quantize(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qk_dtype: str = "e4m3",
+             kv_scales: str = "block"):
     """q, k, v -> (codes of q, k, v in their own layouts, BlockScales): the one-pass formula;
-    q's and k's codes of `qk_dtype` (QK_CODE_DTYPES), v's e4m3."""
-    (q8, dq), (k8, dk) = quantize_rows(q, qk_dtype), quantize_key_blocks(k, qk_dtype=qk_dtype)
-    v8, dv = quantize_key_blocks(v)
+    q's and k's codes of `qk_dtype` (QK_CODE_DTYPES), v's e4m3; kv_scales="head": k's and v's
+    scales one per (batch, KV head) (quantize_heads)."""
+    if kv_scales not in KV_SCALES:
+        raise ValueError(f"kv_scales={kv_scales!r}: one of {KV_SCALES}")
+    per_kv = quantize_heads if kv_scales == "head" else quantize_key_blocks
+    (q8, dq), (k8, dk) = quantize_rows(q, qk_dtype), per_kv(k, qk_dtype=qk_dtype)
+    v8, dv = per_kv(v)
     return (q8, k8, v8), BlockScales(dq.permute(0, 2, 1).contiguous(),
                                      dk.permute(0, 2, 1).contiguous(),
                                      dv.permute(0, 2, 1).contiguous())
@@ -176,6 +189,17 @@ def quantize_key_blocks(x: torch.Tensor, block: int = KV_BLOCK, qk_dtype: str = 
     amax = tiles.abs().amax(dim=(2, 4))  # (batch, blocks, heads)
     codes, descale = _cast(tiles, amax[:, :, None, :, None], qk_dtype)
     return codes.view(batch, blocks * block, heads, dim)[:, :seq], descale[:, :, 0, :, 0]
+
+
+def quantize_heads(x: torch.Tensor, qk_dtype: str = "e4m3"):
+    """k or v (batch, seq, kv_heads, dim) -> codes like x and descales (batch, ceil(seq / 64),
+    kv_heads) as quantize_key_blocks' are shaped, every block of a (batch, KV head) holding that
+    head's one descale: amax over all its keys and features."""
+    batch, seq, heads, _ = x.shape
+    amax = x.abs().amax(dim=(1, 3), keepdim=True)  # (batch, 1, heads, 1)
+    codes, descale = _cast(x, amax, qk_dtype)
+    blocks = -(-seq // KV_BLOCK)
+    return codes, descale[:, :, :, 0].expand(batch, blocks, heads).contiguous()
 
 
 def dequantize(q8, dq, k8, dk, v8, dv, block: int = KV_BLOCK):

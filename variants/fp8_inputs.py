@@ -62,6 +62,9 @@ class Fp8Inputs:
     # Prepared for a caller that drops the LSE (prepare's want_lse=False): K smoothing's q . m
     # was not computed, so the smoothed LSE cannot be restored.
     lse_dropped: bool = False
+    # K's and V's packed scales are one per (batch, KV head), every block of a head holding its
+    # head's (block_scales.KV_SCALES "head"): what a kv_scales="head" kernel reads.
+    kv_head_scales: bool = False
 
     def __post_init__(self) -> None:
         if self.seq_len_kv is None:

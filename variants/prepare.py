@@ -172,6 +172,7 @@ def quantize_inputs(
     v_unquantized: bool = False,
     qk_dtype: str = "e4m3",
     want_lse: bool = True,
+    kv_scales: str = "block",
 ) -> Fp8Inputs:
     """Transform, quantize and lay out q, k, v for the FP8 kernels, on the device the inputs
     live on.
@@ -192,6 +193,9 @@ def quantize_inputs(
     want_lse=False: for a caller that drops the LSE, K smoothing's q . m is not computed (the
     quantization's build without the dot, as a repeated call's), and the inputs refuse to
     restore an LSE (Fp8Inputs.lse_dropped).
+    kv_scales="head": k's and v's scales one per (batch, KV head) (block_scales.quantize_heads),
+    for a kernel that folds them per head; the torch formula computes them (an amax pass over
+    each head before its first code), in the same packed layout.
     """
     if validate:
         check_qkv(q, k, v)
@@ -220,6 +224,8 @@ def quantize_inputs(
     if rotate and q_in_kernel:
         raise ValueError("qk_rotation='hadamard' rotates q before it is quantized, and a kernel "
                          "that quantizes Q itself reads the caller's q: use q_in_kernel=False")
+    if kv_scales not in block_scales.KV_SCALES:
+        raise ValueError(f"kv_scales={kv_scales!r}: one of {block_scales.KV_SCALES}")
     padded, padded_kv = round_up(seq_len, pad_to), round_up(seq_len_kv, pad_to)
 
     layout = PackedLayout(batch, heads, padded, k.shape[2], padded_kv)
@@ -232,10 +238,11 @@ def quantize_inputs(
         q_padded_len = padded
     v16 = unquantized_v(v) if v_unquantized else None
     v_in = v if v16 is None else v16
-    launch = quant_launcher(q, k, v_in, padded, padded_kv, v_feature_major=v_feature_major,
-                            permute_keys=permute_keys, with_q=not q_in_kernel, smooth_k=smooth,
-                            rotate_qk=rotate, with_v=v16 is None, qk_int8=qk_int8,
-                            write_shift=want_lse)
+    # The one-pass launch computes block scales; per-head ones take the torch formula.
+    launch = None if kv_scales == "head" else quant_launcher(
+        q, k, v_in, padded, padded_kv, v_feature_major=v_feature_major,
+        permute_keys=permute_keys, with_q=not q_in_kernel, smooth_k=smooth, rotate_qk=rotate,
+        with_v=v16 is None, qk_int8=qk_int8, write_shift=want_lse)
     # The mean of a strided sample of the keys: with the quantization's launch, the mean
     # kernel's (as the launch plans compute it), else one torch reduction.
     k_mean = None
@@ -247,7 +254,7 @@ def quantize_inputs(
     common = dict(seq_len=seq_len, key_permuted=permute_keys, softmax_scale=float(softmax_scale),
                   v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
                   q_padded_len=q_padded_len, k_mean=k_mean, qk_rotated=rotate,
-                  lse_dropped=smooth and not want_lse)
+                  lse_dropped=smooth and not want_lse, kv_head_scales=kv_scales == "head")
     if launch is not None:
         q8, k8, v8, packed, shift = _block_quantize_on_gpu(launch, q, k, v_in, layout,
                                                            v_feature_major, not q_in_kernel,
@@ -255,12 +262,12 @@ def quantize_inputs(
                                                            qk_codes=codes_dtype,
                                                            write_shift=want_lse)
         return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, q_dot_mean=shift, **common)
-    # Elsewhere (no GPU, no CuTe DSL, a strided input): the torch formula, the same codes.
+    # Elsewhere (no GPU, no CuTe DSL, a strided input, per-head scales): the torch formula.
     # (q_in_kernel: q's codes are computed too, and dropped; only its descales' place in the
     # packed buffer is used, with q's, which the kernel does not read.)
     shift = q_dot(q, k_mean) if smooth and not q_in_kernel and want_lse else None
     q_t, k_t = _transformed(q, k, k_mean, rotate)
-    codes, scales = block_scales.quantize(q_t, k_t, v, qk_dtype)
+    codes, scales = block_scales.quantize(q_t, k_t, v, qk_dtype, kv_scales)
     out = []
     for index, x8 in enumerate(codes):
         is_v = index == 2

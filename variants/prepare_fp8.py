@@ -109,7 +109,8 @@ def fp8_inputs(
     q8, k8, v8 = out
     return Fp8Inputs(q=q8, k=k8, v=v8, packed=packed, seq_len=seq_len,
                      key_permuted=permute_keys, softmax_scale=float(softmax_scale),
-                     v_feature_major=v_feature_major, seq_len_kv=seq_len_kv)
+                     v_feature_major=v_feature_major, seq_len_kv=seq_len_kv,
+                     kv_head_scales=all(d.dim() < 3 for d in descales[1:]))
 
 
 def _descale_views(descales, batch: int, heads: int, kv_heads: int, seq_len: int,

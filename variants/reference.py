@@ -156,7 +156,7 @@ def _per_query_head(q32: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
 def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        softmax_scale: float | None = None, *, k_mean: torch.Tensor | None = None,
                        rotate: bool = False, v_unquantized: bool = False,
-                       qk_int8: bool = False) -> ReferenceInputs:
+                       qk_int8: bool = False, kv_scales: str = "block") -> ReferenceInputs:
     """The documented block formula, written plainly (no fused kernel, no layout, not
     variants/block_scales.py's code): amax in fp32 over head_dim of each q token and head, and
     over each 64 keys x head_dim of a k or v KV head; code = e4m3(clamp(x * (448 / amax))).
@@ -164,7 +164,9 @@ def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     softmax_scale * q . k_mean computed from the caller's q; rotate: q and k (after smoothing)
     are rotated first (reference_rotate). v_unquantized (P.V in 16 bits): V is not quantized
     but read as bf16 (the caller's bf16 V exactly; an fp16 V rounded once), its scales 1.
-    qk_int8: q's and k's codes are int8, code = round-half-even(clamp(x * (127 / amax)))."""
+    qk_int8: q's and k's codes are int8, code = round-half-even(clamp(x * (127 / amax))).
+    kv_scales="head": k's and v's amax over all keys and features of each (batch, KV head),
+    every 64-key block's descale that head's."""
     _group(q, k, v)
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q32, k32 = q.float(), k.float()
@@ -180,6 +182,8 @@ def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         batch, length, heads, dim = x32.shape
         if index == 0:
             amax = x32.abs().amax(dim=3, keepdim=True)  # (batch, seq, heads, 1)
+        elif kv_scales == "head":
+            amax = x32.abs().amax(dim=(1, 3), keepdim=True).expand(batch, length, heads, 1)
         else:
             blocks = -(-length // KV_BLOCK)
             padded = torch.zeros(batch, blocks * KV_BLOCK, heads, dim, device=x32.device)
@@ -490,15 +494,16 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tenso
              lse: torch.Tensor, rows: torch.Tensor | None = None, *, causal: bool = False,
              softmax_scale: float | None = None, k_smoothing: str = "off",
              qk_rotation: str = "none", v_unquantized: bool = False,
-             qk_int8: bool = False) -> AccuracyMetrics:
+             qk_int8: bool = False, kv_scales: str = "block") -> AccuracyMetrics:
     """A kernel's (out, lse) for the original q, k, v against the reference on the gate's own
     quantization of them (prepare's output is checked apart: variants/prepare_check.py), with
     the transforms the kernel's config applies (K smoothing by the gate's own mean) and V
-    unquantized for P.V in 16 bits, q and k in int8 for an integer QK^T."""
+    unquantized for P.V in 16 bits, q and k in int8 for an integer QK^T, k's and v's scales
+    per head with kv_scales="head"."""
     k_mean = reference_key_mean(k)[0] if k_smoothing == "mean" else None
     ref_inputs = quantize_reference(q, k, v, softmax_scale, k_mean=k_mean,
                                     rotate=qk_rotation == "hadamard", v_unquantized=v_unquantized,
-                                    qk_int8=qk_int8)
+                                    qk_int8=qk_int8, kv_scales=kv_scales)
     return accuracy(out, lse, reference_attention(ref_inputs, rows, causal=causal))
 
 

@@ -1,6 +1,7 @@
 """A CPU family whose kernel is the real families' arithmetic without the GPU: prepare is the real
 `quantize_inputs` (with the prepare-only knobs k_smoothing and qk_rotation, and wgmma's pv_dtype:
-V left unquantized in bf16 for P.V in 16 bits, and qk_dtype: int8 Q and K codes), run is
+V left unquantized in bf16 for P.V in 16 bits, qk_dtype: int8 Q and K codes, and kv_scales: one
+K and V scale per head, which the fold then reads in every block), run is
 `block_scales.folded_attention` (the torch emulation of what both families compute: Q's and K's
 scales in the exponent's factor, V's as log2 sv, P' rounded to e4m3, or to bf16 with
 pv_dtype="bf16", the row sum of P' / sv) followed by what CompiledKernel.run does after its
@@ -19,7 +20,7 @@ import torch
 
 from variants import transforms
 from variants.base import ConfigMixin, ResourceUsage
-from variants.block_scales import folded_attention
+from variants.block_scales import KV_SCALES, folded_attention
 from variants.prepare import quantize_inputs
 
 DEVICE = "cpu"
@@ -35,6 +36,7 @@ class Config(ConfigMixin):
     qk_rotation: str = "none"
     pv_dtype: str = "e4m3"  # wgmma's knob: "bf16" rounds P to bf16 and reads V unquantized
     qk_dtype: str = "e4m3"  # wgmma's knob: "int8" quantizes Q and K to int8 (amax / 127)
+    kv_scales: str = "block"  # wgmma's knob: "head" scales K and V once per (batch, KV head)
 
     @property
     def register_p(self) -> bool:
@@ -59,7 +61,7 @@ class Config(ConfigMixin):
 def space(arch: str) -> dict[str, list]:
     return {"block_n": [64, 128], "k_smoothing": list(transforms.K_SMOOTHINGS),
             "qk_rotation": list(transforms.QK_ROTATIONS), "pv_dtype": list(PV_DTYPES),
-            "qk_dtype": list(QK_DTYPES)}
+            "qk_dtype": list(QK_DTYPES), "kv_scales": list(KV_SCALES)}
 
 
 def default(arch: str, problem=None) -> Config:
@@ -72,6 +74,8 @@ def can_implement(cfg, problem, gpu) -> tuple[bool, str | None]:
         unknown = f"pv_dtype={cfg.pv_dtype!r} unknown; one of {PV_DTYPES}"
     if not unknown and cfg.qk_dtype not in QK_DTYPES:
         unknown = f"qk_dtype={cfg.qk_dtype!r} unknown; one of {QK_DTYPES}"
+    if not unknown and cfg.kv_scales not in KV_SCALES:
+        unknown = f"kv_scales={cfg.kv_scales!r} unknown; one of {KV_SCALES}"
     return (False, unknown) if unknown else (True, None)
 
 
@@ -86,7 +90,8 @@ class FoldedKernel:
                                k_smoothing=self.config.k_smoothing,
                                qk_rotation=self.config.qk_rotation,
                                v_unquantized=self.config.v_unquantized,
-                               qk_dtype=self.config.qk_dtype)
+                               qk_dtype=self.config.qk_dtype,
+                               kv_scales=self.config.kv_scales)
 
     def run(self, prepared, out=None, lse=None, *, want_lse: bool = True):
         skv = prepared.seq_len_kv

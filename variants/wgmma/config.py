@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from variants import transforms
 from variants.base import ConfigMixin, load_space
-from variants.block_scales import KV_BLOCK
+from variants.block_scales import KV_BLOCK, KV_SCALES
 from variants.defaults import apply_rules
 from variants.wgmma.defaults import RULES
 
@@ -103,6 +103,11 @@ class Config(ConfigMixin):
     pv_dtype: str = "e4m3"
     # QK_DTYPES.
     qk_dtype: str = "e4m3"
+    # K's and V's descales (block_scales.KV_SCALES): one per 64 keys, folded per strip and
+    # block into the softmax, or one per (batch, KV head) (FA3's convention, the FP8 entry
+    # point's per-head descales): the loader folds K's into Q's row scales and stages V's for
+    # the epilogue, no strip scales.
+    kv_scales: str = "block"
 
     @property
     def block_m(self) -> int:
@@ -146,6 +151,11 @@ class Config(ConfigMixin):
     def qk_int8(self) -> bool:
         """Q and K arrive as int8 codes with their block scales, QK^T an s8 wgmma."""
         return self.qk_dtype == "int8"
+
+    @property
+    def kv_head_scales(self) -> bool:
+        """One K and one V descale per (batch, KV head), not per 64 keys."""
+        return self.kv_scales == "head"
 
     @property
     def q_in_kernel(self) -> bool:
@@ -220,7 +230,7 @@ def smem_header_bytes(cfg: Config) -> int:
         mbarriers += 2 * stages
     if not cfg.q_in_kernel:
         mbarriers += 2
-        scale_values += cfg.block_m
+        scale_values += cfg.block_m + (1 if cfg.kv_head_scales else 0)
     used = 8 * mbarriers + 4 * scale_values
     return max(SMEM_BARRIER_BYTES, -(-used // SMEM_ALIGN) * SMEM_ALIGN)
 
@@ -317,6 +327,12 @@ def can_implement(cfg: Config, problem, gpu) -> tuple[bool, str | None]:
         return False, f"pv_dtype={cfg.pv_dtype!r} unknown; one of {PV_DTYPES}"
     if cfg.qk_dtype not in QK_DTYPES:
         return False, f"qk_dtype={cfg.qk_dtype!r} unknown; one of {QK_DTYPES}"
+    if cfg.kv_scales not in KV_SCALES:
+        return False, f"kv_scales={cfg.kv_scales!r} unknown; one of {KV_SCALES}"
+    if cfg.kv_head_scales and cfg.q_in_kernel:
+        return False, ("kv_scales=head needs q_quant=prepare: the loader folds K's head "
+                       "descale into the Q row scales prepare wrote (q_quant=kernel's consumers "
+                       "compute those themselves)")
     if cfg.qk_int8 and cfg.q_in_kernel:
         return False, ("qk_dtype=int8 needs q_quant=prepare: q_quant=kernel's in-kernel "
                        "quantization writes e4m3 codes into the Q tile, not int8 ones")

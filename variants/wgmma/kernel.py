@@ -75,6 +75,7 @@ class WgmmaAttention(SharedMemoryMixin, PipelinesMixin, ProducerMixin, VTranspos
         self.q_in_kernel = cfg.q_in_kernel
         self.consumer_regs, self.producer_regs = register_split(cfg)
         self.scale_blocks = cfg.scale_blocks
+        self.kv_head_scales = cfg.kv_head_scales
         self.split_tail = cfg.split_tail and cfg.persistent
         self.group = group
         self.head_swizzle = cfg.head_swizzle

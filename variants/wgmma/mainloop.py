@@ -114,7 +114,7 @@ class ConsumerMixin:
         q_coef = self._tile_q(q_state, sQraw, sQ, frags.s_rows, scale_log2, pipes,
                               scales.q_stage, wg)
         softmax = Softmax.create(q_coef, self.block_n, self.scale_blocks, self.causal,
-                                 self.fma_exp2)
+                                 self.fma_exp2, self._head_inv_v(scales.q_stage))
         frags.acc_O.fill(0.0)
         acc_S = cute.make_rmem_tensor(frags.thr_qk.partition_shape_C((self.block_m, self.block_n)),
                                       cutlass.Float32)
@@ -122,8 +122,10 @@ class ConsumerMixin:
         if cutlass.const_expr(not self.q_in_kernel):
             pipes.q.consumer_wait(q_state)
         # The strip's block scales, read from shared memory after the arrive that follows its
-        # GEMMs (the loader stored them beside the K stage: pipelines.py).
-        strip_scales = StripScales.registers(self.scale_blocks)
+        # GEMMs (the loader stored them beside the K stage: pipelines.py); none per head.
+        strip_scales = None
+        if cutlass.const_expr(not self.kv_head_scales):
+            strip_scales = StripScales.registers(self.scale_blocks)
 
         kv_state = self._first_strip(state.kv, acc_S, last, mask, softmax, strip_scales, frags,
                                      pipes, scales, wg)
@@ -143,6 +145,18 @@ class ConsumerMixin:
                       scheduler, ctid)
         return LoopState(state.item + scheduler.grid, q_state, kv_state)
 
+    def _head_inv_v(self, sQScales):
+        """kv_scales=head: 1 / V's descale of the tile's KV head, which the loader staged after
+        Q's row scales (K's it folded into them); None with block scales."""
+        if cutlass.const_expr(not self.kv_head_scales):
+            return None
+        return sQScales[self.block_m]
+
+    def _read_strip_scales(self, strip_scales, scales, pipes, kv_state):
+        """The strip's block scales from the slot beside its K stage (none per head)."""
+        if cutlass.const_expr(not self.kv_head_scales):
+            strip_scales.read(scales.kv_stage, pipes.scales, kv_state)
+
     def _strip_steps(self, n_blocks):
         """Trips of the strip loop: every strip, or with overlap all but the first (whose QK^T
         and softmax _first_strip issues, whose PV the first trip does)."""
@@ -158,7 +172,7 @@ class ConsumerMixin:
         if cutlass.const_expr(self.overlap):
             pipes.k.consumer_wait(kv_state)
             self._qk(frags, acc_S, kv_state.index)
-            strip_scales.read(scales.kv_stage, pipes.scales, kv_state)
+            self._read_strip_scales(strip_scales, scales, pipes, kv_state)
             warpgroup.wait_group(0)
             pipes.k.consumer_release(kv_state)
             self._scores_f32(acc_S)
@@ -185,7 +199,7 @@ class ConsumerMixin:
         pipes.v.consumer_wait(v_state)
         self._pv(frags, v_state.index)
         self._sched_arrive(wg)
-        strip_scales.read(scales.kv_stage, pipes.scales, kv_state)
+        self._read_strip_scales(strip_scales, scales, pipes, kv_state)
         warpgroup.wait_group(1)
         pipes.k.consumer_release(kv_state)
         self._scores_f32(acc_S)
@@ -207,7 +221,7 @@ class ConsumerMixin:
         pipes.k.consumer_wait(kv_state)
         self._qk(frags, acc_S, kv_state.index)
         self._sched_arrive(wg)
-        strip_scales.read(scales.kv_stage, pipes.scales, kv_state)
+        self._read_strip_scales(strip_scales, scales, pipes, kv_state)
         warpgroup.wait_group(0)
         pipes.k.consumer_release(kv_state)
         self._scores_f32(acc_S)

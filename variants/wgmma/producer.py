@@ -1,6 +1,7 @@
 """The wgmma kernel's loader warp (warp 0 of the producer warpgroup): per item, the TMA loads of
 its Q tile and of its K and V strips from the last (ragged) strip to the first, each strip's
-block scales staged beside its K stage (pipelines.py says how they travel). With intra-WG
+block scales staged beside its K stage (pipelines.py says how they travel; with
+kv_scales=head none: K's one descale goes into Q's row scales, V's after them). With intra-WG
 overlap K runs one strip ahead of V, in the order the consumers issue QK^T(j+1) beside PV(j).
 """
 
@@ -75,12 +76,22 @@ class ProducerMixin:
             # Row r of the tile: lane r % 32's value r // 32.
             for j in cutlass.range_constexpr(q_rows_per_lane):
                 q_values[j] = mQScales[batch, head, m_block * self.block_m + 32 * j + lane]
+            if cutlass.const_expr(self.kv_head_scales):
+                # Per head: K's descale folded into Q's row scales, 1 / V's staged after them.
+                k_descale = mKVScales[0, batch, kv_head, 0]
+                inv_v = mKVScales[2, batch, kv_head, 0]
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
         if cutlass.const_expr(not self.q_in_kernel):
             # The Q tile's slot is free: its consumers read the scales before releasing Q.
             for j in cutlass.range_constexpr(q_rows_per_lane):
-                sQScales[32 * j + lane] = q_values[j]
+                if cutlass.const_expr(self.kv_head_scales):
+                    sQScales[32 * j + lane] = q_values[j] * k_descale
+                else:
+                    sQScales[32 * j + lane] = q_values[j]
+            if cutlass.const_expr(self.kv_head_scales):
+                if lane == 0:
+                    sQScales[self.block_m] = inv_v
             pipe_q_scales.producer_commit(q_state)
         q_state.advance()
         if cutlass.const_expr(not self.overlap):
@@ -125,15 +136,17 @@ class ProducerMixin:
         issued before the loader waits for the stage, so that the wait hides its latency."""
         nb = self.scale_blocks
         value = cutlass.Float32(1.0)
-        if lane < 3 * nb:
-            value = mKVScales[lane // nb, batch, kv_head,
-                              strip * self.block_n // KV_BLOCK + lane % nb]
+        if cutlass.const_expr(not self.kv_head_scales):  # per head: staged with Q's scales
+            if lane < 3 * nb:
+                value = mKVScales[lane // nb, batch, kv_head,
+                                  strip * self.block_n // KV_BLOCK + lane % nb]
         return value
 
     @cute.jit
     def _stage_strip_scales(self, value, sKVScales, pipe_scales, state, lane):
         """The fetched scales into the stage's slot (the K stage just acquired: its consumers
         have read the slot's previous scales), then every loader thread arrives."""
-        if lane < 3 * self.scale_blocks:
-            sKVScales[lane, state.index] = value
-        pipe_scales.producer_commit(state)
+        if cutlass.const_expr(not self.kv_head_scales):
+            if lane < 3 * self.scale_blocks:
+                sKVScales[lane, state.index] = value
+            pipe_scales.producer_commit(state)

@@ -56,7 +56,9 @@ class SharedMemoryMixin:
             fields["mbar_q_scales"] = cute.struct.MemRange[cutlass.Int64, 2]
         fields["kv_scales"] = cute.struct.MemRange[cutlass.Float32, 3 * self.scale_blocks * stages]
         if not self.q_in_kernel:
-            fields["q_scales"] = cute.struct.MemRange[cutlass.Float32, self.block_m]
+            # kv_scales=head: 1 / V's descale after the rows (K's is folded into them).
+            fields["q_scales"] = cute.struct.MemRange[
+                cutlass.Float32, self.block_m + (1 if self.kv_head_scales else 0)]
         qk = qk_operand(self.qk_int8)
         fields["q"] = buffer(cute.cosize(sQ_layout), qk)
         fields["k"] = buffer(cute.cosize(sK_layout), qk)

@@ -7,6 +7,10 @@ epilogue divides O by l alone. A thread holds two rows (16w + l/4 and + 8 of its
 values of a row are keys 8j + 2t + e of quad lane t, and a row's max and sum are reduced over
 the quad by two shuffles. fma_exp2 = k computes k of every 8 exponentials of a row on the FMA
 pipe (ptx._exp2_polynomial) instead of MUFU ex2. The formulas are common/softmax.py's.
+
+With kv_scales=head there is one K and one V descale per tile: K's is inside q_coef (the loader
+folds it into Q's row scales), x = s * q_coef, P = 2^(x - m + 8), l sums P, and the epilogue
+multiplies O by dv / l; no per-block fold.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import cutlass.cute as cute
 
 from variants.common.softmax import (
     block_exp2_argument,
+    exp2_argument,
     inverse_sum,
     max_to_subtract,
     quad_max,
@@ -69,14 +74,18 @@ class Softmax:
     scale_blocks: int
     causal: bool
     fma_exp2: int
+    # kv_scales=head: 1 / V's descale of the tile's KV head (None: block scales per strip).
+    head_inv_v: Any = None
 
     @staticmethod
-    def create(q_coef, block_n: int, scale_blocks: int, causal: bool, fma_exp2: int) -> Softmax:
+    def create(q_coef, block_n: int, scale_blocks: int, causal: bool, fma_exp2: int,
+               head_inv_v=None) -> Softmax:
         row_max = cute.make_rmem_tensor((2,), cutlass.Float32)
         row_sum = cute.make_rmem_tensor((2,), cutlass.Float32)
         row_max.fill(-cutlass.Float32.inf)
         row_sum.fill(0.0)
-        return Softmax(row_max, row_sum, q_coef, block_n, scale_blocks, causal, fma_exp2)
+        return Softmax(row_max, row_sum, q_coef, block_n, scale_blocks, causal, fma_exp2,
+                       head_inv_v)
 
     @cute.jit
     def online(self, acc_S, scales: StripScales):
@@ -87,26 +96,37 @@ class Softmax:
         Block b is values 16b .. 16b + 15 of the row in register order (keys 64b .. 64b + 63).
         """
         row_max, row_sum, q_coef = self.row_max, self.row_sum, self.q_coef
-        ks, lsv, inv_sv = scales.k, scales.log2_v, scales.inv_v
-        nb = self.scale_blocks
+        head = self.head_inv_v is not None
+        # Per head the strip is one block and nothing is folded per block.
+        nb = 1 if head else self.scale_blocks
+        if cutlass.const_expr(not head):
+            ks, lsv, inv_sv = scales.k, scales.log2_v, scales.inv_v
         per_block = self.block_n // nb // 4  # a thread's values of a row in one scale block
         s_mn = cute.make_tensor(acc_S.iterator, acc_mn_layout(acc_S.layout))
         alpha = cute.make_rmem_tensor((2,), cutlass.Float32)
         for r in cutlass.range_constexpr(2):
             blocks = cute.zipped_divide(s_mn[r, None], (per_block,))
+            coef = q_coef[r]  # per head: K's descale is in it
             tile_max = -cutlass.Float32.inf
             for b in cutlass.range_constexpr(nb):
                 raw_max = blocks[None, b].load().reduce(cute.ReductionOp.MAX,
                                                         -cutlass.Float32.inf, 0)
                 # max commutes with the positive coef; a masked block stays -inf.
-                tile_max = cute.arch.fmax(tile_max, raw_max * (q_coef[r] * ks[b]) + lsv[b])
+                if cutlass.const_expr(head):
+                    tile_max = cute.arch.fmax(tile_max, raw_max * coef)
+                else:
+                    tile_max = cute.arch.fmax(tile_max, raw_max * (q_coef[r] * ks[b]) + lsv[b])
             tile_max = quad_max(tile_max)
             m_new = cute.arch.fmax(row_max[r], tile_max)
             m_use = max_to_subtract(m_new, self.causal)
             alpha[r] = rescale_factor(row_max[r], m_use)
             total = cutlass.Float32(0.0)
             for b in cutlass.range_constexpr(nb):
-                x = block_exp2_argument(blocks[None, b].load(), q_coef[r] * ks[b], lsv[b], m_use)
+                if cutlass.const_expr(head):
+                    x = exp2_argument(blocks[None, b].load(), coef, m_use)
+                else:
+                    x = block_exp2_argument(blocks[None, b].load(), q_coef[r] * ks[b], lsv[b],
+                                            m_use)
                 if cutlass.const_expr(self.fma_exp2 == 0):
                     p = cute.math.exp2(x, fastmath=True)
                     blocks[None, b].store(p)
@@ -122,7 +142,10 @@ class Softmax:
                         else:
                             blocks[i, b] = cute.math.exp2(blocks[i, b], fastmath=True)
                     p = blocks[None, b].load()
-                total = total + p.reduce(cute.ReductionOp.ADD, 0.0, 0) * inv_sv[b]
+                if cutlass.const_expr(head):
+                    total = total + p.reduce(cute.ReductionOp.ADD, 0.0, 0)
+                else:
+                    total = total + p.reduce(cute.ReductionOp.ADD, 0.0, 0) * inv_sv[b]
             row_sum[r] = row_sum[r] * alpha[r] + total
             row_max[r] = m_new
         return alpha
@@ -140,6 +163,9 @@ class Softmax:
 
     @cute.jit
     def normalize(self, o_mn, r, total):
-        """O's row r divided by its sum l (V's scales are in P' already)."""
+        """O's row r divided by its sum l (V's block scales are in P' already; V's head
+        descale is multiplied here)."""
         scale = inverse_sum(total, self.causal)
+        if cutlass.const_expr(self.head_inv_v is not None):
+            scale = scale * (1.0 / self.head_inv_v)  # a reciprocal, as inverse_sum's
         o_mn[r, None].store(o_mn[r, None].load() * scale)

@@ -7,6 +7,7 @@ are validated against the fp32 reference before they are timed; a peer is timed 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 
 from tuner.peers import PEERS
@@ -16,7 +17,7 @@ from tuner.problem import Problem
 @dataclass
 class BenchRow:
     seq_len: int
-    system: str  # tuned, default, sdpa-cudnn, sdpa-flash, cudnn-fp8
+    system: str  # tuned, default, head-scales, sdpa-cudnn, sdpa-flash, cudnn-fp8, fa3-fp8
     detail: str  # config (short) or backend; where the tuned config came from
     median_ms: float | None = None
     iqr_ms: float | None = None
@@ -39,8 +40,30 @@ def _time(kernel, problem, gpu, repeats: int, seed: int):
     return time_kernel(kernel, problem, torch.device("cuda"), seed, gpu.l2_bytes, repeats=repeats)
 
 
-# What --against may name: "sdpa" is both SDPA backends.
-AGAINST = ("default", "sdpa", *PEERS)
+# What --against may name: "sdpa" is both SDPA backends; "head-scales" is the tuned config
+# with one K and one V scale per (batch, KV head) (wgmma's kv_scales), FA3 FP8's convention.
+AGAINST = ("default", "head-scales", "sdpa", *PEERS)
+
+
+def our_systems(best, against: list[str], problem, gpu) -> list[tuple]:
+    """(system, family, config or None, detail) of our rows: the tuned config, then those
+    `against` names; a config None where the family cannot build that system (the detail says
+    why)."""
+    from variants import load_family
+
+    family = load_family(best.family)
+    ours = [("tuned", best.family, best.config, f"{best.source}")]
+    if "default" in against:
+        ours.append(("default", best.family, family.default(gpu.arch, problem), "family default"))
+    if "head-scales" in against:
+        names = {f.name for f in dataclasses.fields(best.config)}
+        cfg, why = None, f"skipped: {best.family} has no kv_scales knob"
+        if "kv_scales" in names:
+            cfg = dataclasses.replace(best.config, kv_scales="head", q_quant="prepare")
+            ok, reason = family.can_implement(cfg, problem, gpu)
+            cfg, why = (cfg, "tuned, K/V scales per head") if ok else (None, f"skipped: {reason}")
+        ours.append(("head-scales", best.family, cfg, why))
+    return ours
 
 
 def bench_seq_len(
@@ -62,11 +85,10 @@ def bench_seq_len(
 
     rows: list[BenchRow] = []
     best = runtime.config_for_problem(problem, gpu=gpu.name, db=db)  # what attention() runs
-    ours = [("tuned", best.family, best.config, f"{best.source}")]
-    if "default" in against:
-        family = load_family(best.family)
-        ours.append(("default", best.family, family.default(gpu.arch, problem), "family default"))
-    for system, family_name, cfg, source in ours:
+    for system, family_name, cfg, source in our_systems(best, against, problem, gpu):
+        if cfg is None:
+            rows.append(BenchRow(problem.seq_len, system, family_name, note=source))
+            continue
         row = BenchRow(problem.seq_len, system, f"{family_name}: {cfg.short()} [{source}]")
         try:
             kernel = load_family(family_name).compile(cfg, problem, gpu.arch)

@@ -25,8 +25,9 @@ def add_arguments(parser) -> None:
         "--against",
         type=name_list("default,sdpa"),
         default="default,sdpa",
-        help="comma-separated: default, sdpa (cuDNN + flash backends), "
-        "sdpa-cudnn, sdpa-flash, cudnn-fp8, fa3-fp8 (FlashAttention-3 FP8 where installed)",
+        help="comma-separated: default, head-scales (the tuned config with one K/V scale per "
+        "head), sdpa (cuDNN + flash backends), sdpa-cudnn, sdpa-flash, cudnn-fp8, fa3-fp8 "
+        "(FlashAttention-3 FP8 where installed)",
     )
     parser.add_argument("--repeats", type=at_least(10), default=20,
                         help="timed launches per system and seq_len, at least 10 (default 20)")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.doubles.tables import write_table
 from tuner import runtime
 from tuner.cli import main
@@ -103,3 +105,68 @@ def test_searches_name_the_older_rows_and_parse_back_to_their_problems(tmp_path,
     assert sorted(p.key() for p in found) == sorted(p.key() for p in older)
     # A row of the family alone names it; one of the arch's whole set leaves the CLI's auto.
     assert families == ["wgmma", "auto"]
+
+
+def _parsed(lines):
+    """The problems of `tuner search` command lines, parsed by the CLI's own parser."""
+    import shlex
+
+    from tuner.cli import build_parser
+    from tuner.commands._args import problems_from_args
+
+    found = []
+    for line in lines:
+        argv = shlex.split(line)
+        assert argv[:2] == ["tuner", "search"]
+        found += problems_from_args(build_parser().parse_args(argv[1:]))
+    return sorted(p.key() for p in found)
+
+
+def test_missing_names_the_coverage_problems_the_table_lacks(tmp_path, monkeypatch, capsys):
+    """--missing: the problems of coverage.yaml with no row (current or older), as searches
+    that parse back to exactly them; a covered table prints none."""
+    (tmp_path / "coverage.yaml").write_text(
+        "problems:\n"
+        "  - {heads: 8, seq_lens: [4096, 8192, 16384]}\n"
+        "  - {heads: 32, seq_lens: [8192], kv_heads: 8, causal: true, head_dim: 64}\n"
+        "  - {heads: 40, seq_lens: [75600], kv_len: 512, batch: 2}\n")
+    held = [Problem(1, 8, 8192, 128), Problem(2, 40, 75600, seq_len_kv=512)]
+    _table(tmp_path, monkeypatch, [_row(p, code_version="older-source") for p in held])
+    assert main(["table", "h100", "--missing"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    assert _parsed(lines) == sorted(p.key() for p in (
+        Problem(1, 8, 4096), Problem(1, 8, 16384),
+        Problem(1, 32, 8192, 64, causal=True, kv_heads=8)))
+    everything = [Problem(1, 8, s) for s in (4096, 8192, 16384)] + [
+        Problem(1, 32, 8192, 64, causal=True, kv_heads=8),
+        Problem(2, 40, 75600, seq_len_kv=512)]
+    _table(tmp_path, monkeypatch, [_row(p) for p in everything])
+    assert main(["table", "h100", "--missing"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("text, says", [
+    ("problems:\n  - {heads: 8, seq_len: [4096]}\n", "entry 1 has keys ['heads', 'seq_len']"),
+    ("problems:\n  - {heads: 0, seq_lens: [4096]}\n", "heads"),
+    ("nothing: here\n", "problems"),
+])
+def test_a_malformed_coverage_file_is_one_line_naming_it(tmp_path, monkeypatch, capsys, text,
+                                                          says):
+    _table(tmp_path, monkeypatch, [_row(PROBLEM)])
+    (tmp_path / "coverage.yaml").write_text(text)
+    assert main(["table", "h100", "--missing"]) == 2
+    err = capsys.readouterr().err
+    assert "coverage.yaml" in err and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_the_shipped_coverage_is_what_the_kernels_implement():
+    """Every problem the tables should hold parses and has a feasible wgmma default on sm_90a."""
+    from tuner.commands.table import coverage
+    from tuner.gpus import PROFILES
+
+    problems = coverage()
+    assert len(problems) == len({p.key() for p in problems}) > 20
+    for p in problems:
+        assert wgmma.can_implement(wgmma.default("sm_90a", p), p, PROFILES["h100"]) == \
+            (True, None), p.key()

@@ -1,5 +1,7 @@
 """`tuner table GPU`: the tuning table shipped for a GPU (db/tables/<gpu>.yaml), one line per row:
-its problem, family, times, accuracy, and whether it was searched with the code that runs now.
+its problem, family, times, accuracy, and whether it was searched with the code that runs now;
+--searches and --missing print the searches that bring its older rows up to date and that add
+the problems every table should hold (db/tables/coverage.yaml).
 
 A row whose code version is the family's today (tuner.search.records.code_version) is what a
 search confirms rather than searches again (docs/tables-and-database.md); an older one still
@@ -23,6 +25,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--searches", action="store_true",
                         help="print the `tuner search` commands that re-search the rows searched "
                              "with older code, one per group of rows that differ only in seq_len")
+    parser.add_argument("--missing", action="store_true",
+                        help="print the `tuner search` commands of the problems every table "
+                             "should hold (db/tables/coverage.yaml) that this one lacks")
 
 
 def _read(gpu_name: str) -> tuple:
@@ -79,11 +84,26 @@ def searches(gpu_name: str) -> list[str]:
 
     gpu, _, read = _read(gpu_name)
     auto = "+".join(families_for_arch(gpu.arch))
+    return _commands(gpu, [(entry.problem, entry.family_set) for entry, current in read
+                           if not current], auto)
+
+
+def missing(gpu_name: str) -> list[str]:
+    """The `tuner search` commands of the coverage problems (coverage()) that the table has no
+    row of, grouped as searches() groups them, with the arch's whole family set."""
+    from variants import families_for_arch
+
+    gpu, _, read = _read(gpu_name)
+    held = {entry.problem.key() for entry, _ in read}
+    auto = "+".join(families_for_arch(gpu.arch))
+    return _commands(gpu, [(p, auto) for p in coverage() if p.key() not in held], auto)
+
+
+def _commands(gpu, problems, auto: str) -> list[str]:
+    """One `tuner search` per group of (problem, family set) alike but for seq_len, in order,
+    naming only the flags that differ from the CLI's defaults."""
     groups: dict[tuple, list[int]] = {}
-    for entry, current in read:
-        if current:
-            continue
-        p = entry.problem
+    for p, family_set in problems:
         flags = [f"--heads {p.heads}"]
         for flag, value, default in (("--batch", p.batch, 1), ("--head-dim", p.head_dim, 128),
                                      ("--kv-heads", p.kv_heads, p.heads)):
@@ -93,11 +113,41 @@ def searches(gpu_name: str) -> list[str]:
             flags.append(f"--kv-len {p.seq_len_kv}")
         if p.causal:
             flags.append("--causal")
-        if entry.family_set != auto:
-            flags.append(f"--families {entry.family_set.replace('+', ',')}")
+        if family_set != auto:
+            flags.append(f"--families {family_set.replace('+', ',')}")
         groups.setdefault(tuple(flags), []).append(p.seq_len)
     return [f"tuner search --gpu {gpu.name} --seq-lens {','.join(map(str, sorted(set(lens))))} "
             + " ".join(flags) for flags, lens in groups.items()]
+
+
+COVERAGE_KEYS = {"heads", "seq_lens", "batch", "head_dim", "kv_heads", "kv_len", "causal"}
+
+
+def coverage() -> list:
+    """The problems of db/tables/coverage.yaml (runtime.TABLES_DIR), in file order; a TunerError
+    naming the file and the entry where it does not parse."""
+    import yaml
+
+    from tuner.problem import Problem
+    from tuner.runtime import TABLES_DIR
+
+    path = TABLES_DIR / "coverage.yaml"
+    try:
+        entries = yaml.safe_load(path.read_text())["problems"]
+        problems = []
+        for i, e in enumerate(entries):
+            unknown = set(e) - COVERAGE_KEYS
+            if unknown or not {"heads", "seq_lens"} <= set(e):
+                raise ValueError(f"entry {i + 1} has keys {sorted(e)}: heads and seq_lens, and "
+                                 f"any of {sorted(COVERAGE_KEYS - {'heads', 'seq_lens'})}")
+            for seq_len in e["seq_lens"]:
+                problems.append(Problem(
+                    e.get("batch", 1), e["heads"], seq_len, e.get("head_dim", 128),
+                    bool(e.get("causal", False)), e.get("kv_len", seq_len),
+                    e.get("kv_heads", e["heads"])))
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, TunerError) as exc:
+        raise TunerError(f"{path}: {exc}") from None
+    return problems
 
 
 def _transforms(entry, family, gpu) -> str:
@@ -115,8 +165,9 @@ def _transforms(entry, family, gpu) -> str:
 
 
 def run(args) -> int:
-    if args.searches:
-        for command in searches(args.gpu):
+    if args.searches or args.missing:
+        for command in (searches(args.gpu) if args.searches else []) + \
+                (missing(args.gpu) if args.missing else []):
             print(command)
         return 0
     path, table_rows = rows(args.gpu)

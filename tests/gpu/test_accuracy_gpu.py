@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import tuner
-from tuner import runtime
 from tuner.activations import activations
 from tuner.gate import validate_kernel
 from tuner.problem import Problem
@@ -22,7 +21,7 @@ from variants import mma_sync, wgmma
 from variants.prepare_check import declared_transforms, prepare_mismatch
 from variants.reference import end_to_end_error, quantize_reference, validate
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 BOTH = dict(k_smoothing="mean", qk_rotation="hadamard")
 PROBLEMS = {
@@ -30,12 +29,6 @@ PROBLEMS = {
     "causal-gqa-cross": Problem(1, 8, 1500, seq_len_kv=1100, kv_heads=2, causal=True),
     "d64-cross": Problem(2, 4, 777, 64, seq_len_kv=2000, kv_heads=2),
 }
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
 
 
 def _configs(problem):

@@ -7,17 +7,10 @@ import torch
 import torch.nn.functional as F
 
 import tuner
-from tuner import runtime
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 B, S, H, D = 1, 320, 2, 128  # a ragged last tile at every block size
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
 
 
 class Block(torch.nn.Module):

@@ -14,13 +14,7 @@ from variants import block_quantize_kernel, load_family
 from variants.common.abi import launch_values
 from variants.reference import quantize_reference
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 
 def qkv(batch, seq, heads, head_dim=128, seed=0):

@@ -13,14 +13,13 @@ import torch
 
 import tuner
 from tests.gpu import assert_passes_the_gate
-from tuner import runtime
 from tuner.activations import activations
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
 from variants import wgmma
 from variants.reference import accuracy, quantize_reference, reference_attention
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 H200 = PROFILES["h200"]
 CONFIGS = {
@@ -39,24 +38,19 @@ CASES = [("recipe", "ragged"), ("split-tail", "ragged"), ("packed-plain-smem", "
          ("int8-bf16-pv", "causal-gqa-cross"), ("recipe", "causal-gqa-cross")]
 
 
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
-
-
 def _config(name: str, problem) -> wgmma.Config:
+    """CONFIGS[name] on the head_dim-128 (or 64) default, Q from prepare, scales per head;
+    one the kernel implements for `problem`."""
     base = dataclasses.replace(wgmma.default("sm_90a", Problem(1, 2, 4096, problem.head_dim)),
                                q_quant="prepare", split_tail=False, kv_scales="head")
-    return dataclasses.replace(base, **CONFIGS[name])
+    cfg = dataclasses.replace(base, **CONFIGS[name])
+    assert wgmma.can_implement(cfg, problem, H200) == (True, None)
+    return cfg
 
 
 @pytest.mark.parametrize("name, shape", CASES, ids=[f"{n}-{s}" for n, s in CASES])
 def test_per_head_scale_configs_pass_the_gate(name, shape):
-    problem = PROBLEMS[shape]
-    cfg = _config(name, problem)
-    assert wgmma.can_implement(cfg, problem, H200) == (True, None)
-    assert_passes_the_gate(wgmma, cfg, problem)
+    assert_passes_the_gate(wgmma, _config(name, PROBLEMS[shape]), PROBLEMS[shape])
 
 
 @pytest.mark.parametrize("shape", ["ragged", "causal-gqa-cross"])

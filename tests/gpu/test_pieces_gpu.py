@@ -8,13 +8,7 @@ import torch
 import tuner
 from tuner import pieces, runtime
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 
 def _inputs(batch, seq_len, heads, seq_len_kv, kv_heads, seed):

@@ -17,7 +17,6 @@ import torch
 
 import tuner
 from tests.gpu import assert_passes_the_gate, tiered
-from tuner import runtime
 from tuner.activations import activations
 from tuner.gate import validate_kernel
 from tuner.gpus import PROFILES
@@ -27,6 +26,8 @@ from variants.block_scales import PackedLayout
 from variants.prepare import quantize_inputs
 from variants.prepare_check import prepare_mismatch
 from variants.reference import end_to_end_error, quantize_reference
+
+pytestmark = pytest.mark.usefixtures("empty_db")
 
 H200 = PROFILES["h200"]
 BASE = Problem(1, 2, 77)
@@ -51,12 +52,6 @@ PROBLEMS = {
     "d64-cross": Problem(2, 4, 777, 64, seq_len_kv=2000, kv_heads=2),
     "split": Problem(1, 9, 4097, kv_heads=3),  # 297 tiles: split_tail splits its tail
 }
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
 
 
 def _config(name: str, problem) -> wgmma.Config:

@@ -13,7 +13,6 @@ import torch
 
 import tuner
 from tests.gpu import assert_passes_the_gate
-from tuner import runtime
 from tuner.activations import activations
 from tuner.gpus import PROFILES
 from tuner.problem import Problem
@@ -21,7 +20,7 @@ from variants import wgmma
 from variants.prepare_check import prepare_mismatch
 from variants.reference import end_to_end_error, quantize_reference
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 H200 = PROFILES["h200"]
 # The head_dim-128 recipe with int8 Q and K, Q from prepare; each entry changes it.
@@ -43,12 +42,6 @@ CASES = [("recipe", "ragged"), ("bf16-pv", "causal-gqa-cross"), ("3wg-64-smem", 
 # The CPU emulation (tests/test_wgmma_qk8.py, B=1 H=2 S=1024): 0.011 with bf16 P.V on random
 # and smoothed K-bias inputs, 0.037 with e4m3 Q and K.
 BUDGET = 0.02
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
 
 
 def _config(name: str, problem) -> wgmma.Config:

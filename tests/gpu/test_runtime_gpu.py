@@ -9,14 +9,7 @@ from tuner import runtime
 from variants.prepare_check import declared_transforms, prepare_mismatch
 from variants.reference import quantize_reference, validate
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    # No tuned winners: the runtime serves the shipped table or the family default.
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 
 def qkv(seq, heads=56, seed=0):

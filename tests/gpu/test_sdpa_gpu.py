@@ -7,16 +7,10 @@ import pytest
 import torch
 
 import tuner
-from tuner import plans, runtime
+from tuner import plans
 from variants.launch_plan import LaunchPlan
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def empty_db(tmp_path, monkeypatch):
-    monkeypatch.setenv("TUNER_DB_URL", f"sqlite:///{tmp_path / 'empty.sqlite'}")
-    runtime.clear_cache()
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("empty_db")]
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "projected"])

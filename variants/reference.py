@@ -1,14 +1,15 @@
 """The correctness gate's arithmetic: its own FP8 quantization, the fp32 reference, the metrics.
 
 Independence. The gate never trusts a candidate's `prepare`: `quantize_reference` quantizes the
-original inputs with the one plain block formula (amax per token of q and per 64 keys of k and
-v: code = round_e4m3(x * 448 / amax), descale = amax / 448; int8 q and k: round-half-even(x * 127
-/ amax) in [-127, 127], descale = amax / 127), after the exact transforms the
-config asks for, written here from their spec's constants (variants/transforms.py: sign bits,
-butterfly order, fl32(d^-0.5), the key sample of the mean); variants/prepare_check.py checks
-that the candidate's prepared inputs decode to exactly these numbers. A prepare that permutes
-keys, mis-scales a head or smooths with another head's mean then fails naming `prepare`. With K
-smoothing the reference LSE adds softmax_scale * q . m from the caller's q.
+original inputs with the one plain block formula (amax per token of q and per 64 keys of k and v,
+or per (batch, KV head) of k and v for a config that reads them so: code = round_e4m3(x * 448 /
+amax), descale = amax / 448; int8 q and k: round-half-even(x * 127 / amax) in [-127, 127], descale
+= amax / 127), after the exact transforms the config asks for, written here from their spec's
+constants (variants/transforms.py: sign bits, butterfly order, fl32(d^-0.5), the key sample of the
+mean); variants/prepare_check.py checks that the candidate's prepared inputs decode to exactly
+these numbers. A prepare that permutes keys, mis-scales a head or smooths with another head's mean
+then fails naming `prepare`. With K smoothing the reference LSE adds softmax_scale * q . m from the
+caller's q.
 
 Metrics. A global relative RMS hides an error confined to a few rows, one head or a small
 systematic scale inside the FP8 rounding noise, so beside it the gate checks the worst row,
@@ -168,6 +169,8 @@ def quantize_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     kv_scales="head": k's and v's amax over all keys and features of each (batch, KV head),
     every 64-key block's descale that head's."""
     _group(q, k, v)
+    if kv_scales not in ("block", "head"):
+        raise ValueError(f"kv_scales={kv_scales!r}: 'block' or 'head'")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     q32, k32 = q.float(), k.float()
     shift = magnitude = None

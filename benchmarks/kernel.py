@@ -19,13 +19,15 @@ HELP = "our kernel alone on prepared FP8 inputs beside FA3 FP8 and cuDNN FP8"
 DEFAULT_SHAPES = common.MODEL_SHAPES
 QUICK_SHAPES = common.QUICK_SHAPES
 PEERS = ("fa3-fp8", "cudnn-fp8")
+# Systems of --against that are our own kernels: columns, but not peers of the ratio.
+OURS = ("default", "head-scales")
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--against", default=",".join(PEERS),
                         help="comma-separated systems beside ours, any of tuner bench's "
-                        "--against (default, sdpa, sdpa-cudnn, sdpa-flash, cudnn-fp8, fa3-fp8); "
-                        f"default {','.join(PEERS)}")
+                        "--against (default, head-scales, sdpa, sdpa-cudnn, sdpa-flash, "
+                        f"cudnn-fp8, fa3-fp8); default {','.join(PEERS)}")
 
 
 def _against(text: str) -> list[str]:
@@ -66,7 +68,7 @@ def format_table(measured) -> str:
     body = []
     for problem, source, rows in measured:
         ours, by_system = rows[0], {r.system: r for r in rows[1:]}
-        peers = [r.median_ms for s, r in by_system.items() if s != "default" and r.median_ms]
+        peers = [r.median_ms for s, r in by_system.items() if s not in OURS and r.median_ms]
         caller = (ours.median_ms + ours.prepare_ms
                   if ours.median_ms is not None and ours.prepare_ms is not None else None)
         body.append([shape_text(problem), source, cell(ours.median_ms), cell(ours.iqr_ms),

@@ -133,18 +133,21 @@ def test_kernel_rows_set_ours_against_the_faster_peer_of_the_same_run():
     rows = [BenchRow(8192, "tuned", "wgmma: ...", median_ms=1.0, iqr_ms=0.01, prepare_ms=0.15,
                      tflops=causal.tflops(1.0), rel_rms=0.021),
             BenchRow(8192, "default", "wgmma default", median_ms=0.9),
+            BenchRow(8192, "head-scales", "wgmma: ... kv_scales=head", median_ms=0.95),
             BenchRow(8192, "fa3-fp8", "fp8", median_ms=1.08),
             BenchRow(8192, "cudnn-fp8", "fp8", median_ms=1.05)]
     skipped = [BenchRow(1024, "tuned", "wgmma: ...", median_ms=0.1, prepare_ms=0.03),
                BenchRow(1024, "fa3-fp8", "fp8", note="skipped: not installed")]
     table = format_table([(causal, "default", rows), (Problem(4, 32, 1024), "table", skipped)])
     header, _, first, second = table.splitlines()
-    assert header.split(" | ")[7:10] == ["default ms", "fa3-fp8 ms", "cudnn-fp8 ms"]
+    assert header.split(" | ")[7:11] == ["default ms", "head-scales ms", "fa3-fp8 ms",
+                                         "cudnn-fp8 ms"]
     cells = first.split(" | ")
     # causal 1,8192,56,128 in 1 ms: 4 * 56 * 128 * (8192^2 / 2) FLOPs = 962 TFLOP/s
     assert cells[4] == "962" and cells[6] == "1.150"
-    assert cells[-2] == "1.05x"  # the faster peer (cuDNN), not the default, over ours
-    assert second.split(" | ")[7:11] == ["-", "-", "-", "-"]
+    # the faster peer (cuDNN) over ours, not the default nor our per-head-scale kernel
+    assert cells[-2] == "1.05x" and cells[8] == "0.950"
+    assert second.split(" | ")[7:12] == ["-", "-", "-", "-", "-"]
     with pytest.raises(TunerError, match="unknown fa4"):
         _against("fa3-fp8,fa4")
 

@@ -56,9 +56,8 @@ def our_systems(best, against: list[str], problem, gpu) -> list[tuple]:
     if "default" in against:
         ours.append(("default", best.family, family.default(gpu.arch, problem), "family default"))
     if "head-scales" in against:
-        names = {f.name for f in dataclasses.fields(best.config)}
         cfg, why = None, f"skipped: {best.family} has no kv_scales knob"
-        if "kv_scales" in names:
+        if hasattr(best.config, "kv_scales"):
             cfg = dataclasses.replace(best.config, kv_scales="head", q_quant="prepare")
             ok, reason = family.can_implement(cfg, problem, gpu)
             cfg, why = (cfg, "tuned, K/V scales per head") if ok else (None, f"skipped: {reason}")

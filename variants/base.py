@@ -112,6 +112,12 @@ class ConfigMixin:
         """Q and K are int8 codes (amax / 127 block scales) for an integer QK^T GEMM."""
         return False
 
+    @property
+    def kv_head_scales(self) -> bool:
+        """K's and V's descales are one per (batch, KV head), not per 64 keys: the family's
+        kv_scales knob (block_scales.KV_SCALES) says "head"; False for a family without it."""
+        return getattr(self, "kv_scales", "block") == "head"
+
     def for_q_dtype(self, dtype_name: str):
         """The config to run for a q of this torch dtype name (a family whose kernel reads
         some dtypes only names the config that reads the others). e4m3 codes were quantized by

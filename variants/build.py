@@ -295,7 +295,8 @@ class CompiledKernel:
                                qk_rotation=self.config.qk_rotation,
                                v_unquantized=self.config.v_unquantized,
                                qk_dtype="int8" if self.config.qk_int8 else "e4m3",
-                               want_lse=want_lse, kv_scales=self._kv_scales())
+                               want_lse=want_lse,
+                               kv_scales="head" if self.config.kv_head_scales else "block")
 
     def prepare_fp8(self, q, k, v, descales, softmax_scale: float | None = None):
         """Inputs the caller quantized (e4m3 codes and their descales, per head or per token /
@@ -313,17 +314,15 @@ class CompiledKernel:
                     "reads a bf16 v" if self.config.v_unquantized else "reads int8 q and k")
             raise ValueError(f"{self.config.short()} {what}; FP8 inputs run on "
                              "config.for_q_dtype('float8_e4m3fn') (tuner.attention_fp8 does so)")
-        if self._kv_scales() == "head" and any(d.dim() == 3 for d in descales[1:]):
+        feature_major, permuted = self._v_layout()
+        prepared = fp8_inputs(q, k, v, descales, pad_to=self.config.pad_to(),
+                              permute_keys=permuted, softmax_scale=softmax_scale,
+                              v_feature_major=feature_major)
+        if self.config.kv_head_scales and not prepared.kv_head_scales:
             raise ValueError(f"{self.config.short()} reads one K and one V descale per (batch, "
                              "KV head), and these k/v descales are per 64 keys: run the "
                              "config with kv_scales='block'")
-        feature_major, permuted = self._v_layout()
-        return fp8_inputs(q, k, v, descales, pad_to=self.config.pad_to(), permute_keys=permuted,
-                          softmax_scale=softmax_scale, v_feature_major=feature_major)
-
-    def _kv_scales(self) -> str:
-        """K's and V's scale granularity the kernel folds (block_scales.KV_SCALES)."""
-        return getattr(self.config, "kv_scales", "block")
+        return prepared
 
     def _v_layout(self) -> tuple[bool, bool]:
         return self.config.v_feature_major, self.config.v_key_permuted
@@ -384,7 +383,7 @@ class CompiledKernel:
                 got, want = ("bf16", "e4m3 codes") if got_16 else ("e4m3 codes", "bf16")
                 raise ValueError(f"prepared {name} is {got}, this kernel reads {want}: use "
                                  "this kernel's prepare()")
-        if self._kv_scales() == "head" and not prepared.kv_head_scales:
+        if self.config.kv_head_scales and not prepared.kv_head_scales:
             raise ValueError("prepared K and V scales are per 64 keys, this kernel reads one per "
                              "(batch, KV head): use this kernel's prepare()")
         got_int8 = prepared.k.dtype == torch.int8  # Fp8Inputs.qk_int8

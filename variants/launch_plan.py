@@ -65,7 +65,7 @@ class LaunchPlan:
         v16 = config.v_unquantized
         if v16 and k.dtype != torch.bfloat16:  # prepare casts an fp16 v: a copy per call
             return None
-        if getattr(config, "kv_scales", "block") != "block":  # prepare's launch: block scales
+        if config.kv_head_scales:  # prepare's one launch writes block scales
             return None
         feature_major, permuted = kernel._v_layout()
         with_q = not config.q_in_kernel

@@ -153,11 +153,6 @@ class Config(ConfigMixin):
         return self.qk_dtype == "int8"
 
     @property
-    def kv_head_scales(self) -> bool:
-        """One K and one V descale per (batch, KV head), not per 64 keys."""
-        return self.kv_scales == "head"
-
-    @property
     def q_in_kernel(self) -> bool:
         """Q arrives as the caller's bf16 (batch, seq_len, heads, head_dim), quantized per row
         by the consumer warpgroups (the block-scale formula of variants/block_scales.py)."""
